@@ -1,0 +1,671 @@
+#include "core/wire.h"
+
+#include <cstring>
+#include <type_traits>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "core/status.h"
+#include "glog/logging.h"
+
+namespace stretch::wire {
+
+const char* Name(MessageType t) {
+  switch (t) {
+    case MessageType::kHello:
+      return "Hello";
+    case MessageType::kHelloReply:
+      return "HelloReply";
+    case MessageType::kAuthProof:
+      return "AuthProof";
+    case MessageType::kCoherence:
+      return "Coherence";
+    case MessageType::kRegionAttach:
+      return "RegionAttach";
+    case MessageType::kRegionAttachReply:
+      return "RegionAttachReply";
+    case MessageType::kRegionAnnounce:
+      return "RegionAnnounce";
+    case MessageType::kThreadControl:
+      return "ThreadControl";
+    case MessageType::kFutex:
+      return "Futex";
+    case MessageType::kFutexReply:
+      return "FutexReply";
+    case MessageType::kAddressSpace:
+      return "AddressSpace";
+    case MessageType::kStatsRequest:
+      return "StatsRequest";
+    case MessageType::kStatsReply:
+      return "StatsReply";
+    case MessageType::kHeartbeat:
+      return "Heartbeat";
+    case MessageType::kError:
+      return "Error";
+    case MessageType::kExit:
+      return "Exit";
+  }
+  return nullptr;
+}
+
+const char* Name(Role r) {
+  switch (r) {
+    case Role::kServer:
+      return "server";
+    case Role::kNode:
+      return "node";
+    case Role::kLauncher:
+      return "launcher";
+    case Role::kProcess:
+      return "process";
+  }
+  return nullptr;
+}
+
+const char* Name(CohOp op) {
+  switch (op) {
+    case CohOp::kGetS:
+      return "GetS";
+    case CohOp::kGetM:
+      return "GetM";
+    case CohOp::kPutS:
+      return "PutS";
+    case CohOp::kPutM:
+      return "PutM";
+    case CohOp::kData:
+      return "Data";
+    case CohOp::kInv:
+      return "Inv";
+    case CohOp::kInvAck:
+      return "InvAck";
+    case CohOp::kFwdGetS:
+      return "FwdGetS";
+    case CohOp::kFwdGetM:
+      return "FwdGetM";
+    case CohOp::kPutAck:
+      return "PutAck";
+    case CohOp::kUnblock:
+      return "Unblock";
+    case CohOp::kNack:
+      return "Nack";
+    case CohOp::kWriteback:
+      return "Writeback";
+  }
+  return nullptr;
+}
+
+const char* Name(ThreadAction a) {
+  switch (a) {
+    case ThreadAction::kRun:
+      return "run";
+    case ThreadAction::kPark:
+      return "park";
+    case ThreadAction::kExited:
+      return "exited";
+    case ThreadAction::kMigrate:
+      return "migrate";
+  }
+  return nullptr;
+}
+
+const char* Name(FutexOp op) {
+  switch (op) {
+    case FutexOp::kWait:
+      return "wait";
+    case FutexOp::kWake:
+      return "wake";
+    case FutexOp::kRequeue:
+      return "requeue";
+  }
+  return nullptr;
+}
+
+const char* Name(AddressSpaceOp op) {
+  switch (op) {
+    case AddressSpaceOp::kMmap:
+      return "mmap";
+    case AddressSpaceOp::kMunmap:
+      return "munmap";
+    case AddressSpaceOp::kMprotect:
+      return "mprotect";
+    case AddressSpaceOp::kMremap:
+      return "mremap";
+    case AddressSpaceOp::kBrk:
+      return "brk";
+    case AddressSpaceOp::kMadvise:
+      return "madvise";
+  }
+  return nullptr;
+}
+
+namespace {
+
+// Each message type's fields, in wire order, for every visitor (Sizer, Writer, Reader).
+// `M` is `const T` when encoding and `T` when decoding.
+template <typename V, typename M>
+void Fields(V& v, M& m) requires std::is_same_v<std::remove_const_t<M>, Hello> {
+  v(m.role, "role");
+  v(m.node, "node");
+  v(m.incarnation, "incarnation");
+  v(m.nonce, "nonce");
+  v(m.name, "name");
+}
+template <typename V, typename M>
+void Fields(V& v, M& m) requires std::is_same_v<std::remove_const_t<M>, HelloReply> {
+  v(m.accepted, "accepted");
+  v(m.node, "node");
+  v(m.reason, "reason");
+}
+template <typename V, typename M>
+void Fields(V& v, M& m) requires std::is_same_v<std::remove_const_t<M>, AuthProof> {
+  v(m.mac, "mac");
+}
+template <typename V, typename M>
+void Fields(V& v, M& m) requires std::is_same_v<std::remove_const_t<M>, CoherenceMsg> {
+  v(m.op, "op");
+  v(m.flags, "flags");
+  v(m.src, "src");
+  v(m.requester, "requester");
+  v(m.ack_count, "ack_count");
+  v(m.thread, "thread");
+  v(m.page, "page");
+  v(m.version, "version");
+  if (m.flags & kCohHasData) v.PageData(m.data, "data");
+}
+template <typename V, typename M>
+void Fields(V& v, M& m) requires std::is_same_v<std::remove_const_t<M>, RegionAttach> {
+  v(m.region, "region");
+  v(m.base, "base");
+  v(m.length, "length");
+  v(m.pid, "pid");
+  v(m.flags, "flags");
+}
+template <typename V, typename M>
+void Fields(V& v, M& m) requires std::is_same_v<std::remove_const_t<M>, RegionAttachReply> {
+  v(m.code, "code");
+  v(m.message, "message");
+}
+template <typename V, typename M>
+void Fields(V& v, M& m) requires std::is_same_v<std::remove_const_t<M>, RegionAnnounce> {
+  v(m.region, "region");
+  v(m.base, "base");
+  v(m.length, "length");
+  v(m.flags, "flags");
+}
+template <typename V, typename M>
+void Fields(V& v, M& m) requires std::is_same_v<std::remove_const_t<M>, ThreadControl> {
+  v(m.thread, "thread");
+  v(m.node, "node");
+  v(m.action, "action");
+  v(m.status, "status");
+}
+template <typename V, typename M>
+void Fields(V& v, M& m) requires std::is_same_v<std::remove_const_t<M>, Futex> {
+  v(m.op, "op");
+  v(m.thread, "thread");
+  v(m.seq, "seq");
+  v(m.address, "address");
+  v(m.address2, "address2");
+  v(m.value, "value");
+  v(m.value2, "value2");
+  v(m.bitset, "bitset");
+}
+template <typename V, typename M>
+void Fields(V& v, M& m) requires std::is_same_v<std::remove_const_t<M>, FutexReply> {
+  v(m.seq, "seq");
+  v(m.result, "result");
+}
+template <typename V, typename M>
+void Fields(V& v, M& m) requires std::is_same_v<std::remove_const_t<M>, AddressSpace> {
+  v(m.op, "op");
+  v(m.thread, "thread");
+  v(m.seq, "seq");
+  v(m.address, "address");
+  v(m.length, "length");
+  v(m.new_address, "new_address");
+  v(m.new_length, "new_length");
+  v(m.prot, "prot");
+  v(m.flags, "flags");
+}
+template <typename V, typename M>
+void Fields(V& v, M& m) requires std::is_same_v<std::remove_const_t<M>, StatsRequest> {
+  v(m.seq, "seq");
+}
+template <typename V, typename M>
+void Fields(V& v, M& m) requires std::is_same_v<std::remove_const_t<M>, StatsReply> {
+  v(m.seq, "seq");
+  v(m.json, "json");
+}
+template <typename V, typename M>
+void Fields(V& v, M& m) requires std::is_same_v<std::remove_const_t<M>, Heartbeat> {
+  v(m.seq, "seq");
+  v(m.time_ns, "time_ns");
+}
+template <typename V, typename M>
+void Fields(V& v, M& m) requires std::is_same_v<std::remove_const_t<M>, Error> {
+  v(m.code, "code");
+  v(m.message, "message");
+}
+template <typename V, typename M>
+void Fields(V& v, M& m) requires std::is_same_v<std::remove_const_t<M>, Exit> {
+  v(m.signaled, "signaled");
+  v(m.status, "status");
+}
+
+template <typename T>
+constexpr MessageType kTypeOf = [] {
+  if constexpr (std::is_same_v<T, Hello>) return MessageType::kHello;
+  if constexpr (std::is_same_v<T, HelloReply>) return MessageType::kHelloReply;
+  if constexpr (std::is_same_v<T, AuthProof>) return MessageType::kAuthProof;
+  if constexpr (std::is_same_v<T, CoherenceMsg>) return MessageType::kCoherence;
+  if constexpr (std::is_same_v<T, RegionAttach>) return MessageType::kRegionAttach;
+  if constexpr (std::is_same_v<T, RegionAttachReply>) return MessageType::kRegionAttachReply;
+  if constexpr (std::is_same_v<T, RegionAnnounce>) return MessageType::kRegionAnnounce;
+  if constexpr (std::is_same_v<T, ThreadControl>) return MessageType::kThreadControl;
+  if constexpr (std::is_same_v<T, Futex>) return MessageType::kFutex;
+  if constexpr (std::is_same_v<T, FutexReply>) return MessageType::kFutexReply;
+  if constexpr (std::is_same_v<T, AddressSpace>) return MessageType::kAddressSpace;
+  if constexpr (std::is_same_v<T, StatsRequest>) return MessageType::kStatsRequest;
+  if constexpr (std::is_same_v<T, StatsReply>) return MessageType::kStatsReply;
+  if constexpr (std::is_same_v<T, Heartbeat>) return MessageType::kHeartbeat;
+  if constexpr (std::is_same_v<T, Error>) return MessageType::kError;
+  if constexpr (std::is_same_v<T, Exit>) return MessageType::kExit;
+}();
+
+// Counts payload bytes.
+class Sizer {
+ public:
+  template <typename T>
+  void operator()(const T& v, const char*) requires std::is_arithmetic_v<T> {
+    size_ += sizeof(T);
+  }
+  template <typename E>
+  void operator()(const E&, const char*) requires std::is_enum_v<E> {
+    size_ += 1;
+  }
+  template <typename Tag>
+  void operator()(const StrongId<Tag, uint32_t>&, const char*) {
+    size_ += 4;
+  }
+  void operator()(const PageId&, const char*) { size_ += 8; }
+  void operator()(const std::string& s, const char*) { size_ += 4 + s.size(); }
+  void operator()(const std::array<uint8_t, 32>&, const char*) { size_ += 32; }
+  void PageData(absl::Span<const uint8_t>, const char*) { size_ += kPageSize; }
+  size_t size() const { return size_; }
+
+ private:
+  size_t size_ = 0;
+};
+
+// Appends little-endian fields to a byte vector (x86_64 is little-endian; static_assert'd).
+class Writer {
+ public:
+  explicit Writer(std::vector<uint8_t>* out) : out_(out) {}
+
+  template <typename T>
+  void operator()(const T& v, const char*) requires std::is_arithmetic_v<T> {
+    Raw(&v, sizeof(T));
+  }
+  template <typename E>
+  void operator()(const E& v, const char*) requires std::is_enum_v<E> {
+    static_assert(sizeof(E) == 1);
+    Raw(&v, 1);
+  }
+  template <typename Tag>
+  void operator()(const StrongId<Tag, uint32_t>& id, const char* name) {
+    (*this)(id.value(), name);
+  }
+  void operator()(const PageId& p, const char* name) { (*this)(p.number(), name); }
+  void operator()(const std::string& s, const char* name) {
+    (*this)(static_cast<uint32_t>(s.size()), name);
+    Raw(s.data(), s.size());
+  }
+  void operator()(const std::array<uint8_t, 32>& a, const char*) { Raw(a.data(), a.size()); }
+  void PageData(absl::Span<const uint8_t> d, const char*) {
+    DCHECK_EQ(d.size(), kPageSize);
+    Raw(d.data(), kPageSize);
+  }
+
+ private:
+  void Raw(const void* p, size_t n) {
+    const auto* b = static_cast<const uint8_t*>(p);
+    out_->insert(out_->end(), b, b + n);
+  }
+  std::vector<uint8_t>* out_;
+};
+static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "wire format assumes little-endian");
+
+// Reads fields from untrusted bytes. The first failure is kept; later reads become no-ops.
+class Reader {
+ public:
+  Reader(absl::Span<const uint8_t> in, const char* message) : in_(in), message_(message) {}
+
+  template <typename T>
+  void operator()(T& v, const char* name) requires std::is_arithmetic_v<T> {
+    if constexpr (std::is_same_v<T, bool>) {
+      uint8_t b = 0;
+      if (!Raw(&b, 1, name)) return;
+      if (b > 1) return Fail(absl::StrFormat("field '%s' is %d, not a boolean", name, b));
+      v = b != 0;
+    } else {
+      Raw(&v, sizeof(T), name);
+    }
+  }
+  template <typename E>
+  void operator()(E& v, const char* name) requires std::is_enum_v<E> {
+    uint8_t raw = 0;
+    if (!Raw(&raw, 1, name)) return;
+    if (Name(static_cast<E>(raw)) == nullptr) {
+      return Fail(absl::StrFormat("field '%s' has unknown value %d", name, raw));
+    }
+    v = static_cast<E>(raw);
+  }
+  template <typename Tag>
+  void operator()(StrongId<Tag, uint32_t>& id, const char* name) {
+    uint32_t raw = 0;
+    if (Raw(&raw, 4, name)) id = StrongId<Tag, uint32_t>(raw);
+  }
+  void operator()(PageId& p, const char* name) {
+    uint64_t raw = 0;
+    if (Raw(&raw, 8, name)) p = PageId(raw);
+  }
+  void operator()(std::string& s, const char* name) {
+    uint32_t len = 0;
+    if (!Raw(&len, 4, name)) return;
+    if (len > kMaxString) {
+      return Fail(
+          absl::StrFormat("field '%s' length %u exceeds the limit %u", name, len, kMaxString));
+    }
+    if (len > remaining()) {
+      return Fail(
+          absl::StrFormat("field '%s' length %u but only %u bytes remain", name, len, remaining()));
+    }
+    s.assign(reinterpret_cast<const char*>(in_.data() + pos_), len);
+    pos_ += len;
+  }
+  void operator()(std::array<uint8_t, 32>& a, const char* name) { Raw(a.data(), a.size(), name); }
+  void PageData(absl::Span<const uint8_t>& d, const char* name) {
+    if (!ok()) return;
+    if (remaining() < kPageSize) {
+      return Fail(
+          absl::StrFormat("field '%s' needs %u bytes, %u remain", name, kPageSize, remaining()));
+    }
+    d = in_.subspan(pos_, kPageSize);
+    pos_ += kPageSize;
+  }
+
+  bool ok() const { return status_.ok(); }
+  size_t remaining() const { return in_.size() - pos_; }
+  absl::Status Finish() {
+    if (ok() && remaining() != 0) {
+      Fail(absl::StrFormat("%u trailing bytes", remaining()));
+    }
+    return status_;
+  }
+
+ private:
+  bool Raw(void* out, size_t n, const char* name) {
+    if (!ok()) return false;
+    if (remaining() < n) {
+      Fail(absl::StrFormat("truncated at field '%s' (needs %u bytes, %u remain)", name, n,
+                           remaining()));
+      return false;
+    }
+    std::memcpy(out, in_.data() + pos_, n);
+    pos_ += n;
+    return true;
+  }
+  void Fail(const std::string& what) {
+    if (ok()) status_ = absl::InvalidArgumentError(absl::StrCat("wire: ", message_, ": ", what));
+  }
+
+  absl::Span<const uint8_t> in_;
+  size_t pos_ = 0;
+  const char* message_;
+  absl::Status status_;
+};
+
+absl::Status Invalid(const char* message, const std::string& what) {
+  return absl::InvalidArgumentError(absl::StrCat("wire: ", message, ": ", what));
+}
+
+bool ValidUserRange(uint64_t base, uint64_t length) {
+  return length <= kUserAddressLimit && base <= kUserAddressLimit - length;
+}
+
+absl::Status CheckRegion(const char* msg, uint64_t base, uint64_t length, uint32_t flags) {
+  if (!IsPageAligned(base) || !IsPageAligned(length) || length == 0) {
+    return Invalid(
+        msg, absl::StrFormat("region [0x%x, +0x%x) is not a non-empty page-aligned range", base,
+                             length));
+  }
+  if (!ValidUserRange(base, length)) {
+    return Invalid(
+        msg, absl::StrFormat("region [0x%x, +0x%x) exceeds the user address space", base, length));
+  }
+  if (flags & ~kRegionFlagsMask) return Invalid(msg, absl::StrFormat("unknown flags 0x%x", flags));
+  return absl::OkStatus();
+}
+
+absl::Status CheckEndpoint(const char* msg, const char* field, NodeId n) {
+  if (!IsValidEndpoint(n)) {
+    return Invalid(
+        msg, absl::StrFormat("field '%s' is node %u, not a valid endpoint", field, n.value()));
+  }
+  return absl::OkStatus();
+}
+
+// Semantic checks beyond the structure: ranges, alignment, flag bits, consistency.
+absl::Status Validate(const Hello& m) {
+  if (m.name.size() > 256) return Invalid("Hello", "name longer than 256 bytes");
+  return CheckEndpoint("Hello", "node", m.node);
+}
+absl::Status Validate(const HelloReply& m) { return CheckEndpoint("HelloReply", "node", m.node); }
+absl::Status Validate(const AuthProof&) { return absl::OkStatus(); }
+absl::Status Validate(const CoherenceMsg& m) {
+  if (m.flags & ~kCohFlagsMask) {
+    return Invalid("Coherence", absl::StrFormat("unknown flags 0x%x", m.flags));
+  }
+  if (((m.flags & kCohHasData) != 0) != (m.data.size() == kPageSize) ||
+      (m.data.size() != 0 && m.data.size() != kPageSize)) {
+    return Invalid("Coherence", "data must be exactly one page iff the has-data flag is set");
+  }
+  STRETCH_RETURN_IF_ERROR(CheckEndpoint("Coherence", "src", m.src));
+  if (!IsValidNode(m.requester)) {
+    return Invalid("Coherence", absl::StrFormat("requester %u is not a node", m.requester.value()));
+  }
+  if (m.ack_count > kMaxNodes) {
+    return Invalid("Coherence", absl::StrFormat("ack_count %u exceeds %u", m.ack_count, kMaxNodes));
+  }
+  if (m.page.number() >= (kUserAddressLimit >> kPageShift)) {
+    return Invalid("Coherence",
+                   absl::StrFormat("page %s outside the user address space", m.page.ToString()));
+  }
+  return absl::OkStatus();
+}
+absl::Status Validate(const RegionAttach& m) {
+  return CheckRegion("RegionAttach", m.base, m.length, m.flags);
+}
+absl::Status Validate(const RegionAttachReply& m) {
+  if (m.code > static_cast<uint32_t>(absl::StatusCode::kUnauthenticated)) {
+    return Invalid("RegionAttachReply", absl::StrFormat("unknown status code %u", m.code));
+  }
+  return absl::OkStatus();
+}
+absl::Status Validate(const RegionAnnounce& m) {
+  return CheckRegion("RegionAnnounce", m.base, m.length, m.flags);
+}
+absl::Status Validate(const ThreadControl& m) {
+  return CheckEndpoint("ThreadControl", "node", m.node);
+}
+absl::Status Validate(const Futex& m) {
+  auto bad = [](uint64_t a) { return (a & 3) != 0 || a >= kUserAddressLimit; };
+  if (bad(m.address)) {
+    return Invalid("Futex",
+                   absl::StrFormat("address 0x%x is not an aligned user address", m.address));
+  }
+  if (m.op == FutexOp::kRequeue && bad(m.address2)) {
+    return Invalid("Futex",
+                   absl::StrFormat("address2 0x%x is not an aligned user address", m.address2));
+  }
+  return absl::OkStatus();
+}
+absl::Status Validate(const FutexReply&) { return absl::OkStatus(); }
+absl::Status Validate(const AddressSpace& m) {
+  if (m.op != AddressSpaceOp::kBrk && !IsPageAligned(m.address)) {
+    return Invalid("AddressSpace",
+                   absl::StrFormat("%s address 0x%x is not page-aligned", Name(m.op), m.address));
+  }
+  if (!ValidUserRange(m.address, m.length) || !ValidUserRange(m.new_address, m.new_length)) {
+    return Invalid("AddressSpace", "range exceeds the user address space");
+  }
+  return absl::OkStatus();
+}
+absl::Status Validate(const StatsRequest&) { return absl::OkStatus(); }
+absl::Status Validate(const StatsReply&) { return absl::OkStatus(); }
+absl::Status Validate(const Heartbeat&) { return absl::OkStatus(); }
+absl::Status Validate(const Error& m) {
+  if (m.code > static_cast<uint32_t>(absl::StatusCode::kUnauthenticated)) {
+    return Invalid("Error", absl::StrFormat("unknown status code %u", m.code));
+  }
+  return absl::OkStatus();
+}
+absl::Status Validate(const Exit& m) {
+  if (m.signaled && (m.status <= 0 || m.status > 64)) {
+    return Invalid("Exit", absl::StrFormat("signal %d out of range", m.status));
+  }
+  return absl::OkStatus();
+}
+
+template <typename T>
+absl::StatusOr<Message> DecodeAs(absl::Span<const uint8_t> payload) {
+  T m;
+  Reader r(payload, Name(kTypeOf<T>));
+  Fields(r, m);
+  STRETCH_RETURN_IF_ERROR(r.Finish());
+  STRETCH_RETURN_IF_ERROR(Validate(m));
+  return Message(std::move(m));
+}
+
+void PutHeader(MessageType type, uint32_t payload_size, std::vector<uint8_t>* out) {
+  Writer w(out);
+  w(kMagic, "magic");
+  w(kVersion, "version");
+  w(static_cast<uint8_t>(type), "type");
+  w(uint16_t{0}, "flags");
+  w(payload_size, "length");
+}
+
+}  // namespace
+
+MessageType TypeOf(const Message& m) {
+  return std::visit([](const auto& v) { return kTypeOf<std::decay_t<decltype(v)>>; }, m);
+}
+
+size_t EncodedSize(const Message& m) {
+  return std::visit(
+      [](const auto& v) {
+        Sizer s;
+        Fields(s, v);
+        return kHeaderSize + s.size();
+      },
+      m);
+}
+
+void EncodeTo(const Message& m, std::vector<uint8_t>* out) {
+  std::visit(
+      [out](const auto& v) {
+        DCHECK(Validate(v).ok()) << Validate(v);
+        Sizer s;
+        Fields(s, v);
+        out->reserve(out->size() + kHeaderSize + s.size());
+        PutHeader(kTypeOf<std::decay_t<decltype(v)>>, static_cast<uint32_t>(s.size()), out);
+        Writer w(out);
+        Fields(w, v);
+      },
+      m);
+}
+
+std::vector<uint8_t> Encode(const Message& m) {
+  std::vector<uint8_t> out;
+  EncodeTo(m, &out);
+  return out;
+}
+
+absl::StatusOr<size_t> FrameLength(absl::Span<const uint8_t> header) {
+  if (header.size() < kHeaderSize) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "wire: frame of %u bytes is shorter than the %u-byte header", header.size(), kHeaderSize));
+  }
+  uint32_t magic, length;
+  uint16_t flags;
+  std::memcpy(&magic, header.data(), 4);
+  std::memcpy(&flags, header.data() + 6, 2);
+  std::memcpy(&length, header.data() + 8, 4);
+  if (magic != kMagic) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("wire: bad magic 0x%08x (not a Stretch message)", magic));
+  }
+  if (header[4] != kVersion) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "wire: protocol version %d, this build speaks %d (mixed stretchd versions?)", header[4],
+        kVersion));
+  }
+  if (flags != 0) {
+    return absl::InvalidArgumentError(absl::StrFormat("wire: unknown header flags 0x%x", flags));
+  }
+  if (length > kMaxPayload) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("wire: payload of %u bytes exceeds the limit %u", length, kMaxPayload));
+  }
+  return kHeaderSize + length;
+}
+
+absl::StatusOr<Message> Decode(absl::Span<const uint8_t> frame) {
+  STRETCH_ASSIGN_OR_RETURN(size_t length, FrameLength(frame));
+  if (frame.size() != length) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("wire: header says %u bytes, frame has %u", length, frame.size()));
+  }
+  auto payload = frame.subspan(kHeaderSize);
+  const auto type = static_cast<MessageType>(frame[5]);
+  switch (type) {
+    case MessageType::kHello:
+      return DecodeAs<Hello>(payload);
+    case MessageType::kHelloReply:
+      return DecodeAs<HelloReply>(payload);
+    case MessageType::kAuthProof:
+      return DecodeAs<AuthProof>(payload);
+    case MessageType::kCoherence:
+      return DecodeAs<CoherenceMsg>(payload);
+    case MessageType::kRegionAttach:
+      return DecodeAs<RegionAttach>(payload);
+    case MessageType::kRegionAttachReply:
+      return DecodeAs<RegionAttachReply>(payload);
+    case MessageType::kRegionAnnounce:
+      return DecodeAs<RegionAnnounce>(payload);
+    case MessageType::kThreadControl:
+      return DecodeAs<ThreadControl>(payload);
+    case MessageType::kFutex:
+      return DecodeAs<Futex>(payload);
+    case MessageType::kFutexReply:
+      return DecodeAs<FutexReply>(payload);
+    case MessageType::kAddressSpace:
+      return DecodeAs<AddressSpace>(payload);
+    case MessageType::kStatsRequest:
+      return DecodeAs<StatsRequest>(payload);
+    case MessageType::kStatsReply:
+      return DecodeAs<StatsReply>(payload);
+    case MessageType::kHeartbeat:
+      return DecodeAs<Heartbeat>(payload);
+    case MessageType::kError:
+      return DecodeAs<Error>(payload);
+    case MessageType::kExit:
+      return DecodeAs<Exit>(payload);
+  }
+  return absl::InvalidArgumentError(
+      absl::StrFormat("wire: unknown message type %d", static_cast<int>(frame[5])));
+}
+
+}  // namespace stretch::wire

@@ -1,0 +1,268 @@
+// The Stretch wire format: every message that crosses a process boundary (server <-> node,
+// node <-> node, application process <-> local node agent) and its strict codec.
+//
+// A frame is a 12-byte header followed by the payload:
+//
+//   u32 magic 'STRW' | u8 version | u8 type | u16 flags (0) | u32 payload length
+//
+// Integers are little-endian; strings are u32 length + bytes; a page is exactly kPageSize
+// raw bytes. Each message type has a fixed field order (see Fields() in wire.cc), so encoder
+// and decoder cannot disagree. Decode() treats its input as untrusted: it never reads out of
+// bounds or crashes, and it rejects a malformed frame with InvalidArgument naming what was
+// wrong (bad magic, unknown type, a field out of range, a length that does not match,
+// trailing bytes). Decoded pages are views into the input buffer (no copy on the fault path).
+//
+//   std::vector<uint8_t> frame = Encode(CoherenceMsg{...});
+//   STRETCH_ASSIGN_OR_RETURN(Message m, Decode(frame));
+//   if (auto* c = std::get_if<CoherenceMsg>(&m)) ...
+//
+// Versioning: kVersion changes when a field changes; new message types may be added under
+// the same version (an old peer rejects them as unknown). All functions are thread-safe.
+#ifndef STRETCH_CORE_WIRE_H_
+#define STRETCH_CORE_WIRE_H_
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "core/ids.h"
+#include "core/page.h"
+
+namespace stretch::wire {
+
+inline constexpr uint32_t kMagic = 0x57525453;  // "STRW" as little-endian bytes
+inline constexpr uint8_t kVersion = 1;
+inline constexpr size_t kHeaderSize = 12;
+// Largest payload a peer may send; larger frames are rejected before anything is allocated.
+inline constexpr uint32_t kMaxPayload = 16u << 20;
+// Largest string field (names, error text, stats JSON).
+inline constexpr uint32_t kMaxString = 1u << 20;
+
+// The directory server's endpoint id in messages that name a sender or receiver; nodes are
+// 0 .. kMaxNodes-1.
+inline constexpr NodeId kServerEndpoint{0xFFFF};
+inline bool IsValidEndpoint(NodeId n) { return IsValidNode(n) || n == kServerEndpoint; }
+
+enum class MessageType : uint8_t {
+  kHello = 1,
+  kHelloReply = 2,
+  kAuthProof = 3,
+  kCoherence = 4,
+  kRegionAttach = 5,
+  kRegionAttachReply = 6,
+  kRegionAnnounce = 7,
+  kThreadControl = 8,
+  kFutex = 9,
+  kFutexReply = 10,
+  kAddressSpace = 11,
+  kStatsRequest = 12,
+  kStatsReply = 13,
+  kHeartbeat = 14,
+  kError = 15,
+  kExit = 16,
+};
+// Name of a value, or nullptr if it is not a MessageType (used to validate input).
+const char* Name(MessageType t);
+
+// Who is speaking on a connection.
+enum class Role : uint8_t {
+  kServer = 1,    // the directory
+  kNode = 2,      // a node agent
+  kLauncher = 3,  // `stretchd run`, `stretchd stats`, `stretchd migrate`
+  kProcess = 4,   // an application process or its attach client (local Unix socket only)
+};
+const char* Name(Role r);
+
+// First message on every connection, in both directions.
+struct Hello {
+  Role role = Role::kNode;
+  NodeId node;                      // the sender's node id (kServerEndpoint for the server)
+  uint64_t incarnation = 0;         // changes when the sender restarts
+  std::array<uint8_t, 32> nonce{};  // challenge for the peer's AuthProof
+  std::string name;                 // human-readable, for logs ("node1@10.0.0.2")
+};
+
+struct HelloReply {
+  bool accepted = false;
+  NodeId node;         // node id assigned or confirmed by the server
+  std::string reason;  // why not accepted
+};
+
+// HMAC of the peer's nonce under the cluster secret.
+struct AuthProof {
+  std::array<uint8_t, 32> mac{};
+};
+
+// MSI protocol operations (see coherence/ for the transactions that use them).
+enum class CohOp : uint8_t {
+  kGetS = 1,        // node -> server: read miss
+  kGetM = 2,        // node -> server: write miss or upgrade (kHaveCopy set for an upgrade)
+  kPutS = 3,        // node -> server: dropping a clean copy
+  kPutM = 4,        // node -> server: writing back and dropping a modified copy (with data)
+  kData = 5,        // server or owner -> requester: page grant (data unless an upgrade)
+  kInv = 6,         // server -> sharer: invalidate your copy
+  kInvAck = 7,      // sharer -> server or requester: invalidated
+  kFwdGetS = 8,     // server -> owner: send the page to requester, keep a read copy
+  kFwdGetM = 9,     // server -> owner: send the page to requester, drop your copy
+  kPutAck = 10,     // server -> node: eviction accepted
+  kUnblock = 11,    // requester -> server: transaction complete (carries the new version)
+  kNack = 12,       // server -> node: stale or refused request, retry
+  kWriteback = 13,  // owner -> server: the page's data after a downgrade or transfer
+};
+const char* Name(CohOp op);
+
+// Bits of CoherenceMsg::flags.
+inline constexpr uint8_t kCohHasData = 1 << 0;   // `data` holds exactly one page
+inline constexpr uint8_t kCohWritable = 1 << 1;  // grant is Modified (else Shared)
+inline constexpr uint8_t kCohHaveCopy = 1 << 2;  // requester holds a Shared copy (upgrade)
+inline constexpr uint8_t kCohFlagsMask = 0x07;
+
+struct CoherenceMsg {
+  CohOp op = CohOp::kGetS;
+  uint8_t flags = 0;
+  NodeId src;              // sender endpoint
+  NodeId requester;        // node the transaction is for
+  uint32_t ack_count = 0;  // invalidation acks the requester must collect
+  ThreadId thread;         // faulting thread (0 if none), for placement statistics
+  PageId page;
+  uint64_t version = 0;            // the page's version as the sender knows it
+  absl::Span<const uint8_t> data;  // one page iff flags & kCohHasData, else empty
+};
+
+// Application process -> local agent (Unix socket; the uffd travels as SCM_RIGHTS).
+inline constexpr uint32_t kRegionManual = 1 << 0;  // manual mode: MAP_SHARED region
+inline constexpr uint32_t kRegionFlagsMask = 0x1;
+struct RegionAttach {
+  RegionId region;
+  uint64_t base = 0;    // page-aligned, identical on every node
+  uint64_t length = 0;  // page-aligned, > 0
+  uint32_t pid = 0;     // attaching process
+  uint32_t flags = 0;
+};
+
+struct RegionAttachReply {
+  uint32_t code = 0;  // absl::StatusCode
+  std::string message;
+};
+
+// Node -> server: a region exists (the server creates directory entries on first announce).
+struct RegionAnnounce {
+  RegionId region;
+  uint64_t base = 0;
+  uint64_t length = 0;
+  uint32_t flags = 0;
+};
+
+enum class ThreadAction : uint8_t {
+  kRun = 1,      // this node runs the thread
+  kPark = 2,     // this node keeps the thread stopped
+  kExited = 3,   // the thread exited on the node that ran it (mirror the exit)
+  kMigrate = 4,  // move the thread to `node`
+};
+const char* Name(ThreadAction a);
+
+struct ThreadControl {
+  ThreadId thread;
+  NodeId node;
+  ThreadAction action = ThreadAction::kRun;
+  int32_t status = 0;
+};
+
+enum class FutexOp : uint8_t {
+  kWait = 1,
+  kWake = 2,
+  kRequeue = 3,
+};
+const char* Name(FutexOp op);
+
+// A futex call made on one node, executed against the cluster-wide futex table.
+struct Futex {
+  FutexOp op = FutexOp::kWait;
+  ThreadId thread;
+  uint64_t seq = 0;       // matches the FutexReply
+  uint64_t address = 0;   // 4-byte aligned user address
+  uint64_t address2 = 0;  // requeue target
+  uint32_t value = 0;     // expected value (wait) or number to wake
+  uint32_t value2 = 0;    // number to requeue
+  uint32_t bitset = 0xFFFFFFFF;
+};
+
+struct FutexReply {
+  uint64_t seq = 0;
+  int64_t result = 0;  // the syscall's return value, or -errno
+};
+
+enum class AddressSpaceOp : uint8_t {
+  kMmap = 1,
+  kMunmap = 2,
+  kMprotect = 3,
+  kMremap = 4,
+  kBrk = 5,
+  kMadvise = 6,
+};
+const char* Name(AddressSpaceOp op);
+
+// An address-space change made on one node, to be replayed at the same address on the others.
+struct AddressSpace {
+  AddressSpaceOp op = AddressSpaceOp::kMmap;
+  ThreadId thread;
+  uint64_t seq = 0;
+  uint64_t address = 0;
+  uint64_t length = 0;
+  uint64_t new_address = 0;
+  uint64_t new_length = 0;
+  uint32_t prot = 0;
+  uint32_t flags = 0;
+};
+
+struct StatsRequest {
+  uint64_t seq = 0;
+};
+
+struct StatsReply {
+  uint64_t seq = 0;
+  std::string json;
+};
+
+struct Heartbeat {
+  uint64_t seq = 0;
+  uint64_t time_ns = 0;
+};
+
+struct Error {
+  uint32_t code = 0;  // absl::StatusCode
+  std::string message;
+};
+
+struct Exit {
+  bool signaled = false;
+  int32_t status = 0;  // exit code, or signal number when signaled
+};
+
+using Message = std::variant<Hello, HelloReply, AuthProof, CoherenceMsg, RegionAttach,
+                             RegionAttachReply, RegionAnnounce, ThreadControl, Futex, FutexReply,
+                             AddressSpace, StatsRequest, StatsReply, Heartbeat, Error, Exit>;
+
+MessageType TypeOf(const Message& m);
+
+// Bytes Encode() produces for `m`.
+size_t EncodedSize(const Message& m);
+// Appends the frame of `m` to `out`. Precondition (DCHECKed): `m` is valid, e.g. a
+// CoherenceMsg's data is one page exactly when kCohHasData is set.
+void EncodeTo(const Message& m, std::vector<uint8_t>* out);
+std::vector<uint8_t> Encode(const Message& m);
+
+// Parses one whole frame. Views in the result (CoherenceMsg::data) point into `frame`.
+absl::StatusOr<Message> Decode(absl::Span<const uint8_t> frame);
+
+// Parses only the header: the full frame length (header + payload) of the frame that starts
+// with `header` (at least kHeaderSize bytes). For stream transports.
+absl::StatusOr<size_t> FrameLength(absl::Span<const uint8_t> header);
+
+}  // namespace stretch::wire
+
+#endif  // STRETCH_CORE_WIRE_H_
