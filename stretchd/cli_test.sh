@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Command-line contract of stretchd: usage errors exit 2 with usage, --help explains each
+# subcommand, unavailable subcommands exit non-zero with a message.
+set -u
+bin=${TEST_SRCDIR:-.}/${TEST_WORKSPACE:-stretch}/stretchd/stretchd
+[ -x "$bin" ] || bin=$(dirname "$0")/stretchd
+fail=0
+expect() {  # expect <want-exit> <want-substring> <stream: out|err> args...
+  local want=$1 sub=$2 stream=$3; shift 3
+  local out err rc
+  out=$("$bin" "$@" 2>/tmp/cli_test_err.$$); rc=$?
+  err=$(cat /tmp/cli_test_err.$$); rm -f /tmp/cli_test_err.$$
+  local text=$out; [ "$stream" = err ] && text=$err
+  if [ "$rc" != "$want" ]; then echo "FAIL: stretchd $* exited $rc, want $want"; fail=1; fi
+  case "$text" in *"$sub"*) ;; *) echo "FAIL: stretchd $*: std$stream lacks '$sub': $text"; fail=1;; esac
+}
+expect 2 "usage: stretchd <subcommand>" err
+expect 2 "unknown subcommand 'frobnicate'" err frobnicate
+expect 2 "unknown flag '--bogus'" err check --bogus
+expect 2 "usage: stretchd check" err check --bogus=1
+expect 2 "does not apply to 'version'" err version --json
+expect 2 "unexpected argument 'extra'" err check extra
+expect 0 "subcommands:" out --help
+for sc in check server node run version; do expect 0 "  $sc" out --help; done
+expect 0 "--json" out check --help
+expect 0 "usage: stretchd run" out help run
+expect 0 "wire protocol 1" out version
+expect 1 "not yet available" err server
+expect 1 "not yet available" err run -- /bin/true
+out=$("$bin" check --json --criu=/nonexistent/criu 2>/dev/null); rc=$?
+[ "$rc" = 1 ] || { echo "FAIL: check with missing CRIU exited $rc, want 1"; fail=1; }
+case "$out" in '{"ok":false,"checks":['*) ;; *) echo "FAIL: check --json output: $out"; fail=1;; esac
+exit $fail
