@@ -1,0 +1,135 @@
+#include "migrate/criu.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <fstream>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/strip.h"
+#include "core/status.h"
+
+namespace stretch {
+namespace {
+
+absl::Status MakeDir(const std::string& dir) {
+  if (mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) {
+    return ErrnoStatus(errno, absl::StrCat("mkdir ", dir));
+  }
+  return absl::OkStatus();
+}
+
+std::vector<std::string> CriuEnv(const CriuOptions& o) {
+  if (!o.no_breakpoints) return {};
+  return {"CRIU_FAULT=130"};
+}
+
+}  // namespace
+
+std::string SummarizeCriuLog(const std::string& log_path, int max_lines) {
+  std::ifstream in(log_path);
+  if (!in) return absl::StrCat("no log at ", log_path);
+  std::vector<std::string> errors;
+  std::string line, last;
+  while (std::getline(in, line)) {
+    absl::string_view l = absl::StripAsciiWhitespace(line);
+    if (l.empty()) continue;
+    last = std::string(l);
+    // Lines look like "(00.012345) Error (criu/files.c:123): message".
+    size_t pos = l.find("Error (");
+    if (pos != absl::string_view::npos && static_cast<int>(errors.size()) < max_lines) {
+      errors.emplace_back(l.substr(pos));
+    }
+  }
+  if (errors.empty()) return last;
+  return absl::StrJoin(errors, "; ");
+}
+
+absl::Status Criu::Dump(pid_t pid, const std::string& images_dir, const DumpOptions& dump) {
+  STRETCH_RETURN_IF_ERROR(MakeDir(images_dir));
+  std::string log = absl::StrCat(images_dir, "/dump.log");
+  SubprocessOptions o;
+  o.argv = {options_.binary,
+            "dump",
+            "-t",
+            absl::StrCat(pid),
+            "-D",
+            images_dir,
+            "-o",
+            log,
+            absl::StrCat("-v", options_.log_level)};
+  if (dump.leave_running) o.argv.push_back("--leave-running");
+  o.argv.insert(o.argv.end(), dump.extra_args.begin(), dump.extra_args.end());
+  o.env_add = CriuEnv(options_);
+  o.stdout_path = o.stderr_path = absl::StrCat(images_dir, "/criu-dump.out");
+  auto st = RunToCompletion(o, absl::Now() + options_.timeout);
+  if (!st.ok()) {
+    return Annotate(st.status(), absl::StrCat("criu dump of pid ", pid));
+  }
+  if (st->signaled || st->code != 0) {
+    return absl::FailedPreconditionError(absl::StrCat("criu dump of pid ", pid, " failed (",
+                                                      st->ToString(), "): ", SummarizeCriuLog(log),
+                                                      " (full log: ", log, ")"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<PendingRestore> Criu::StartRestore(const RestoreOptions& r) {
+  if (r.images_dir.empty() || r.work_dir.empty()) {
+    return absl::InvalidArgumentError("criu restore needs images_dir and work_dir");
+  }
+  STRETCH_RETURN_IF_ERROR(MakeDir(r.work_dir));
+  std::string log = absl::StrCat(r.work_dir, "/restore.log");
+  std::string pidfile = r.pidfile.empty() ? absl::StrCat(r.work_dir, "/restore.pid") : r.pidfile;
+  unlink(pidfile.c_str());
+  SubprocessOptions o;
+  o.argv = {options_.binary,
+            "restore",
+            "-d",
+            "-D",
+            r.images_dir,
+            "-W",
+            r.work_dir,
+            "-o",
+            log,
+            "--pidfile",
+            pidfile,
+            absl::StrCat("-v", options_.log_level)};
+  if (r.lazy_pages) o.argv.push_back("--lazy-pages");
+  if (r.leave_stopped) o.argv.push_back("--leave-stopped");
+  o.argv.insert(o.argv.end(), r.extra_args.begin(), r.extra_args.end());
+  if (!r.netns_path.empty()) {
+    // nsenter is in util-linux; it joins the namespace before exec'ing CRIU.
+    o.argv.insert(o.argv.begin(), {"nsenter", absl::StrCat("--net=", r.netns_path), "--"});
+  }
+  o.env_add = CriuEnv(options_);
+  // CRIU keeps the restore's stdio only for its own messages; the log has the details.
+  o.stdout_path = o.stderr_path = absl::StrCat(r.work_dir, "/criu-restore.out");
+  o.cwd = r.work_dir;
+  STRETCH_ASSIGN_OR_RETURN(Subprocess p, Subprocess::Start(o));
+  return PendingRestore(std::move(p), pidfile, log);
+}
+
+absl::StatusOr<pid_t> PendingRestore::Wait(absl::Time deadline) {
+  auto st = criu_.Wait(deadline);
+  if (!st.ok()) return Annotate(st.status(), "criu restore");
+  if (st->signaled || st->code != 0) {
+    return absl::FailedPreconditionError(absl::StrCat("criu restore failed (", st->ToString(),
+                                                      "): ", SummarizeCriuLog(log_path_),
+                                                      " (full log: ", log_path_, ")"));
+  }
+  std::ifstream in(pidfile_);
+  std::string text;
+  std::getline(in, text);
+  int pid = 0;
+  if (!absl::SimpleAtoi(absl::StripAsciiWhitespace(text), &pid) || pid <= 0) {
+    return absl::InternalError(
+        absl::StrCat("criu restore succeeded but its pidfile ", pidfile_, " holds '", text, "'"));
+  }
+  return static_cast<pid_t>(pid);
+}
+
+}  // namespace stretch

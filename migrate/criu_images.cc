@@ -1,0 +1,229 @@
+#include "migrate/criu_images.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "core/status.h"
+#include "core/unique_fd.h"
+
+namespace stretch {
+namespace {
+
+constexpr uint32_t kImgCommonMagic = 0x54564319;
+constexpr uint32_t kPagemapMagic = 0x56084025;
+// A pagemap record is a handful of varints; anything larger is corrupt.
+constexpr uint32_t kMaxRecord = 64;
+
+// Minimal protobuf decoding for the two record types: varint fields only.
+class ProtoReader {
+ public:
+  explicit ProtoReader(absl::Span<const uint8_t> in) : in_(in) {}
+  bool done() const { return pos_ == in_.size(); }
+
+  // Reads a varint; false on truncation or overlong encoding.
+  bool Varint(uint64_t* v) {
+    *v = 0;
+    for (int shift = 0; shift < 64; shift += 7) {
+      if (pos_ == in_.size()) return false;
+      uint8_t b = in_[pos_++];
+      *v |= uint64_t{b & 0x7Fu} << shift;
+      if ((b & 0x80) == 0) return true;
+    }
+    return false;
+  }
+
+ private:
+  absl::Span<const uint8_t> in_;
+  size_t pos_ = 0;
+};
+
+absl::Status Bad(const std::string& name, const std::string& what) {
+  return absl::InvalidArgumentError(absl::StrCat("CRIU image ", name, ": ", what));
+}
+
+// Calls on_field(number, value) for each varint field; rejects other wire types.
+template <typename F>
+absl::Status ParseVarintMessage(absl::Span<const uint8_t> rec, const std::string& name,
+                                F&& on_field) {
+  ProtoReader r(rec);
+  while (!r.done()) {
+    uint64_t key, value;
+    if (!r.Varint(&key)) return Bad(name, "truncated field key");
+    if ((key & 7) != 0) {
+      return Bad(name,
+                 absl::StrFormat("field %d has wire type %d, expected varint", key >> 3, key & 7));
+    }
+    if (!r.Varint(&value)) return Bad(name, "truncated varint");
+    on_field(static_cast<uint32_t>(key >> 3), value);
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> ReadFile(const std::string& path) {
+  UniqueFd fd(open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (!fd.valid()) return ErrnoStatus(errno, absl::StrCat("open ", path));
+  std::string out;
+  char buf[65536];
+  for (;;) {
+    ssize_t n = read(fd.get(), buf, sizeof(buf));
+    if (n < 0) return ErrnoStatus(errno, absl::StrCat("read ", path));
+    if (n == 0) break;
+    out.append(buf, n);
+  }
+  return out;
+}
+
+}  // namespace
+
+absl::StatusOr<Pagemap> ParsePagemap(absl::Span<const uint8_t> bytes, const std::string& name) {
+  if (bytes.size() < 8) return Bad(name, "shorter than its 8-byte magic");
+  uint32_t m0, m1;
+  std::memcpy(&m0, bytes.data(), 4);
+  std::memcpy(&m1, bytes.data() + 4, 4);
+  if (m0 != kImgCommonMagic || m1 != kPagemapMagic) {
+    return Bad(name, absl::StrFormat("magic 0x%08x 0x%08x is not a CRIU pagemap", m0, m1));
+  }
+  Pagemap pm;
+  bool have_head = false;
+  size_t pos = 8;
+  while (pos < bytes.size()) {
+    if (bytes.size() - pos < 4) return Bad(name, "truncated record length");
+    uint32_t len;
+    std::memcpy(&len, bytes.data() + pos, 4);
+    pos += 4;
+    if (len > kMaxRecord || len > bytes.size() - pos) {
+      return Bad(name, absl::StrFormat("record of %u bytes at offset %u is corrupt", len, pos - 4));
+    }
+    auto rec = bytes.subspan(pos, len);
+    pos += len;
+    if (!have_head) {
+      bool got_id = false;
+      STRETCH_RETURN_IF_ERROR(ParseVarintMessage(rec, name, [&](uint32_t f, uint64_t v) {
+        if (f == 1) {
+          pm.pages_id = static_cast<uint32_t>(v);
+          got_id = true;
+        }
+      }));
+      if (!got_id) return Bad(name, "pagemap_head lacks pages_id");
+      have_head = true;
+      continue;
+    }
+    PagemapEntry e;
+    bool got_vaddr = false, got_nr = false;
+    STRETCH_RETURN_IF_ERROR(ParseVarintMessage(rec, name, [&](uint32_t f, uint64_t v) {
+      switch (f) {
+        case 1:
+          e.vaddr = v;
+          got_vaddr = true;
+          break;
+        case 2:
+          e.nr_pages = static_cast<uint32_t>(v);
+          got_nr = true;
+          break;
+        case 3:
+          e.in_parent = v != 0;
+          break;
+        case 4:
+          e.flags = static_cast<uint32_t>(v);
+          break;
+        default:
+          break;  // unknown optional fields are skipped, as protobuf does
+      }
+    }));
+    if (!got_vaddr || !got_nr) return Bad(name, "pagemap_entry lacks vaddr or nr_pages");
+    if (!IsPageAligned(e.vaddr) || e.vaddr >= kUserAddressLimit ||
+        e.nr_pages > (kUserAddressLimit - e.vaddr) / kPageSize) {
+      return Bad(name, absl::StrFormat("entry at 0x%x with %u pages is outside user space", e.vaddr,
+                                       e.nr_pages));
+    }
+    pm.entries.push_back(e);
+  }
+  if (!have_head) return Bad(name, "no pagemap_head record");
+  return pm;
+}
+
+absl::StatusOr<CheckpointMemory> CheckpointMemory::Open(const std::string& images_dir, pid_t pid) {
+  std::string pm_path = absl::StrCat(images_dir, "/pagemap-", pid, ".img");
+  STRETCH_ASSIGN_OR_RETURN(std::string pm_bytes, ReadFile(pm_path));
+  CheckpointMemory mem;
+  STRETCH_ASSIGN_OR_RETURN(
+      mem.pagemap_,
+      ParsePagemap(absl::Span<const uint8_t>(reinterpret_cast<const uint8_t*>(pm_bytes.data()),
+                                             pm_bytes.size()),
+                   pm_path));
+
+  uint64_t offset = 0;
+  for (const auto& e : mem.pagemap_.entries) {
+    if (!(e.flags & kPagemapPresent)) continue;
+    if (e.in_parent || (e.flags & kPagemapParent)) {
+      return Bad(pm_path, "incremental dumps (pages in a parent image) are not supported");
+    }
+    mem.runs_.push_back(Run{e.vaddr, e.nr_pages, offset});
+    offset += uint64_t{e.nr_pages} * kPageSize;
+  }
+  std::sort(mem.runs_.begin(), mem.runs_.end(),
+            [](const Run& a, const Run& b) { return a.vaddr < b.vaddr; });
+  for (size_t i = 1; i < mem.runs_.size(); ++i) {
+    const Run& p = mem.runs_[i - 1];
+    if (p.vaddr + p.nr_pages * kPageSize > mem.runs_[i].vaddr) {
+      return Bad(pm_path, absl::StrFormat("entries overlap at 0x%x", mem.runs_[i].vaddr));
+    }
+  }
+
+  std::string pages_path = absl::StrCat(images_dir, "/pages-", mem.pagemap_.pages_id, ".img");
+  UniqueFd fd(open(pages_path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (!fd.valid()) return ErrnoStatus(errno, absl::StrCat("open ", pages_path));
+  struct stat st;
+  if (fstat(fd.get(), &st) != 0) return ErrnoStatus(errno, absl::StrCat("fstat ", pages_path));
+  if (static_cast<uint64_t>(st.st_size) != offset) {
+    return Bad(pages_path,
+               absl::StrFormat("has %d bytes, the pagemap describes %u", st.st_size, offset));
+  }
+  if (offset > 0) {
+    void* p = mmap(nullptr, offset, PROT_READ, MAP_PRIVATE, fd.get(), 0);
+    if (p == MAP_FAILED) return ErrnoStatus(errno, absl::StrCat("mmap ", pages_path));
+    mem.base_ = static_cast<const uint8_t*>(p);
+    mem.bytes_ = offset;
+  }
+  return mem;
+}
+
+CheckpointMemory::CheckpointMemory(CheckpointMemory&& other) noexcept
+    : pagemap_(std::move(other.pagemap_)),
+      runs_(std::move(other.runs_)),
+      base_(std::exchange(other.base_, nullptr)),
+      bytes_(std::exchange(other.bytes_, 0)) {}
+
+CheckpointMemory& CheckpointMemory::operator=(CheckpointMemory&& other) noexcept {
+  if (this != &other) {
+    if (base_) munmap(const_cast<uint8_t*>(base_), bytes_);
+    pagemap_ = std::move(other.pagemap_);
+    runs_ = std::move(other.runs_);
+    base_ = std::exchange(other.base_, nullptr);
+    bytes_ = std::exchange(other.bytes_, 0);
+  }
+  return *this;
+}
+
+CheckpointMemory::~CheckpointMemory() {
+  if (base_) munmap(const_cast<uint8_t*>(base_), bytes_);
+}
+
+std::optional<absl::Span<const uint8_t>> CheckpointMemory::Find(uintptr_t address) const {
+  uint64_t page = PageDown(address);
+  auto it = std::upper_bound(runs_.begin(), runs_.end(), page,
+                             [](uint64_t a, const Run& r) { return a < r.vaddr; });
+  if (it == runs_.begin()) return std::nullopt;
+  --it;
+  if (page >= it->vaddr + it->nr_pages * kPageSize) return std::nullopt;
+  return absl::Span<const uint8_t>(base_ + it->offset + (page - it->vaddr), kPageSize);
+}
+
+}  // namespace stretch

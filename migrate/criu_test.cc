@@ -1,0 +1,185 @@
+// Checkpoint a real program with CRIU, read its memory from the images, restore it with
+// --lazy-pages and serve every page fault from the checkpoint through the uffd that CRIU hands
+// over. Needs root and CRIU 4.x (tools/setup), as CI has.
+#include "migrate/criu.h"
+
+#include <fcntl.h>
+#include <linux/userfaultfd.h>
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/ioctl.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+
+#include <atomic>
+#include <cstdio>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "migrate/criu_images.h"
+#include "migrate/lazy_pages.h"
+#include "migrate/subprocess.h"
+#include "migrate/testing_criu.h"
+
+namespace stretch {
+namespace {
+
+using ::testing::HasSubstr;
+
+std::string TestProgram() {
+  const char* srcdir = getenv("TEST_SRCDIR");
+  const char* ws = getenv("TEST_WORKSPACE");
+  if (srcdir && ws) return absl::StrCat(srcdir, "/", ws, "/migrate/pattern_prog");
+  return "migrate/pattern_prog";
+}
+
+uint8_t Pattern(size_t i) { return static_cast<uint8_t>((i * 2654435761u) >> 13); }
+
+// Serves MISSING faults of one uffd from the checkpoint until `stop` is signalled.
+void ServeFromCheckpoint(int uffd, int stop, const CheckpointMemory* mem, std::atomic<int>* copied,
+                         std::atomic<int>* zeroed) {
+  for (;;) {
+    struct pollfd pfds[2] = {{uffd, POLLIN, 0}, {stop, POLLIN, 0}};
+    if (poll(pfds, 2, 60000) <= 0) return;
+    if (pfds[1].revents) return;
+    struct uffd_msg msgs[16];
+    ssize_t n = read(uffd, msgs, sizeof(msgs));
+    if (n <= 0) continue;
+    for (ssize_t i = 0; i < n / static_cast<ssize_t>(sizeof(uffd_msg)); ++i) {
+      if (msgs[i].event != UFFD_EVENT_PAGEFAULT) continue;
+      uintptr_t page = PageDown(msgs[i].arg.pagefault.address);
+      if (auto content = mem->Find(page)) {
+        struct uffdio_copy c = {page, reinterpret_cast<uintptr_t>(content->data()), kPageSize, 0,
+                                0};
+        if (ioctl(uffd, UFFDIO_COPY, &c) == 0) copied->fetch_add(1);
+      } else {
+        struct uffdio_zeropage z = {{page, kPageSize}, 0, 0};
+        if (ioctl(uffd, UFFDIO_ZEROPAGE, &z) == 0) zeroed->fetch_add(1);
+      }
+    }
+  }
+}
+
+class CriuTest : public ::testing::Test {
+ protected:
+  void SetUp() override { ASSERT_EQ(prctl(PR_SET_CHILD_SUBREAPER, 1), 0); }
+  Criu criu_{CriuOptions{.binary = testing::CriuBinary()}};
+  testing::TempDir dir_;
+};
+
+TEST_F(CriuTest, DumpThenLazyRestoreServedFromTheCheckpoint) {
+  const std::string out = dir_.path() + "/out";
+  const std::string go = dir_.path() + "/go";
+  const std::string images = dir_.path() + "/images";
+  SubprocessOptions o;
+  o.argv = {TestProgram(), go};
+  o.stdout_path = out;
+  o.stderr_path = dir_.path() + "/err";
+  o.new_pid_namespace = true;
+  // CRIU restores the parent-death signal too, and the restored root's parent (CRIU) exits.
+  o.die_with_parent = false;
+  auto app = Subprocess::Start(o);
+  ASSERT_TRUE(app.ok()) << app.status();
+  ASSERT_TRUE(testing::WaitForFileContaining(out, "ready", absl::Now() + absl::Seconds(30)))
+      << testing::ReadFileOrEmpty(o.stderr_path);
+  uintptr_t heap = 0, global = 0;
+  size_t heap_len = 0, global_len = 0;
+  ASSERT_EQ(std::sscanf(testing::ReadFileOrEmpty(out).c_str(), "heap %lx %zu global %lx %zu", &heap,
+                        &heap_len, &global, &global_len),
+            4);
+
+  ASSERT_TRUE(criu_.Dump(app->pid(), images).ok());
+  auto dumped = app->Wait(absl::Now() + absl::Seconds(30));
+  ASSERT_TRUE(dumped.ok());
+  EXPECT_TRUE(dumped->signaled);  // CRIU kills the tree once it is dumped
+
+  // The checkpoint holds the program's memory: the pattern is in the pages image.
+  auto mem = CheckpointMemory::Open(images, 1);  // pid 1: init of its own PID namespace
+  ASSERT_TRUE(mem.ok()) << mem.status();
+  EXPECT_GE(mem->present_pages(), heap_len / kPageSize);
+  for (size_t i = 0; i < heap_len; i += 997) {
+    auto page = mem->Find(heap + i);
+    ASSERT_TRUE(page.has_value()) << "heap offset " << i;
+    ASSERT_EQ((*page)[(heap + i) % kPageSize], Pattern(i)) << "heap offset " << i;
+  }
+  for (const auto& e : mem->pagemap().entries) {
+    if (e.vaddr <= heap && heap < e.vaddr + e.nr_pages * kPageSize) {
+      EXPECT_EQ(e.flags & (kPagemapLazy | kPagemapPresent), kPagemapLazy | kPagemapPresent);
+    }
+  }
+
+  // Restore with --lazy-pages: no page of private anonymous memory is present until served.
+  std::FILE* f = std::fopen(go.c_str(), "w");
+  ASSERT_NE(f, nullptr);
+  std::fclose(f);
+  const std::string work = dir_.path() + "/work";
+  ASSERT_EQ(mkdir(work.c_str(), 0700), 0);
+  auto listener = LazyPagesListener::Listen(work);
+  ASSERT_TRUE(listener.ok()) << listener.status();
+  auto pending = criu_.StartRestore(
+      RestoreOptions{.images_dir = images, .work_dir = work, .lazy_pages = true});
+  ASSERT_TRUE(pending.ok()) << pending.status();
+  const absl::Time deadline = absl::Now() + absl::Seconds(60);
+  ASSERT_TRUE(listener->Accept(deadline).ok());
+
+  std::atomic<int> copied{0}, zeroed{0};
+  UniqueFd stop(eventfd(0, EFD_CLOEXEC));
+  std::vector<std::thread> servers;
+  std::vector<UniqueFd> uffds;
+  bool finished = false;
+  while (!finished) {
+    auto ev = listener->Next(deadline);
+    ASSERT_TRUE(ev.ok()) << ev.status() << " / " << SummarizeCriuLog(work + "/restore.log");
+    switch (ev->kind) {
+      case LazyPagesListener::Event::kTask: {
+        EXPECT_EQ(ev->pid, 1);
+        uffds.push_back(std::move(ev->uffd));
+        servers.emplace_back(ServeFromCheckpoint, uffds.back().get(), stop.get(), &*mem, &copied,
+                             &zeroed);
+        break;
+      }
+      case LazyPagesListener::Event::kZombie:
+        break;
+      case LazyPagesListener::Event::kRestoreFinished:
+        finished = true;
+        break;
+    }
+  }
+  auto root = pending->Wait(deadline);
+  ASSERT_TRUE(root.ok()) << root.status();
+  int status = 0;
+  ASSERT_EQ(waitpid(*root, &status, 0), *root);  // we are its subreaper
+  uint64_t one = 1;
+  ASSERT_EQ(write(stop.get(), &one, sizeof(one)), 8);
+  for (auto& t : servers) t.join();
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
+      << "status " << status << " stderr: " << testing::ReadFileOrEmpty(o.stderr_path);
+  EXPECT_THAT(testing::ReadFileOrEmpty(out), HasSubstr("verified bad=0 pid=1"));
+  // Every heap page came through the uffd from the checkpoint.
+  EXPECT_GE(copied.load(), static_cast<int>(heap_len / kPageSize));
+}
+
+TEST_F(CriuTest, DumpFailureNamesTheCause) {
+  // No such process: CRIU fails and the error carries CRIU's own reason and the log path.
+  absl::Status s = criu_.Dump(999999, dir_.path() + "/images");
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(s.message(), HasSubstr("criu dump of pid 999999 failed"));
+  EXPECT_THAT(s.message(), HasSubstr("full log: "));
+}
+
+TEST_F(CriuTest, RestoreOfMissingImagesFails) {
+  const std::string work = dir_.path() + "/work";
+  auto pending =
+      criu_.StartRestore(RestoreOptions{.images_dir = dir_.path() + "/none", .work_dir = work});
+  ASSERT_TRUE(pending.ok());
+  auto root = pending->Wait(absl::Now() + absl::Seconds(30));
+  ASSERT_FALSE(root.ok());
+  EXPECT_THAT(root.status().message(), HasSubstr("criu restore failed"));
+}
+
+}  // namespace
+}  // namespace stretch

@@ -1,0 +1,126 @@
+#include "migrate/lazy_pages.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "core/status.h"
+
+namespace stretch {
+
+absl::StatusOr<LazyPagesListener> LazyPagesListener::Listen(const std::string& work_dir) {
+  LazyPagesListener l;
+  l.path_ = absl::StrCat(work_dir, "/lazy-pages.socket");
+  // sun_path holds 108 bytes and work dirs can be deeper (CRIU itself connects with a path
+  // relative to its cwd); bind through /proc/self/fd/<dirfd>/, which is always short.
+  UniqueFd dir(open(work_dir.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC));
+  if (!dir.valid()) return ErrnoStatus(errno, absl::StrCat("open ", work_dir));
+  std::string short_path = absl::StrCat("/proc/self/fd/", dir.get(), "/lazy-pages.socket");
+  struct sockaddr_un addr = {};
+  addr.sun_family = AF_UNIX;
+  std::memcpy(addr.sun_path, short_path.c_str(), short_path.size() + 1);
+  l.listen_fd_.reset(socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  if (!l.listen_fd_.valid()) return ErrnoStatus(errno, "socket(AF_UNIX)");
+  unlinkat(dir.get(), "lazy-pages.socket", 0);
+  if (bind(l.listen_fd_.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    return ErrnoStatus(errno, absl::StrCat("bind ", l.path_));
+  }
+  if (listen(l.listen_fd_.get(), 1) != 0)
+    return ErrnoStatus(errno, absl::StrCat("listen ", l.path_));
+  return l;
+}
+
+LazyPagesListener::~LazyPagesListener() {
+  if (listen_fd_.valid()) unlink(path_.c_str());
+}
+
+absl::Status LazyPagesListener::WaitReadable(int fd, absl::Time deadline, const char* what) {
+  for (;;) {
+    absl::Duration left = deadline - absl::Now();
+    if (left <= absl::ZeroDuration()) {
+      return absl::DeadlineExceededError(
+          absl::StrCat("lazy-pages socket ", path_, ": timed out ", what));
+    }
+    struct pollfd pfd = {fd, POLLIN, 0};
+    int ms =
+        left == absl::InfiniteDuration()
+            ? -1
+            : static_cast<int>(std::min<int64_t>(absl::ToInt64Milliseconds(left) + 1, 1 << 30));
+    int r = poll(&pfd, 1, ms);
+    if (r < 0 && errno != EINTR) return ErrnoStatus(errno, "poll lazy-pages socket");
+    if (r > 0) return absl::OkStatus();
+  }
+}
+
+absl::Status LazyPagesListener::Accept(absl::Time deadline) {
+  STRETCH_RETURN_IF_ERROR(WaitReadable(listen_fd_.get(), deadline, "waiting for CRIU to connect"));
+  conn_.reset(accept4(listen_fd_.get(), nullptr, nullptr, SOCK_CLOEXEC));
+  if (!conn_.valid()) return ErrnoStatus(errno, absl::StrCat("accept ", path_));
+  return absl::OkStatus();
+}
+
+absl::Status LazyPagesListener::ReadExact(void* buf, size_t n, absl::Time deadline) {
+  size_t got = 0;
+  while (got < n) {
+    STRETCH_RETURN_IF_ERROR(WaitReadable(conn_.get(), deadline, "waiting for CRIU"));
+    ssize_t r = recv(conn_.get(), static_cast<char*>(buf) + got, n - got, 0);
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) return ErrnoStatus(errno, "recv lazy-pages socket");
+    if (r == 0) {
+      return absl::UnavailableError(
+          "CRIU closed the lazy-pages socket before restore finished (see its restore.log)");
+    }
+    got += r;
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<LazyPagesListener::Event> LazyPagesListener::Next(absl::Time deadline) {
+  if (!conn_.valid()) return absl::FailedPreconditionError("lazy-pages: Next() before Accept()");
+  int32_t word = 0;
+  STRETCH_RETURN_IF_ERROR(ReadExact(&word, sizeof(word), deadline));
+  Event ev;
+  if (static_cast<uint32_t>(word) == kLazyPagesRestoreFinished) {
+    ev.kind = Event::kRestoreFinished;
+    return ev;
+  }
+  if (word < 0) {
+    ev.kind = Event::kZombie;
+    ev.pid = -word;
+    return ev;
+  }
+  if (word == 0) return absl::InvalidArgumentError("lazy-pages: CRIU sent pid 0");
+  ev.pid = word;
+  STRETCH_RETURN_IF_ERROR(WaitReadable(conn_.get(), deadline, "waiting for a uffd"));
+  char byte;
+  struct iovec iov = {&byte, 1};
+  alignas(struct cmsghdr) char control[CMSG_SPACE(sizeof(int))];
+  struct msghdr msg = {};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control;
+  msg.msg_controllen = sizeof(control);
+  ssize_t r;
+  while ((r = recvmsg(conn_.get(), &msg, MSG_CMSG_CLOEXEC)) < 0 && errno == EINTR) {
+  }
+  if (r < 0) return ErrnoStatus(errno, "recvmsg lazy-pages socket");
+  if (r == 0) return absl::UnavailableError("CRIU closed the lazy-pages socket before the uffd");
+  struct cmsghdr* c = CMSG_FIRSTHDR(&msg);
+  if (c == nullptr || c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS ||
+      c->cmsg_len != CMSG_LEN(sizeof(int))) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("lazy-pages: no uffd descriptor after pid %d", ev.pid));
+  }
+  int fd;
+  std::memcpy(&fd, CMSG_DATA(c), sizeof(fd));
+  ev.uffd.reset(fd);
+  return ev;
+}
+
+}  // namespace stretch

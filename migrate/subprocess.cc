@@ -1,0 +1,194 @@
+#include "migrate/subprocess.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <sched.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "core/status.h"
+
+extern char** environ;
+
+namespace stretch {
+namespace {
+
+// Runs in the child between fork and exec: only async-signal-safe calls. Reports a failure
+// as errno through `report` and exits 127.
+[[noreturn]] void ChildFail(int report, int err) {
+  (void)!write(report, &err, sizeof(err));
+  _exit(127);
+}
+
+void CloseOtherFds(int keep) {
+  // close_range is Linux 5.9+; keep `keep` (the error pipe, CLOEXEC) open until exec.
+  if (keep > 3) syscall(SYS_close_range, 3, keep - 1, 0);
+  syscall(SYS_close_range, keep + 1, ~0u, 0);
+  if (keep < 3) syscall(SYS_close_range, 3, ~0u, 0);
+}
+
+}  // namespace
+
+std::string ExitStatus::ToString() const {
+  if (signaled) return absl::StrCat("killed by signal ", code, " (", strsignal(code), ")");
+  return absl::StrCat("exit status ", code);
+}
+
+absl::StatusOr<Subprocess> Subprocess::Start(const SubprocessOptions& o) {
+  if (o.argv.empty()) return absl::InvalidArgumentError("Subprocess: empty argv");
+  // Everything the child needs is prepared before fork.
+  std::vector<char*> argv;
+  for (const auto& a : o.argv) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  std::vector<std::string> env_store;
+  for (char** e = environ; *e; ++e) {
+    std::string kv = *e;
+    std::string name = kv.substr(0, kv.find('='));
+    bool replaced = false;
+    for (const auto& add : o.env_add) replaced |= add.substr(0, add.find('=')) == name;
+    if (!replaced) env_store.push_back(kv);
+  }
+  for (const auto& add : o.env_add) env_store.push_back(add);
+  std::vector<char*> envp;
+  for (auto& e : env_store) envp.push_back(e.data());
+  envp.push_back(nullptr);
+
+  int errpipe[2];
+  if (pipe2(errpipe, O_CLOEXEC) != 0) return ErrnoStatus(errno, "pipe2");
+  const pid_t parent = getpid();
+  // With a new PID namespace the child is its init (pid 1 inside), created by a fork-like
+  // clone so the caller's child is the program itself.
+  pid_t pid = o.new_pid_namespace
+                  ? static_cast<pid_t>(syscall(SYS_clone, CLONE_NEWPID | SIGCHLD, 0, 0, 0, 0))
+                  : fork();
+  if (pid < 0) {
+    int err = errno;
+    close(errpipe[0]);
+    close(errpipe[1]);
+    return ErrnoStatus(err, "fork");
+  }
+  if (pid == 0) {
+    close(errpipe[0]);
+    int report = errpipe[1];
+    if (o.die_with_parent) {
+      prctl(PR_SET_PDEATHSIG, SIGKILL);
+      // In a new PID namespace the parent is outside it and getppid() is 0.
+      if (!o.new_pid_namespace && getppid() != parent) _exit(127);
+    }
+    sigset_t all;
+    sigemptyset(&all);
+    sigprocmask(SIG_SETMASK, &all, nullptr);
+    int in = open(o.stdin_path.empty() ? "/dev/null" : o.stdin_path.c_str(), O_RDONLY);
+    if (in < 0) ChildFail(report, errno);
+    dup2(in, 0);
+    if (in != 0) close(in);
+    const std::string* outs[2] = {&o.stdout_path, &o.stderr_path};
+    for (int fd = 1; fd <= 2; ++fd) {
+      if (outs[fd - 1]->empty()) continue;
+      int f = open(outs[fd - 1]->c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+      if (f < 0) ChildFail(report, errno);
+      dup2(f, fd);
+      if (f != fd) close(f);
+    }
+    CloseOtherFds(report);
+    if (!o.cwd.empty() && chdir(o.cwd.c_str()) != 0) ChildFail(report, errno);
+    if (o.new_pid_namespace) setsid();
+    execvpe(argv[0], argv.data(), envp.data());
+    ChildFail(report, errno);
+  }
+  close(errpipe[1]);
+  int child_errno = 0;
+  ssize_t n;
+  while ((n = read(errpipe[0], &child_errno, sizeof(child_errno))) < 0 && errno == EINTR) {
+  }
+  close(errpipe[0]);
+  Subprocess p;
+  p.pid_ = pid;
+  p.pidfd_.reset(static_cast<int>(syscall(SYS_pidfd_open, pid, 0)));
+  if (n == sizeof(child_errno)) {
+    p.Wait(absl::InfiniteFuture()).IgnoreError();
+    return ErrnoStatus(child_errno, absl::StrCat("starting '", absl::StrJoin(o.argv, " "), "'"));
+  }
+  if (!p.pidfd_.valid()) return ErrnoStatus(errno, "pidfd_open");
+  return p;
+}
+
+Subprocess::Subprocess(Subprocess&& other) noexcept
+    : pid_(std::exchange(other.pid_, -1)),
+      pidfd_(std::move(other.pidfd_)),
+      reaped_(std::exchange(other.reaped_, false)) {}
+
+Subprocess& Subprocess::operator=(Subprocess&& other) noexcept {
+  if (this != &other) {
+    this->~Subprocess();
+    new (this) Subprocess(std::move(other));
+  }
+  return *this;
+}
+
+Subprocess::~Subprocess() {
+  if (pid_ > 0 && !reaped_) {
+    Kill(SIGKILL);
+    int status;
+    while (waitpid(pid_, &status, 0) < 0 && errno == EINTR) {
+    }
+  }
+}
+
+void Subprocess::Kill(int sig) {
+  if (pid_ > 0 && !reaped_) {
+    if (pidfd_.valid()) {
+      syscall(SYS_pidfd_send_signal, pidfd_.get(), sig, nullptr, 0);
+    } else {
+      kill(pid_, sig);
+    }
+  }
+}
+
+pid_t Subprocess::Release() {
+  pidfd_.reset();
+  reaped_ = true;
+  return std::exchange(pid_, -1);
+}
+
+absl::StatusOr<ExitStatus> Subprocess::Wait(absl::Time deadline) {
+  if (pid_ <= 0 || reaped_) return absl::FailedPreconditionError("Subprocess: already waited");
+  for (;;) {
+    int status = 0;
+    pid_t r = waitpid(pid_, &status, WNOHANG);
+    if (r < 0 && errno != EINTR) return ErrnoStatus(errno, absl::StrCat("waitpid ", pid_));
+    if (r == pid_) {
+      reaped_ = true;
+      ExitStatus st;
+      st.signaled = WIFSIGNALED(status);
+      st.code = st.signaled ? WTERMSIG(status) : WEXITSTATUS(status);
+      return st;
+    }
+    absl::Duration left = deadline - absl::Now();
+    if (left <= absl::ZeroDuration()) {
+      return absl::DeadlineExceededError(absl::StrCat("process ", pid_, " still running"));
+    }
+    struct pollfd pfd = {pidfd_.get(), POLLIN, 0};
+    int ms =
+        left == absl::InfiniteDuration()
+            ? -1
+            : static_cast<int>(std::min<int64_t>(absl::ToInt64Milliseconds(left) + 1, 1 << 30));
+    poll(&pfd, 1, ms);
+  }
+}
+
+absl::StatusOr<ExitStatus> RunToCompletion(const SubprocessOptions& options, absl::Time deadline) {
+  STRETCH_ASSIGN_OR_RETURN(Subprocess p, Subprocess::Start(options));
+  return p.Wait(deadline);
+}
+
+}  // namespace stretch

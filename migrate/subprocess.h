@@ -1,0 +1,80 @@
+// Subprocess: runs a program as a child with chosen stdio, environment and namespaces, and
+// waits for it with a deadline (through a pidfd). The child is killed (SIGKILL) and reaped
+// when the Subprocess is destroyed unless it already exited or was released, so no error path
+// leaves a process behind. Not thread-safe.
+//
+//   SubprocessOptions o;
+//   o.argv = {"criu", "dump", "-t", "42"};
+//   o.env_add = {"CRIU_FAULT=130"};
+//   STRETCH_ASSIGN_OR_RETURN(Subprocess p, Subprocess::Start(o));
+//   STRETCH_ASSIGN_OR_RETURN(ExitStatus st, p.Wait(absl::Now() + absl::Seconds(30)));
+#ifndef STRETCH_MIGRATE_SUBPROCESS_H_
+#define STRETCH_MIGRATE_SUBPROCESS_H_
+
+#include <sys/types.h>
+
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "core/unique_fd.h"
+
+namespace stretch {
+
+struct SubprocessOptions {
+  std::vector<std::string> argv;     // argv[0] is looked up in PATH
+  std::vector<std::string> env_add;  // "NAME=value" added to (or replacing in) our environment
+  std::string cwd;                   // empty: inherit
+  // Files for fds 0, 1, 2 (opened in the child: 0 read-only, 1 and 2 created/appended);
+  // empty means /dev/null for 0 and inherit for 1 and 2.
+  std::string stdin_path;
+  std::string stdout_path;
+  std::string stderr_path;
+  // Every other descriptor is closed in the child (CRIU cannot dump descriptors inherited from
+  // a launcher's environment).
+  // Run as init of a new PID namespace in a new session (what Stretch does for applications,
+  // so a checkpoint can be restored several times at once). pid() is then the init's pid as
+  // seen from the caller's namespace.
+  bool new_pid_namespace = false;
+  // Kill the child if the creating thread exits (PR_SET_PDEATHSIG). Off for a program that
+  // will be checkpointed: CRIU restores the setting and the restored tree's parent, CRIU
+  // itself, exits right after the restore, which would kill the replica.
+  bool die_with_parent = true;
+};
+
+struct ExitStatus {
+  bool signaled = false;
+  int code = 0;  // exit code, or the signal number
+  std::string ToString() const;
+};
+
+class Subprocess {
+ public:
+  static absl::StatusOr<Subprocess> Start(const SubprocessOptions& options);
+
+  Subprocess(Subprocess&& other) noexcept;
+  Subprocess& operator=(Subprocess&& other) noexcept;
+  ~Subprocess();
+
+  pid_t pid() const { return pid_; }
+  // Waits until the child exits; DeadlineExceeded if it is still running at `deadline`.
+  absl::StatusOr<ExitStatus> Wait(absl::Time deadline);
+  // Sends `sig` (no-op once reaped).
+  void Kill(int sig);
+  // Stops owning the child: it will not be killed or reaped by this object.
+  pid_t Release();
+
+ private:
+  Subprocess() = default;
+  pid_t pid_ = -1;
+  UniqueFd pidfd_;
+  bool reaped_ = false;
+};
+
+// Runs to completion and returns the exit status, killing the child at the deadline.
+absl::StatusOr<ExitStatus> RunToCompletion(const SubprocessOptions& options, absl::Time deadline);
+
+}  // namespace stretch
+
+#endif  // STRETCH_MIGRATE_SUBPROCESS_H_

@@ -1,0 +1,84 @@
+#include "migrate/subprocess.h"
+
+#include <signal.h>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "migrate/testing_criu.h"
+
+namespace stretch {
+namespace {
+
+using ::testing::HasSubstr;
+
+absl::Time Soon() { return absl::Now() + absl::Seconds(30); }
+
+TEST(SubprocessTest, ReportsExitCodeAndSignal) {
+  SubprocessOptions o;
+  o.argv = {"/bin/sh", "-c", "exit 7"};
+  auto st = RunToCompletion(o, Soon());
+  ASSERT_TRUE(st.ok()) << st.status();
+  EXPECT_FALSE(st->signaled);
+  EXPECT_EQ(st->code, 7);
+
+  o.argv = {"/bin/sh", "-c", "kill -SEGV $$"};
+  st = RunToCompletion(o, Soon());
+  ASSERT_TRUE(st.ok());
+  EXPECT_TRUE(st->signaled);
+  EXPECT_EQ(st->code, SIGSEGV);
+  EXPECT_THAT(st->ToString(), HasSubstr("signal 11"));
+}
+
+TEST(SubprocessTest, MissingProgramIsAClearError) {
+  SubprocessOptions o;
+  o.argv = {"/nonexistent/prog"};
+  auto p = Subprocess::Start(o);
+  ASSERT_FALSE(p.ok());
+  EXPECT_EQ(p.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(p.status().message(), HasSubstr("starting '/nonexistent/prog': ENOENT"));
+}
+
+TEST(SubprocessTest, DeadlineThenKillOnDestruction) {
+  SubprocessOptions o;
+  o.argv = {"/bin/sleep", "1000"};
+  pid_t pid;
+  {
+    auto p = Subprocess::Start(o);
+    ASSERT_TRUE(p.ok());
+    pid = p->pid();
+    auto st = p->Wait(absl::Now() + absl::Milliseconds(20));
+    EXPECT_EQ(st.status().code(), absl::StatusCode::kDeadlineExceeded);
+  }
+  // Destroyed: killed and reaped, so the pid no longer names our child.
+  EXPECT_EQ(kill(pid, 0), -1);
+}
+
+TEST(SubprocessTest, StdioAndEnvironmentAndOtherFdsClosed) {
+  testing::TempDir dir;
+  SubprocessOptions o;
+  o.argv = {"/bin/sh", "-c", "echo \"$STRETCH_X\"; ls /proc/self/fd | wc -l; echo err >&2"};
+  o.env_add = {"STRETCH_X=hello"};
+  o.stdout_path = dir.path() + "/out";
+  o.stderr_path = dir.path() + "/err";
+  auto st = RunToCompletion(o, Soon());
+  ASSERT_TRUE(st.ok());
+  EXPECT_EQ(st->code, 0);
+  // fds 0,1,2 plus the one ls opens for /proc/self/fd.
+  EXPECT_EQ(testing::ReadFileOrEmpty(o.stdout_path), "hello\n4\n");
+  EXPECT_EQ(testing::ReadFileOrEmpty(o.stderr_path), "err\n");
+}
+
+TEST(SubprocessTest, NewPidNamespaceMakesTheProgramInit) {
+  testing::TempDir dir;
+  SubprocessOptions o;
+  o.argv = {"/bin/sh", "-c", "echo $$; exit 3"};
+  o.stdout_path = dir.path() + "/out";
+  o.new_pid_namespace = true;
+  auto st = RunToCompletion(o, Soon());
+  ASSERT_TRUE(st.ok()) << st.status();
+  EXPECT_EQ(st->code, 3);
+  EXPECT_EQ(testing::ReadFileOrEmpty(o.stdout_path), "1\n");
+}
+
+}  // namespace
+}  // namespace stretch
