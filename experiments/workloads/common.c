@@ -1,0 +1,209 @@
+#define _GNU_SOURCE
+#include "common.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+static long parse_long(const char* flag, const char* v) {
+  char* end = NULL;
+  errno = 0;
+  long x = strtol(v, &end, 10);
+  if (errno || end == v || *end != '\0') {
+    fprintf(stderr, "bad value for %s: '%s'\n", flag, v);
+    exit(2);
+  }
+  return x;
+}
+
+void wl_parse(int argc, char** argv, wl_args* a, long default_size, int default_iterations,
+              const char* usage) {
+  a->threads = (int)sysconf(_SC_NPROCESSORS_ONLN);
+  a->size = default_size;
+  a->seed = 1;
+  a->iterations = default_iterations;
+  a->pin = 0;
+  a->per_phase = 0;
+  for (int i = 1; i < argc; ++i) {
+    const char* s = argv[i];
+    const char* eq = strchr(s, '=');
+    if (!strcmp(s, "--pin")) {
+      a->pin = 1;
+    } else if (!strcmp(s, "--per_phase")) {
+      a->per_phase = 1;
+    } else if (eq && !strncmp(s, "--threads=", 10)) {
+      a->threads = (int)parse_long("--threads", eq + 1);
+    } else if (eq && !strncmp(s, "--size=", 7)) {
+      a->size = parse_long("--size", eq + 1);
+    } else if (eq && !strncmp(s, "--seed=", 7)) {
+      a->seed = (uint64_t)parse_long("--seed", eq + 1);
+    } else if (eq && !strncmp(s, "--iterations=", 13)) {
+      a->iterations = (int)parse_long("--iterations", eq + 1);
+    } else {
+      fprintf(stderr, "unknown argument '%s'\nusage: %s %s\n", s, argv[0], usage);
+      exit(2);
+    }
+  }
+  if (a->threads < 1 || a->threads > 1024 || a->size < 1 || a->iterations < 1) {
+    fprintf(stderr, "--threads must be 1..1024, --size and --iterations positive\n");
+    exit(2);
+  }
+}
+
+double wl_now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+void wl_report_time(const char* phase, double start_ms) {
+  fprintf(stderr, "time_ms %s %.3f\n", phase, wl_now_ms() - start_ms);
+}
+
+void* wl_alloc(size_t bytes) {
+  void* p = malloc(bytes);
+  if (p == NULL) {
+    fprintf(stderr, "out of memory allocating %zu bytes\n", bytes);
+    exit(1);
+  }
+  return p;
+}
+
+/* Phoenix pins each worker at every phase and gives up if the kernel refuses. */
+static void pin_worker(int i) {
+  long ncpu = sysconf(_SC_NPROCESSORS_CONF);
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  CPU_SET((int)(i % ncpu), &set);
+  if (sched_setaffinity(0, sizeof(set), &set) != 0) {
+    perror("sched_setaffinity");
+    abort();
+  }
+}
+
+struct wl_pool {
+  const wl_args* args;
+  int n;
+  pthread_t* threads;
+  pthread_mutex_t mu;
+  pthread_cond_t start;
+  pthread_cond_t done;
+  long generation; /* phases started */
+  int remaining;   /* workers still running the current phase */
+  int stop;
+  wl_task task;
+  void* arg;
+};
+
+typedef struct {
+  wl_pool* pool;
+  int index;
+} worker_ctx;
+
+static void* pool_worker(void* p) {
+  worker_ctx* ctx = p;
+  wl_pool* pool = ctx->pool;
+  long seen = 0;
+  for (;;) {
+    pthread_mutex_lock(&pool->mu);
+    while (pool->generation == seen && !pool->stop) pthread_cond_wait(&pool->start, &pool->mu);
+    if (pool->stop) {
+      pthread_mutex_unlock(&pool->mu);
+      break;
+    }
+    seen = pool->generation;
+    wl_task task = pool->task;
+    void* arg = pool->arg;
+    pthread_mutex_unlock(&pool->mu);
+    if (pool->args->pin) pin_worker(ctx->index);
+    task(ctx->index, pool->n, arg);
+    pthread_mutex_lock(&pool->mu);
+    if (--pool->remaining == 0) pthread_cond_signal(&pool->done);
+    pthread_mutex_unlock(&pool->mu);
+  }
+  free(ctx);
+  return NULL;
+}
+
+wl_pool* wl_pool_start(const wl_args* a) {
+  wl_pool* p = wl_alloc(sizeof(*p));
+  memset(p, 0, sizeof(*p));
+  p->args = a;
+  p->n = a->threads;
+  p->threads = wl_alloc(sizeof(pthread_t) * (size_t)p->n);
+  pthread_mutex_init(&p->mu, NULL);
+  pthread_cond_init(&p->start, NULL);
+  pthread_cond_init(&p->done, NULL);
+  for (int i = 0; i < p->n; ++i) {
+    worker_ctx* ctx = wl_alloc(sizeof(*ctx));
+    ctx->pool = p;
+    ctx->index = i;
+    int err = pthread_create(&p->threads[i], NULL, pool_worker, ctx);
+    if (err) {
+      fprintf(stderr, "pthread_create: %s\n", strerror(err));
+      exit(1);
+    }
+  }
+  return p;
+}
+
+void wl_pool_run(wl_pool* p, wl_task task, void* arg) {
+  pthread_mutex_lock(&p->mu);
+  p->task = task;
+  p->arg = arg;
+  p->remaining = p->n;
+  p->generation++;
+  pthread_cond_broadcast(&p->start);
+  while (p->remaining > 0) pthread_cond_wait(&p->done, &p->mu);
+  pthread_mutex_unlock(&p->mu);
+}
+
+void wl_pool_stop(wl_pool* p) {
+  if (p == NULL) return;
+  pthread_mutex_lock(&p->mu);
+  p->stop = 1;
+  pthread_cond_broadcast(&p->start);
+  pthread_mutex_unlock(&p->mu);
+  for (int i = 0; i < p->n; ++i) pthread_join(p->threads[i], NULL);
+  free(p->threads);
+  free(p);
+}
+
+typedef struct {
+  const wl_args* args;
+  wl_task task;
+  void* arg;
+  int index;
+} phase_ctx;
+
+static void* phase_thread(void* p) {
+  phase_ctx* c = p;
+  if (c->args->pin) pin_worker(c->index);
+  c->task(c->index, c->args->threads, c->arg);
+  return NULL;
+}
+
+void wl_phase(const wl_args* a, wl_pool* p, wl_task task, void* arg) {
+  if (!a->per_phase) {
+    wl_pool_run(p, task, arg);
+    return;
+  }
+  pthread_t* t = wl_alloc(sizeof(pthread_t) * (size_t)a->threads);
+  phase_ctx* c = wl_alloc(sizeof(phase_ctx) * (size_t)a->threads);
+  for (int i = 0; i < a->threads; ++i) {
+    c[i] = (phase_ctx){a, task, arg, i};
+    int err = pthread_create(&t[i], NULL, phase_thread, &c[i]);
+    if (err) {
+      fprintf(stderr, "pthread_create: %s\n", strerror(err));
+      exit(1);
+    }
+  }
+  for (int i = 0; i < a->threads; ++i) pthread_join(t[i], NULL);
+  free(t);
+  free(c);
+}
