@@ -1,0 +1,511 @@
+#include "migrate/thread_supervisor.h"
+
+#include <dirent.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/eventfd.h>
+#include <sys/ptrace.h>
+#include <sys/signalfd.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <deque>
+#include <map>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "core/status.h"
+#include "core/unique_fd.h"
+#include "glog/logging.h"
+
+namespace stretch {
+
+void BlockSigchldInThisThread() {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGCHLD);
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+}
+
+namespace {
+
+// A request from another thread, completed on the tracer thread.
+struct Command {
+  enum Kind { kAttach, kResume, kPark, kRunStopped, kDetach, kShutdown };
+  Kind kind;
+  pid_t tid = 0;
+  std::function<absl::Status(pid_t)> fn;
+
+  absl::Mutex mu;
+  bool done ABSL_GUARDED_BY(mu) = false;
+  absl::Status result ABSL_GUARDED_BY(mu);
+
+  void Complete(absl::Status s) {
+    absl::MutexLock l(&mu);
+    if (done) return;
+    done = true;
+    result = std::move(s);
+  }
+};
+
+std::vector<pid_t> ListTasks(pid_t pid) {
+  std::vector<pid_t> out;
+  std::string dir = absl::StrCat("/proc/", pid, "/task");
+  DIR* d = opendir(dir.c_str());
+  if (d == nullptr) return out;
+  while (struct dirent* e = readdir(d)) {
+    if (e->d_name[0] == '.') continue;
+    out.push_back(static_cast<pid_t>(atoi(e->d_name)));
+  }
+  closedir(d);
+  return out;
+}
+
+bool TaskIsStopped(const std::string& path) {
+  FILE* f = fopen(path.c_str(), "re");
+  if (!f) return false;
+  char buf[512];
+  size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+  fclose(f);
+  buf[n] = '\0';
+  const char* p = strrchr(buf, ')');
+  return p && p[1] == ' ' && (p[2] == 'T' || p[2] == 't');
+}
+
+bool ProcessIsStopped(pid_t pid) { return TaskIsStopped(absl::StrCat("/proc/", pid, "/stat")); }
+
+bool AllTasksStopped(pid_t pid) {
+  for (pid_t tid : ListTasks(pid)) {
+    if (!TaskIsStopped(absl::StrCat("/proc/", pid, "/task/", tid, "/stat"))) return false;
+  }
+  return true;
+}
+
+constexpr int kPtraceOptions = PTRACE_O_TRACECLONE | PTRACE_O_TRACEEXIT | PTRACE_O_TRACEEXEC;
+
+}  // namespace
+
+class ThreadSupervisor::Impl {
+ public:
+  Impl(pid_t pid, SupervisorOptions options, SupervisorCallbacks callbacks)
+      : pid_(pid), options_(options), callbacks_(std::move(callbacks)) {}
+
+  absl::Status Start() {
+    sigset_t mask;
+    pthread_sigmask(SIG_BLOCK, nullptr, &mask);
+    if (!sigismember(&mask, SIGCHLD)) {
+      return absl::FailedPreconditionError(
+          "ThreadSupervisor: SIGCHLD must be blocked in every thread (call "
+          "BlockSigchldInThisThread() at the start of main)");
+    }
+    wake_.reset(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+    if (!wake_.valid()) return ErrnoStatus(errno, "eventfd");
+    sigset_t chld;
+    sigemptyset(&chld);
+    sigaddset(&chld, SIGCHLD);
+    sigchld_.reset(signalfd(-1, &chld, SFD_CLOEXEC | SFD_NONBLOCK));
+    if (!sigchld_.valid()) return ErrnoStatus(errno, "signalfd(SIGCHLD)");
+    tracer_ = std::thread([this] { Loop(); });
+    return absl::OkStatus();
+  }
+
+  ~Impl() {
+    auto c = std::make_shared<Command>();
+    c->kind = Command::kShutdown;
+    Post(c);
+    if (tracer_.joinable()) tracer_.join();
+  }
+
+  absl::Status Run(std::shared_ptr<Command> c, absl::Time deadline) {
+    Post(c);
+    absl::MutexLock l(&c->mu);
+    auto done = [&c]() ABSL_SHARED_LOCKS_REQUIRED(c->mu) { return c->done; };
+    if (!c->mu.AwaitWithDeadline(absl::Condition(&done), deadline)) {
+      return absl::DeadlineExceededError(absl::StrCat("ThreadSupervisor: ", KindName(c->kind),
+                                                      " of thread ", c->tid, " timed out"));
+    }
+    return c->result;
+  }
+
+  std::vector<pid_t> Threads(bool running_only) const {
+    absl::MutexLock l(&state_mu_);
+    std::vector<pid_t> out;
+    for (const auto& [tid, t] : threads_) {
+      if (!running_only || t.want_running) out.push_back(tid);
+    }
+    return out;
+  }
+
+  pid_t pid() const { return pid_; }
+
+  bool ProcessExited() const {
+    absl::MutexLock l(&state_mu_);
+    return leader_gone_;
+  }
+
+ private:
+  struct Thread {
+    bool want_running = false;
+    bool stopped = false;      // in a ptrace-stop we have not resumed
+    bool interrupted = false;  // PTRACE_INTERRUPT sent, stop not yet seen
+    bool exiting = false;
+    int pending_signal = 0;                         // to deliver when it next resumes
+    std::vector<std::shared_ptr<Command>> waiting;  // Park / RunStopped waiting for a stop
+  };
+
+  static const char* KindName(Command::Kind k) {
+    switch (k) {
+      case Command::kAttach:
+        return "attach";
+      case Command::kResume:
+        return "resume";
+      case Command::kPark:
+        return "park";
+      case Command::kRunStopped:
+        return "run-stopped";
+      case Command::kDetach:
+        return "detach";
+      case Command::kShutdown:
+        return "shutdown";
+    }
+    return "?";
+  }
+
+  void Post(std::shared_ptr<Command> c) {
+    {
+      absl::MutexLock l(&queue_mu_);
+      queue_.push_back(std::move(c));
+    }
+    uint64_t one = 1;
+    (void)!write(wake_.get(), &one, sizeof(one));
+  }
+
+  // Everything below runs on the tracer thread only.
+  void Loop() {
+    for (;;) {
+      struct pollfd pfds[2] = {{sigchld_.get(), POLLIN, 0}, {wake_.get(), POLLIN, 0}};
+      // The timeout is a safety net against a lost SIGCHLD (e.g. another signalfd reader);
+      // reaping is WNOHANG and cheap.
+      poll(pfds, 2, 100);
+      struct signalfd_siginfo si;
+      while (read(sigchld_.get(), &si, sizeof(si)) > 0) {
+      }
+      uint64_t n;
+      (void)!read(wake_.get(), &n, sizeof(n));
+      std::deque<std::shared_ptr<Command>> cmds;
+      {
+        absl::MutexLock l(&queue_mu_);
+        cmds.swap(queue_);
+      }
+      absl::MutexLock l(&state_mu_);
+      Reap();
+      for (auto& c : cmds) {
+        if (c->kind == Command::kShutdown) {
+          Shutdown();
+          c->Complete(absl::OkStatus());
+          return;
+        }
+        Execute(c);
+      }
+    }
+  }
+
+  absl::Status Seize(pid_t tid) ABSL_EXCLUSIVE_LOCKS_REQUIRED(state_mu_) {
+    int opts = kPtraceOptions | (options_.kill_on_exit ? PTRACE_O_EXITKILL : 0);
+    if (ptrace(PTRACE_SEIZE, tid, 0, opts) != 0) {
+      return ErrnoStatus(errno, absl::StrCat("PTRACE_SEIZE thread ", tid, " of pid ", pid_));
+    }
+    Thread& t = threads_[tid];
+    t.want_running = false;
+    if (ptrace(PTRACE_INTERRUPT, tid, 0, 0) == 0) t.interrupted = true;
+    return absl::OkStatus();
+  }
+
+  void AttachAll(const std::shared_ptr<Command>& c) ABSL_EXCLUSIVE_LOCKS_REQUIRED(state_mu_) {
+    bool was_stopped = ProcessIsStopped(pid_);
+    // Threads may be created while we attach: repeat until a pass finds no new one.
+    for (bool found = true; found;) {
+      found = false;
+      for (pid_t tid : ListTasks(pid_)) {
+        if (threads_.count(tid)) continue;
+        found = true;
+        if (absl::Status s = Seize(tid); !s.ok()) {
+          c->Complete(s);
+          return;
+        }
+      }
+    }
+    if (threads_.empty()) {
+      c->Complete(absl::NotFoundError(absl::StrCat("pid ", pid_, " has no threads (exited?)")));
+      return;
+    }
+    // A replica restored with --leave-stopped is in a group-stop; end it so resumed threads
+    // do not stop again when detached. Traced threads stay in their ptrace-stop.
+    if (was_stopped) kill(pid_, SIGCONT);
+    attach_ = c;
+    MaybeFinishAttach();
+  }
+
+  void MaybeFinishAttach() ABSL_EXCLUSIVE_LOCKS_REQUIRED(state_mu_) {
+    if (!attach_) return;
+    for (const auto& [tid, t] : threads_) {
+      if (!t.stopped) return;
+    }
+    for (auto& [tid, t] : threads_) {
+      t.want_running = options_.run_all_at_attach;
+      if (t.want_running) Continue(tid, t);
+    }
+    attach_->Complete(absl::OkStatus());
+    attach_.reset();
+  }
+
+  void Continue(pid_t tid, Thread& t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(state_mu_) {
+    int sig = t.pending_signal;
+    t.pending_signal = 0;
+    if (ptrace(PTRACE_CONT, tid, 0, sig) == 0) {
+      t.stopped = false;
+    } else {
+      VLOG(1) << "PTRACE_CONT " << tid << ": " << ErrnoName(errno);
+    }
+  }
+
+  void Interrupt(pid_t tid, Thread& t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(state_mu_) {
+    if (t.stopped || t.interrupted) return;
+    if (ptrace(PTRACE_INTERRUPT, tid, 0, 0) == 0) t.interrupted = true;
+  }
+
+  void Execute(const std::shared_ptr<Command>& c) ABSL_EXCLUSIVE_LOCKS_REQUIRED(state_mu_) {
+    if (c->kind == Command::kAttach) return AttachAll(c);
+    if (c->kind == Command::kDetach) return DetachAll(c);
+    auto it = threads_.find(c->tid);
+    if (it == threads_.end()) {
+      c->Complete(absl::NotFoundError(
+          absl::StrCat("thread ", c->tid, " is not a live thread of pid ", pid_)));
+      return;
+    }
+    Thread& t = it->second;
+    switch (c->kind) {
+      case Command::kResume:
+        t.want_running = true;
+        if (t.stopped && t.waiting.empty()) Continue(c->tid, t);
+        c->Complete(absl::OkStatus());
+        break;
+      case Command::kPark:
+        t.want_running = false;
+        if (t.stopped) {
+          c->Complete(absl::OkStatus());
+        } else {
+          t.waiting.push_back(c);
+          Interrupt(c->tid, t);
+        }
+        break;
+      case Command::kRunStopped:
+        if (t.stopped) {
+          c->Complete(c->fn(c->tid));
+        } else {
+          t.waiting.push_back(c);
+          Interrupt(c->tid, t);
+        }
+        break;
+      default:
+        break;
+    }
+  }
+
+  // The thread just stopped: complete what waited for it, then restore its wanted state.
+  void OnStopped(pid_t tid, Thread& t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(state_mu_) {
+    t.stopped = true;
+    t.interrupted = false;
+    auto waiting = std::move(t.waiting);
+    t.waiting.clear();
+    for (auto& c : waiting) {
+      c->Complete(c->kind == Command::kRunStopped ? c->fn(tid) : absl::OkStatus());
+    }
+    if (attach_) return MaybeFinishAttach();
+    if (detach_) return FinishDetachIfStopped();
+    if (t.want_running || t.exiting) Continue(tid, t);
+  }
+
+  void Reap() ABSL_EXCLUSIVE_LOCKS_REQUIRED(state_mu_) {
+    // Only our tracees: waitpid(-1) would steal the statuses of unrelated children.
+    for (bool progress = true; progress;) {
+      progress = false;
+      std::vector<pid_t> tids;
+      for (const auto& [tid, t] : threads_) tids.push_back(tid);
+      for (pid_t tid : tids) {
+        int status;
+        pid_t r = waitpid(tid, &status, WNOHANG | __WALL);
+        if (r == tid) {
+          progress = true;
+          Handle(tid, status);
+        }
+      }
+    }
+  }
+
+  void Handle(pid_t tid, int status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(state_mu_) {
+    auto it = threads_.find(tid);
+    if (it == threads_.end()) return;
+    Thread& t = it->second;
+    if (WIFEXITED(status) || WIFSIGNALED(status)) {
+      for (auto& c : t.waiting) {
+        c->Complete(absl::NotFoundError(absl::StrCat("thread ", tid, " exited")));
+      }
+      threads_.erase(it);
+      if (tid == pid_) {
+        leader_gone_ = true;
+        if (callbacks_.on_process_exit) callbacks_.on_process_exit(status);
+      }
+      if (attach_) MaybeFinishAttach();
+      return;
+    }
+    if (!WIFSTOPPED(status)) return;
+    const int event = status >> 16;
+    const int sig = WSTOPSIG(status);
+    switch (event) {
+      case PTRACE_EVENT_CLONE: {
+        unsigned long child = 0;
+        ptrace(PTRACE_GETEVENTMSG, tid, 0, &child);
+        Thread& c = threads_[static_cast<pid_t>(child)];
+        // The child reports its own initial stop; it then runs if its creator runs.
+        c.want_running = t.want_running;
+        if (callbacks_.on_clone) callbacks_.on_clone(tid, static_cast<pid_t>(child));
+        OnStopped(tid, t);
+        break;
+      }
+      case PTRACE_EVENT_EXIT: {
+        unsigned long exit_status = 0;
+        ptrace(PTRACE_GETEVENTMSG, tid, 0, &exit_status);
+        t.exiting = true;
+        if (callbacks_.on_thread_exit) {
+          callbacks_.on_thread_exit(tid, static_cast<int>(exit_status));
+        }
+        OnStopped(tid, t);  // exiting threads always continue, parked or not
+        break;
+      }
+      case PTRACE_EVENT_EXEC:
+        LOG(ERROR) << "replica " << pid_ << " called exec, which Stretch does not support; "
+                   << "killing it";
+        kill(pid_, SIGKILL);
+        OnStopped(tid, t);
+        break;
+      case PTRACE_EVENT_STOP:
+        // Interrupt, initial stop of a new thread, or group-stop: all just "stopped".
+        OnStopped(tid, t);
+        break;
+      default:
+        // Signal-delivery-stop: deliver the signal when the thread next runs.
+        if (event == 0) t.pending_signal = sig;
+        OnStopped(tid, t);
+        break;
+    }
+  }
+
+  void DetachAll(const std::shared_ptr<Command>& c) ABSL_EXCLUSIVE_LOCKS_REQUIRED(state_mu_) {
+    // Stop everything first, then leave the whole replica in a group-stop.
+    for (auto& [tid, t] : threads_) {
+      t.want_running = false;
+      Interrupt(tid, t);
+    }
+    detach_ = c;
+    FinishDetachIfStopped();
+  }
+
+  void FinishDetachIfStopped() ABSL_EXCLUSIVE_LOCKS_REQUIRED(state_mu_) {
+    for (const auto& [tid, t] : threads_) {
+      if (!t.stopped) return;
+    }
+    kill(pid_, SIGSTOP);
+    for (auto& [tid, t] : threads_) ptrace(PTRACE_DETACH, tid, 0, 0);
+    threads_.clear();
+    detach_->Complete(absl::OkStatus());
+    detach_.reset();
+  }
+
+  void Shutdown() ABSL_EXCLUSIVE_LOCKS_REQUIRED(state_mu_) {
+    if (!threads_.empty() && options_.kill_on_exit) kill(pid_, SIGKILL);
+    for (auto& [tid, t] : threads_) {
+      for (auto& c : t.waiting) c->Complete(absl::CancelledError("supervisor shut down"));
+    }
+    if (attach_) attach_->Complete(absl::CancelledError("supervisor shut down"));
+    // Tracer thread exit detaches the rest (and EXITKILL kills them).
+  }
+
+  const pid_t pid_;
+  const SupervisorOptions options_;
+  const SupervisorCallbacks callbacks_;
+  UniqueFd wake_;
+  UniqueFd sigchld_;
+  std::thread tracer_;
+
+  absl::Mutex queue_mu_;
+  std::deque<std::shared_ptr<Command>> queue_ ABSL_GUARDED_BY(queue_mu_);
+
+  // Changed only by the tracer thread, which holds the lock while it handles events and
+  // commands (so a completed command's effect is visible to its caller); read by others.
+  mutable absl::Mutex state_mu_;
+  std::map<pid_t, Thread> threads_ ABSL_GUARDED_BY(state_mu_);
+  std::shared_ptr<Command> attach_ ABSL_GUARDED_BY(state_mu_);
+  std::shared_ptr<Command> detach_ ABSL_GUARDED_BY(state_mu_);
+  bool leader_gone_ ABSL_GUARDED_BY(state_mu_) = false;
+};
+
+ThreadSupervisor::ThreadSupervisor(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+ThreadSupervisor::~ThreadSupervisor() = default;
+
+absl::StatusOr<std::unique_ptr<ThreadSupervisor>> ThreadSupervisor::Attach(
+    pid_t pid, const SupervisorOptions& options, SupervisorCallbacks callbacks,
+    absl::Time deadline) {
+  auto impl = std::make_unique<Impl>(pid, options, std::move(callbacks));
+  STRETCH_RETURN_IF_ERROR(impl->Start());
+  auto c = std::make_shared<Command>();
+  c->kind = Command::kAttach;
+  c->tid = pid;
+  STRETCH_RETURN_IF_ERROR(impl->Run(c, deadline));
+  return std::unique_ptr<ThreadSupervisor>(new ThreadSupervisor(std::move(impl)));
+}
+
+absl::Status ThreadSupervisor::Resume(pid_t tid, absl::Time deadline) {
+  auto c = std::make_shared<Command>();
+  c->kind = Command::kResume;
+  c->tid = tid;
+  return impl_->Run(c, deadline);
+}
+
+absl::Status ThreadSupervisor::Park(pid_t tid, absl::Time deadline) {
+  auto c = std::make_shared<Command>();
+  c->kind = Command::kPark;
+  c->tid = tid;
+  return impl_->Run(c, deadline);
+}
+
+absl::Status ThreadSupervisor::RunStopped(pid_t tid, std::function<absl::Status(pid_t)> fn,
+                                          absl::Time deadline) {
+  auto c = std::make_shared<Command>();
+  c->kind = Command::kRunStopped;
+  c->tid = tid;
+  c->fn = std::move(fn);
+  return impl_->Run(c, deadline);
+}
+
+std::vector<pid_t> ThreadSupervisor::Threads() const { return impl_->Threads(false); }
+std::vector<pid_t> ThreadSupervisor::RunningThreads() const { return impl_->Threads(true); }
+bool ThreadSupervisor::ProcessExited() const { return impl_->ProcessExited(); }
+
+absl::Status ThreadSupervisor::Detach(absl::Time deadline) {
+  auto c = std::make_shared<Command>();
+  c->kind = Command::kDetach;
+  STRETCH_RETURN_IF_ERROR(impl_->Run(c, deadline));
+  // The SIGSTOP is delivered as the detached threads resume; wait for the group-stop.
+  while (!AllTasksStopped(impl_->pid())) {
+    if (absl::Now() > deadline) {
+      return absl::DeadlineExceededError("ThreadSupervisor: replica did not stop after detach");
+    }
+    sched_yield();
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace stretch

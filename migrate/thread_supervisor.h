@@ -1,0 +1,91 @@
+// ThreadSupervisor: controls every thread of one replica through ptrace: which threads run on
+// this node and which stay parked, new threads (clone), thread exits, signals, and running
+// code "on the tracer" while a thread is stopped (for syscall injection).
+//
+// ptrace requests must come from the thread that attached, so the supervisor owns one tracer
+// thread that does all ptrace calls and reaps ptrace stops; other threads post commands to it
+// and wait for the result with a deadline. Stop notifications arrive as SIGCHLD, read through a
+// signalfd: the caller must block SIGCHLD in EVERY thread of the process before creating any
+// (BlockSigchldInThisThread() at the top of main), or Attach fails with FailedPrecondition.
+// Only one ThreadSupervisor may exist per process for the same reason. Thread-safe.
+//
+//   BlockSigchldInThisThread();  // in main, first thing
+//   STRETCH_ASSIGN_OR_RETURN(auto sup, ThreadSupervisor::Attach(pid, options, callbacks));
+//   STRETCH_RETURN_IF_ERROR(sup->Resume(tid, deadline));   // this node runs tid
+//   STRETCH_RETURN_IF_ERROR(sup->Park(tid, deadline));     // and now it does not
+//
+// Policies: a thread created by clone() starts in the state of its creator (a running creator
+// runs here, so its child does too). A signal-delivery-stop of a running thread re-injects the
+// signal unchanged (callbacks may observe it). Exec is not supported: the replica is killed.
+#ifndef STRETCH_MIGRATE_THREAD_SUPERVISOR_H_
+#define STRETCH_MIGRATE_THREAD_SUPERVISOR_H_
+
+#include <sys/types.h>
+
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+
+namespace stretch {
+
+// Blocks SIGCHLD in the calling thread (threads created afterwards inherit the mask).
+void BlockSigchldInThisThread();
+
+struct SupervisorOptions {
+  // Run threads that were stopped when attached (e.g. restored with --leave-stopped) right
+  // away; otherwise every thread starts parked.
+  bool run_all_at_attach = false;
+  // Kill the replica if the supervisor dies (PTRACE_O_EXITKILL).
+  bool kill_on_exit = true;
+};
+
+// Called on the tracer thread: keep them short and never call back into the supervisor.
+struct SupervisorCallbacks {
+  // `parent` created `child`; the child is already running or parked like its parent.
+  std::function<void(pid_t parent, pid_t child)> on_clone;
+  // A thread is about to exit (its exit code or signal in `status`, as waitpid reports).
+  std::function<void(pid_t tid, int status)> on_thread_exit;
+  // The whole replica is gone (every thread exited); `status` is the leader's wait status.
+  std::function<void(int status)> on_process_exit;
+};
+
+class ThreadSupervisor {
+ public:
+  // Seizes every thread of `pid` and waits (until `deadline`) until each has stopped.
+  static absl::StatusOr<std::unique_ptr<ThreadSupervisor>> Attach(pid_t pid,
+                                                                  const SupervisorOptions& options,
+                                                                  SupervisorCallbacks callbacks,
+                                                                  absl::Time deadline);
+  ~ThreadSupervisor();
+
+  // Lets `tid` run on this node. OK if it already runs.
+  absl::Status Resume(pid_t tid, absl::Time deadline);
+  // Stops `tid` and keeps it stopped; returns once it is stopped.
+  absl::Status Park(pid_t tid, absl::Time deadline);
+  // Stops `tid` if it runs, calls fn(tid) on the tracer thread, and restores its run/park
+  // state. `fn` may use ptrace on tid (it is in a ptrace-stop).
+  absl::Status RunStopped(pid_t tid, std::function<absl::Status(pid_t)> fn, absl::Time deadline);
+
+  // Thread ids known to the supervisor, and which of them run here.
+  std::vector<pid_t> Threads() const;
+  std::vector<pid_t> RunningThreads() const;
+  // True once every thread of the replica has exited.
+  bool ProcessExited() const;
+
+  // Detaches from every thread, leaving parked threads stopped (SIGSTOP) and running ones
+  // running. The supervisor does nothing afterwards.
+  absl::Status Detach(absl::Time deadline);
+
+  class Impl;
+
+ private:
+  explicit ThreadSupervisor(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace stretch
+
+#endif  // STRETCH_MIGRATE_THREAD_SUPERVISOR_H_

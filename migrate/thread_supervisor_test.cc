@@ -1,0 +1,207 @@
+#include "migrate/thread_supervisor.h"
+
+#include <signal.h>
+#include <sys/ptrace.h>
+#include <sys/uio.h>
+#include <sys/user.h>
+#include <sys/wait.h>
+
+#include <atomic>
+#include <cstdio>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "migrate/subprocess.h"
+#include "migrate/testing_criu.h"
+
+namespace stretch {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::UnorderedElementsAre;
+
+absl::Time Deadline() { return absl::Now() + absl::Seconds(20); }
+
+std::string Prog() {
+  const char* srcdir = getenv("TEST_SRCDIR");
+  const char* ws = getenv("TEST_WORKSPACE");
+  if (srcdir && ws) return absl::StrCat(srcdir, "/", ws, "/migrate/spinner_prog");
+  return "migrate/spinner_prog";
+}
+
+template <typename T>
+T ReadRemote(pid_t pid, uintptr_t addr) {
+  T v{};
+  struct iovec l = {&v, sizeof(v)}, r = {reinterpret_cast<void*>(addr), sizeof(v)};
+  EXPECT_EQ(process_vm_readv(pid, &l, 1, &r, 1, 0), static_cast<ssize_t>(sizeof(v)));
+  return v;
+}
+
+template <typename T>
+void WriteRemote(pid_t pid, uintptr_t addr, T v) {
+  struct iovec l = {&v, sizeof(v)}, r = {reinterpret_cast<void*>(addr), sizeof(v)};
+  ASSERT_EQ(process_vm_writev(pid, &l, 1, &r, 1, 0), static_cast<ssize_t>(sizeof(v)));
+}
+
+class ThreadSupervisorTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    BlockSigchldInThisThread();
+    SubprocessOptions o;
+    o.argv = {Prog(), "2"};
+    o.stdout_path = dir_.path() + "/out";
+    auto p = Subprocess::Start(o);
+    ASSERT_TRUE(p.ok()) << p.status();
+    app_ = std::make_unique<Subprocess>(std::move(*p));
+    ASSERT_TRUE(testing::WaitForFileContaining(o.stdout_path, "ready", Deadline()));
+    std::istringstream in(testing::ReadFileOrEmpty(o.stdout_path));
+    std::string word;
+    in >> word >> std::hex >> counters_ >> word >> quit_ >> word >> spawn_ >> word >> std::dec;
+    pid_t tid;
+    while (in >> tid) workers_.push_back(tid);
+    ASSERT_EQ(workers_.size(), 2u);
+  }
+
+  unsigned long Counter(int i) {
+    return ReadRemote<unsigned long>(app_->pid(), counters_ + i * sizeof(unsigned long));
+  }
+
+  // Waits until worker i's counter moves by `delta` (progress, not time).
+  bool Advances(int i, unsigned long delta) {
+    unsigned long start = Counter(i);
+    absl::Time end = Deadline();
+    while (absl::Now() < end) {
+      if (Counter(i) - start >= delta) return true;
+    }
+    return false;
+  }
+
+  testing::TempDir dir_;
+  std::unique_ptr<Subprocess> app_;
+  uintptr_t counters_ = 0, quit_ = 0, spawn_ = 0;
+  std::vector<pid_t> workers_;
+};
+
+TEST_F(ThreadSupervisorTest, ParkedThreadsMakeNoProgressResumedOnesDo) {
+  auto sup = ThreadSupervisor::Attach(app_->pid(), {}, {}, Deadline());
+  ASSERT_TRUE(sup.ok()) << sup.status();
+  EXPECT_EQ((*sup)->Threads().size(), 3u);  // main + 2 workers
+  EXPECT_TRUE((*sup)->RunningThreads().empty());
+
+  ASSERT_TRUE((*sup)->Resume(workers_[0], Deadline()).ok());
+  unsigned long parked_before = Counter(1);
+  EXPECT_TRUE(Advances(0, 1000000));
+  EXPECT_EQ(Counter(1), parked_before);
+
+  ASSERT_TRUE((*sup)->Park(workers_[0], Deadline()).ok());
+  ASSERT_TRUE((*sup)->Resume(workers_[1], Deadline()).ok());
+  unsigned long a = Counter(0);
+  EXPECT_TRUE(Advances(1, 1000000));
+  EXPECT_EQ(Counter(0), a);
+  EXPECT_THAT((*sup)->RunningThreads(), UnorderedElementsAre(workers_[1]));
+}
+
+TEST_F(ThreadSupervisorTest, RunStoppedGivesPtraceAccessAndRestoresState) {
+  auto sup = ThreadSupervisor::Attach(app_->pid(), {.run_all_at_attach = true}, {}, Deadline());
+  ASSERT_TRUE(sup.ok()) << sup.status();
+  unsigned long long rip = 0;
+  absl::Status s = (*sup)->RunStopped(
+      workers_[0],
+      [&rip](pid_t tid) {
+        struct user_regs_struct regs;
+        if (ptrace(PTRACE_GETREGS, tid, 0, &regs) != 0) return absl::InternalError("GETREGS");
+        rip = regs.rip;
+        return absl::OkStatus();
+      },
+      Deadline());
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_NE(rip, 0u);
+  // It was running before, so it runs again afterwards.
+  EXPECT_TRUE(Advances(0, 1000000));
+  EXPECT_EQ((*sup)
+                ->RunStopped(
+                    99999999, [](pid_t) { return absl::OkStatus(); }, Deadline())
+                .code(),
+            absl::StatusCode::kNotFound);
+}
+
+TEST_F(ThreadSupervisorTest, CloneExitAndProcessExitAreReported) {
+  absl::Mutex mu;
+  std::vector<std::pair<pid_t, pid_t>> clones;
+  std::vector<pid_t> exits;
+  int process_status = -1;
+  SupervisorCallbacks cb;
+  cb.on_clone = [&](pid_t parent, pid_t child) {
+    absl::MutexLock l(&mu);
+    clones.emplace_back(parent, child);
+  };
+  cb.on_thread_exit = [&](pid_t tid, int) {
+    absl::MutexLock l(&mu);
+    exits.push_back(tid);
+  };
+  cb.on_process_exit = [&](int status) {
+    absl::MutexLock l(&mu);
+    process_status = status;
+  };
+  auto sup = ThreadSupervisor::Attach(app_->pid(), {.run_all_at_attach = true}, cb, Deadline());
+  ASSERT_TRUE(sup.ok()) << sup.status();
+
+  // The main thread (running) creates a worker: it runs here too, like its creator.
+  WriteRemote<int>(app_->pid(), spawn_, 1);
+  {
+    absl::MutexLock l(&mu);
+    auto have = [&] { return !clones.empty(); };
+    ASSERT_TRUE(mu.AwaitWithDeadline(absl::Condition(&have), Deadline()));
+    EXPECT_EQ(clones[0].first, app_->pid());
+  }
+  EXPECT_TRUE(Advances(2, 1000000));
+  EXPECT_EQ((*sup)->Threads().size(), 4u);
+
+  WriteRemote<int>(app_->pid(), quit_, 1);  // worker 0 returns
+  {
+    absl::MutexLock l(&mu);
+    auto have = [&] { return !exits.empty(); };
+    ASSERT_TRUE(mu.AwaitWithDeadline(absl::Condition(&have), Deadline()));
+    EXPECT_EQ(exits[0], workers_[0]);
+  }
+
+  app_->Kill(SIGKILL);
+  {
+    absl::MutexLock l(&mu);
+    auto gone = [&] { return process_status != -1; };
+    ASSERT_TRUE(mu.AwaitWithDeadline(absl::Condition(&gone), Deadline()));
+    EXPECT_TRUE(WIFSIGNALED(process_status));
+  }
+}
+
+TEST_F(ThreadSupervisorTest, DetachLeavesTheWholeProcessStopped) {
+  auto sup = ThreadSupervisor::Attach(app_->pid(), {.run_all_at_attach = true}, {}, Deadline());
+  ASSERT_TRUE(sup.ok()) << sup.status();
+  ASSERT_TRUE((*sup)->Detach(Deadline()).ok());
+  std::string stat = testing::ReadFileOrEmpty(absl::StrCat("/proc/", app_->pid(), "/stat"));
+  EXPECT_THAT(stat.substr(stat.rfind(')')), HasSubstr(") T "));
+  unsigned long c = Counter(0);
+  // Another supervisor can take over (as CRIU would).
+  sup->reset();
+  auto again = ThreadSupervisor::Attach(app_->pid(), {}, {}, Deadline());
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(Counter(0), c);
+}
+
+TEST(ThreadSupervisorPreconditionTest, RequiresSigchldBlocked) {
+  sigset_t set, old;
+  sigemptyset(&set);
+  sigaddset(&set, SIGCHLD);
+  pthread_sigmask(SIG_UNBLOCK, &set, &old);
+  auto sup = ThreadSupervisor::Attach(getpid(), {}, {}, Deadline());
+  pthread_sigmask(SIG_SETMASK, &old, nullptr);
+  ASSERT_FALSE(sup.ok());
+  EXPECT_EQ(sup.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(sup.status().message(), HasSubstr("BlockSigchldInThisThread"));
+}
+
+}  // namespace
+}  // namespace stretch
