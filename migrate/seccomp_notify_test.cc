@@ -1,0 +1,175 @@
+#include "migrate/seccomp_notify.h"
+
+#include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstring>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace stretch {
+namespace {
+
+absl::Time Deadline() { return absl::Now() + absl::Seconds(20); }
+
+void SendFd(int sock, int fd) {
+  char byte = 0;
+  struct iovec iov = {&byte, 1};
+  alignas(struct cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+  struct msghdr msg = {};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control;
+  msg.msg_controllen = sizeof(control);
+  struct cmsghdr* c = CMSG_FIRSTHDR(&msg);
+  c->cmsg_level = SOL_SOCKET;
+  c->cmsg_type = SCM_RIGHTS;
+  c->cmsg_len = CMSG_LEN(sizeof(int));
+  std::memcpy(CMSG_DATA(c), &fd, sizeof(int));
+  sendmsg(sock, &msg, 0);
+}
+
+int RecvFd(int sock) {
+  char byte;
+  struct iovec iov = {&byte, 1};
+  alignas(struct cmsghdr) char control[CMSG_SPACE(sizeof(int))];
+  struct msghdr msg = {};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control;
+  msg.msg_controllen = sizeof(control);
+  if (recvmsg(sock, &msg, 0) != 1) return -1;
+  int fd;
+  std::memcpy(&fd, CMSG_DATA(CMSG_FIRSTHDR(&msg)), sizeof(int));
+  return fd;
+}
+
+void* CallGetppidInThread(void* out) {
+  *static_cast<long*>(out) = syscall(SYS_getppid);
+  return nullptr;
+}
+
+// A child that filters getppid and getuid, hands us the listener, then reports what its calls
+// returned (from the main thread and from a thread created after the filter) through `report`.
+pid_t StartFilteredChild(int sock, int report) {
+  pid_t pid = fork();
+  if (pid == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    auto fd = InstallNotifyFilterOnSelf({SYS_getppid, SYS_getuid});
+    if (!fd.ok()) _exit(3);
+    SendFd(sock, fd->get());
+    fd->reset();
+    long results[3];
+    results[0] = syscall(SYS_getppid);
+    pthread_t t;
+    pthread_create(&t, nullptr, CallGetppidInThread, &results[1]);
+    pthread_join(t, nullptr);
+    results[2] = syscall(SYS_getuid);
+    (void)!write(report, results, sizeof(results));
+    _exit(0);
+  }
+  return pid;
+}
+
+TEST(SeccompNotifyTest, FilteredCallsAreAnsweredByTheListener) {
+  int sv[2], rep[2];
+  ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
+  ASSERT_EQ(pipe2(rep, O_CLOEXEC), 0);
+  pid_t child = StartFilteredChild(sv[1], rep[1]);
+  SeccompListener listener{UniqueFd(RecvFd(sv[0]))};
+  ASSERT_GE(listener.fd(), 0);
+
+  // 1: main thread's getppid -> answered with a made-up value.
+  auto n = listener.Receive(Deadline());
+  ASSERT_TRUE(n.ok()) << n.status();
+  ASSERT_TRUE(n->has_value());
+  EXPECT_EQ((*n)->nr, SYS_getppid);
+  EXPECT_EQ((*n)->tid, child);
+  EXPECT_TRUE(listener.StillWaiting((*n)->id));
+  ASSERT_TRUE(listener.Reply((*n)->id, 4242).ok());
+  EXPECT_FALSE(listener.StillWaiting((*n)->id));
+  // 2: a thread created after the filter is filtered too -> let it run for real.
+  n = listener.Receive(Deadline());
+  ASSERT_TRUE(n.ok() && n->has_value());
+  EXPECT_EQ((*n)->nr, SYS_getppid);
+  EXPECT_NE((*n)->tid, child);
+  ASSERT_TRUE(listener.Continue((*n)->id).ok());
+  // 3: getuid -> an error.
+  n = listener.Receive(Deadline());
+  ASSERT_TRUE(n.ok() && n->has_value());
+  EXPECT_EQ((*n)->nr, SYS_getuid);
+  ASSERT_TRUE(listener.Reply((*n)->id, -EPERM).ok());
+
+  long results[3];
+  ASSERT_EQ(read(rep[0], results, sizeof(results)), static_cast<ssize_t>(sizeof(results)));
+  EXPECT_EQ(results[0], 4242);
+  EXPECT_EQ(results[1], getpid());
+  EXPECT_EQ(results[2], -1);  // errno EPERM in the child
+  int status;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  // Every filtered task is gone.
+  auto done = listener.Receive(Deadline());
+  EXPECT_EQ(done.status().code(), absl::StatusCode::kUnavailable);
+  for (int fd : {sv[0], sv[1], rep[0], rep[1]}) close(fd);
+}
+
+TEST(SeccompNotifyTest, ReplyToAVanishedCallerIsNotFound) {
+  int sv[2], rep[2];
+  ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
+  ASSERT_EQ(pipe2(rep, O_CLOEXEC), 0);
+  pid_t child = StartFilteredChild(sv[1], rep[1]);
+  SeccompListener listener{UniqueFd(RecvFd(sv[0]))};
+  auto n = listener.Receive(Deadline());
+  ASSERT_TRUE(n.ok() && n->has_value());
+  kill(child, SIGKILL);
+  waitpid(child, nullptr, 0);
+  EXPECT_FALSE(listener.StillWaiting((*n)->id));
+  EXPECT_EQ(listener.Reply((*n)->id, 1).code(), absl::StatusCode::kNotFound);
+  for (int fd : {sv[0], sv[1], rep[0], rep[1]}) close(fd);
+}
+
+TEST(SeccompNotifyTest, ReceiveIsCancellable) {
+  int sv[2], rep[2];
+  ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
+  ASSERT_EQ(pipe2(rep, O_CLOEXEC), 0);
+  pid_t child = StartFilteredChild(sv[1], rep[1]);
+  SeccompListener listener{UniqueFd(RecvFd(sv[0]))};
+  int cancel[2];
+  ASSERT_EQ(pipe2(cancel, O_CLOEXEC), 0);
+  // Take the first notification but not the others, then cancel the wait for the next one
+  // while the child is still blocked in its first call.
+  auto n = listener.Receive(Deadline(), cancel[0]);
+  ASSERT_TRUE(n.ok() && n->has_value());
+  ASSERT_EQ(write(cancel[1], "x", 1), 1);
+  auto c = listener.Receive(Deadline(), cancel[0]);
+  ASSERT_TRUE(c.ok());
+  EXPECT_FALSE(c->has_value());
+  auto d = listener.Receive(absl::Now() + absl::Milliseconds(1));
+  EXPECT_EQ(d.status().code(), absl::StatusCode::kDeadlineExceeded);
+  kill(child, SIGKILL);
+  waitpid(child, nullptr, 0);
+  for (int fd : {sv[0], sv[1], rep[0], rep[1], cancel[0], cancel[1]}) close(fd);
+}
+
+TEST(SeccompNotifyTest, FilterShape) {
+  auto prog = BuildNotifyFilter({SYS_futex, SYS_mmap});
+  // arch load, arch check, nr load, 2 compares, allow, notify.
+  ASSERT_EQ(prog.size(), 7u);
+  EXPECT_EQ(prog[5].k, SECCOMP_RET_ALLOW);
+  EXPECT_EQ(prog[6].k, SECCOMP_RET_USER_NOTIF);
+  EXPECT_EQ(prog[3].k, static_cast<uint32_t>(SYS_futex));
+  EXPECT_EQ(prog[3].jt, 2);  // to notify
+  EXPECT_EQ(prog[4].jt, 1);
+  EXPECT_EQ(prog[1].jf, 3);  // to allow
+}
+
+}  // namespace
+}  // namespace stretch
