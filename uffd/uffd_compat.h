@@ -1,7 +1,7 @@
 // Definitions that Debian 12's kernel headers (Linux 6.1) lack, for kernels that have them
-// (6.4+: WP_UNPOPULATED; 6.6: POISON; 6.7: WP_ASYNC; 6.8: MOVE). Include this instead of
-// <linux/userfaultfd.h>. Whether the running kernel supports a feature is a runtime question
-// answered by UFFDIO_API, never by these macros.
+// (6.4+: WP_UNPOPULATED; 6.6: POISON; 6.7: WP_ASYNC; 6.8: MOVE; 6.15: PIDFD_SELF_*). Include
+// this instead of <linux/userfaultfd.h>. Whether the running kernel supports a feature is a
+// runtime question answered by UFFDIO_API (or by trying the call), never by these macros.
 #ifndef STRETCH_UFFD_UFFD_COMPAT_H_
 #define STRETCH_UFFD_UFFD_COMPAT_H_
 
@@ -40,6 +40,12 @@ struct uffdio_move {
 #ifndef USERFAULTFD_IOC_NEW
 #define USERFAULTFD_IOC 0xAA
 #define USERFAULTFD_IOC_NEW _IO(USERFAULTFD_IOC, 0x00)
+#endif
+
+// pidfd sentinels naming the calling thread group without opening a descriptor (6.15); used
+// with process_madvise() by code running inside a target (the invalidation helper).
+#ifndef PIDFD_SELF_THREAD_GROUP
+#define PIDFD_SELF_THREAD_GROUP (-10001)
 #endif
 
 #endif  // STRETCH_UFFD_UFFD_COMPAT_H_
