@@ -1,0 +1,885 @@
+#include "coherence/model_checker.h"
+
+#include <algorithm>
+#include <memory>
+#include <optional>
+#include <string_view>
+#include <utility>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/hash/hash.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "coherence/action.h"
+#include "coherence/directory.h"
+#include "coherence/node.h"
+#include "glog/logging.h"
+
+namespace stretch::coherence {
+namespace {
+
+using wire::CohOp;
+
+constexpr int kMaxModelNodes = 8;
+constexpr int kMaxModelPages = 4;
+// Nested wake -> retry -> wake chains longer than this are reported (they mean a loop).
+constexpr int kMaxWakeDepth = 16;
+constexpr int kNodeCells = kNumNodeStates * kNumNodeEvents;
+constexpr int kDirCells = kNumDirStates * kNumDirEvents;
+
+// ---------------------------------------------------------------------------------------------
+// Distinct states, stored once each in an append-only arena (chunks never move, so views stay
+// valid) and indexed by a hash set of offsets.
+class StateStore {
+ public:
+  StateStore() : set_(0, Hasher{this}, Equal{this}) {}
+  StateStore(const StateStore&) = delete;
+  StateStore& operator=(const StateStore&) = delete;
+
+  // Returns the id of `bytes` and whether it was new.
+  std::pair<uint64_t, bool> Insert(std::string_view bytes) {
+    auto it = set_.find(bytes);
+    if (it != set_.end()) return {*it, false};
+    const uint64_t id = Append(bytes);
+    set_.insert(id);
+    return {id, true};
+  }
+  std::string_view Get(uint64_t id) const {
+    const char* p = chunks_[id >> kChunkShift].get() + (id & (kChunkSize - 1));
+    uint32_t len;
+    std::memcpy(&len, p, sizeof(len));
+    return std::string_view(p + sizeof(len), len);
+  }
+  uint64_t size() const { return set_.size(); }
+
+ private:
+  static constexpr int kChunkShift = 26;  // 64 MiB
+  static constexpr uint64_t kChunkSize = uint64_t{1} << kChunkShift;
+
+  struct Hasher {
+    using is_transparent = void;
+    const StateStore* store;
+    size_t operator()(std::string_view s) const { return absl::Hash<std::string_view>()(s); }
+    size_t operator()(uint64_t id) const { return (*this)(store->Get(id)); }
+  };
+  struct Equal {
+    using is_transparent = void;
+    const StateStore* store;
+    std::string_view View(std::string_view s) const { return s; }
+    std::string_view View(uint64_t id) const { return store->Get(id); }
+    template <typename A, typename B>
+    bool operator()(const A& a, const B& b) const {
+      return View(a) == View(b);
+    }
+  };
+
+  uint64_t Append(std::string_view bytes) {
+    const uint64_t need = sizeof(uint32_t) + bytes.size();
+    CHECK_LT(need, kChunkSize);
+    if (chunks_.empty() || used_ + need > kChunkSize) {
+      chunks_.push_back(std::make_unique<char[]>(kChunkSize));
+      used_ = 0;
+    }
+    const uint64_t id = ((chunks_.size() - 1) << kChunkShift) | used_;
+    char* p = chunks_.back().get() + used_;
+    const uint32_t len = static_cast<uint32_t>(bytes.size());
+    std::memcpy(p, &len, sizeof(len));
+    std::memcpy(p + sizeof(len), bytes.data(), bytes.size());
+    used_ += need;
+    return id;
+  }
+
+  std::vector<std::unique_ptr<char[]>> chunks_;
+  uint64_t used_ = 0;
+  absl::flat_hash_set<uint64_t, Hasher, Equal> set_;
+};
+
+// ---------------------------------------------------------------------------------------------
+// The world: every node's lines, memory and threads, the directory, the channels.
+
+struct Msg {  // a coherence message in flight; src and dst are its channel's
+  CohOp op = CohOp::kGetS;
+  uint8_t flags = 0;
+  uint8_t requester = 0;
+  uint8_t ack_count = 0;
+  uint8_t page = 0;
+  uint8_t value = 0;  // the page's contents, if kCohHasData
+  uint8_t version = 0;
+};
+
+struct Mem {  // one node's copy of one page
+  bool present = false;
+  bool writable = false;
+  bool has_stash = false;
+  uint8_t value = 0;
+  uint8_t stash = 0;
+};
+
+struct Thread {
+  uint8_t pc = 0;    // operations completed
+  int8_t page = -1;  // >= 0: blocked on a fault on this page
+  LocalOp op = LocalOp::kLoad;
+};
+
+struct World {
+  std::vector<NodePage> npage;         // [node * P + page]
+  std::vector<Mem> mem;                // [node * P + page]
+  std::vector<Thread> thread;          // [node * T + t]
+  std::vector<DirPage> dpage;          // [page]
+  std::vector<uint8_t> home;           // [page]
+  std::vector<uint8_t> latest;         // [page]: value of the last performed Store (ghost)
+  std::vector<std::vector<Msg>> chan;  // [src * E + dst], endpoint N is the directory
+};
+
+class Codec {
+ public:
+  explicit Codec(const ModelOptions& o) : o_(o), e_(o.nodes + 1) {}
+
+  void Encode(const World& w, std::string* out) const {
+    out->clear();
+    const auto put = [out](uint64_t v) {
+      CHECK_LT(v, 256u) << "model checker: a value outgrew its byte";
+      out->push_back(static_cast<char>(v));
+    };
+    for (size_t i = 0; i < w.npage.size(); ++i) {
+      const NodePage& p = w.npage[i];
+      put(static_cast<uint8_t>(p.line.state));
+      put(p.line.version);
+      put(p.line.acks_received);
+      put(p.line.acks_needed);
+      put(p.stalled.size());
+      for (const NodeEvent& e : p.stalled) put(static_cast<uint8_t>(e.type));
+      const Mem& m = w.mem[i];
+      put(m.present | m.writable << 1 | m.has_stash << 2);
+      put(m.value);
+      put(m.stash);
+    }
+    for (const Thread& t : w.thread) {
+      put(t.pc);
+      put(t.page < 0 ? 0xFF : (t.page << 2 | static_cast<int>(t.op)));
+    }
+    for (int p = 0; p < o_.pages; ++p) {
+      const DirPage& d = w.dpage[p];
+      put(static_cast<uint8_t>(d.line.state));
+      put(d.line.owner.value());
+      put(d.line.sharers.bits());
+      put(d.line.requester.value());
+      put(d.line.version);
+      put(d.queue.size());
+      for (const DirRequest& r : d.queue) {
+        put(static_cast<uint8_t>(r.op));
+        put(r.flags);
+        put(r.src.value());
+        put(r.version);
+      }
+      put(w.home[p]);
+      put(w.latest[p]);
+    }
+    for (int c = 0; c < e_ * e_; ++c) {
+      if (c / e_ == c % e_) continue;
+      const std::vector<Msg>& q = w.chan[c];
+      put(q.size());
+      for (const Msg& m : q) {
+        put(static_cast<uint8_t>(m.op));
+        put(m.flags);
+        put(m.requester);
+        put(m.ack_count);
+        put(m.page);
+        put(m.value);
+        put(m.version);
+      }
+    }
+  }
+
+  void Decode(std::string_view in, World* w) const {
+    size_t i = 0;
+    const auto get = [&]() -> uint8_t { return static_cast<uint8_t>(in[i++]); };
+    const int np = o_.nodes * o_.pages;
+    w->npage.resize(np);
+    w->mem.resize(np);
+    for (int k = 0; k < np; ++k) {
+      NodePage& p = w->npage[k];
+      p.line.state = static_cast<NodeState>(get());
+      p.line.version = get();
+      p.line.acks_received = get();
+      p.line.acks_needed = get();
+      p.stalled.clear();
+      for (int n = get(); n > 0; --n) {
+        NodeEvent e;
+        e.type = static_cast<NodeEventType>(get());
+        p.stalled.push_back(e);
+      }
+      Mem& m = w->mem[k];
+      const uint8_t bits = get();
+      m.present = bits & 1;
+      m.writable = bits & 2;
+      m.has_stash = bits & 4;
+      m.value = get();
+      m.stash = get();
+    }
+    w->thread.resize(o_.nodes * o_.threads);
+    for (Thread& t : w->thread) {
+      t.pc = get();
+      const uint8_t b = get();
+      t.page = b == 0xFF ? -1 : static_cast<int8_t>(b >> 2);
+      t.op = static_cast<LocalOp>(b == 0xFF ? 0 : b & 3);
+    }
+    w->dpage.resize(o_.pages);
+    w->home.resize(o_.pages);
+    w->latest.resize(o_.pages);
+    for (int p = 0; p < o_.pages; ++p) {
+      DirPage& d = w->dpage[p];
+      d.line.state = static_cast<DirState>(get());
+      d.line.owner = NodeId(get());
+      d.line.sharers = NodeSet::FromBits(get());
+      d.line.requester = NodeId(get());
+      d.line.version = get();
+      d.queue.clear();
+      for (int n = get(); n > 0; --n) {
+        DirRequest r;
+        r.op = static_cast<CohOp>(get());
+        r.flags = get();
+        r.src = NodeId(get());
+        r.version = get();
+        d.queue.push_back(r);
+      }
+      w->home[p] = get();
+      w->latest[p] = get();
+    }
+    w->chan.resize(e_ * e_);
+    for (int c = 0; c < e_ * e_; ++c) {
+      std::vector<Msg>& q = w->chan[c];
+      q.clear();
+      if (c / e_ == c % e_) continue;
+      for (int n = get(); n > 0; --n) {
+        Msg m;
+        m.op = static_cast<CohOp>(get());
+        m.flags = get();
+        m.requester = get();
+        m.ack_count = get();
+        m.page = get();
+        m.value = get();
+        m.version = get();
+        q.push_back(m);
+      }
+    }
+    DCHECK_EQ(i, in.size());
+  }
+
+ private:
+  const ModelOptions& o_;
+  const int e_;
+};
+
+// ---------------------------------------------------------------------------------------------
+// One transition applied to a World, with every rule checked.
+
+class Sim {
+ public:
+  Sim(const ModelOptions& o, World* w) : o_(o), w_(*w), e_(o.nodes + 1) {}
+
+  // The first violation of this transition ("" if none).
+  const std::string& violation() const { return violation_; }
+  // Table cells exercised by this transition: node cells are state * kNumNodeEvents + event,
+  // directory cells are kNodeCells + state * kNumDirEvents + event.
+  const std::vector<int>& cells() const { return cells_; }
+
+  // Thread t of node n starts operation `op` on page p.
+  void RunOp(int n, int t, LocalOp op, int p) {
+    Thread& th = w_.thread[n * o_.threads + t];
+    const Mem& m = mem(n, p);
+    switch (op) {
+      case LocalOp::kLoad:
+        if (m.present) {
+          Perform(n, t, op, p);
+        } else {
+          th.page = static_cast<int8_t>(p);
+          th.op = op;
+          Raise(n, p, op, 0);
+        }
+        break;
+      case LocalOp::kStore:
+        if (m.writable) {
+          Perform(n, t, op, p);
+        } else {
+          th.page = static_cast<int8_t>(p);
+          th.op = op;
+          Raise(n, p, op, 0);
+        }
+        break;
+      case LocalOp::kEvict:
+        ++th.pc;
+        Raise(n, p, op, 0);
+        break;
+    }
+  }
+
+  // Delivers the head of channel c.
+  void Deliver(int c) {
+    std::vector<Msg>& q = w_.chan[c];
+    const Msg msg = q.front();
+    q.erase(q.begin());
+    const int src = c / e_;
+    const int dst = c % e_;
+    const int p = msg.page;
+    const std::optional<uint8_t> value =
+        (msg.flags & wire::kCohHasData) ? std::optional<uint8_t>(msg.value) : std::nullopt;
+    std::vector<Action> actions;
+    if (dst == o_.nodes) {
+      DirRequest r;
+      r.op = msg.op;
+      r.flags = msg.flags;
+      r.src = NodeId(src);
+      r.version = msg.version;
+      DirPage& d = w_.dpage[p];
+      if (auto ev = Classify(d.line, r)) {
+        cells_.push_back(kNodeCells + static_cast<int>(d.line.state) * kNumDirEvents +
+                         static_cast<int>(ev->type));
+      }
+      if (auto err = Step(d, r, &actions)) {
+        return Fail(
+            absl::StrFormat("impossible transition in the directory, page %d: state %s, "
+                            "event %s",
+                            p, err->state, err->event));
+      }
+      ApplyDir(p, actions, value);
+      return;
+    }
+    wire::CoherenceMsg cm;
+    cm.op = msg.op;
+    cm.flags = msg.flags;
+    cm.src = src == o_.nodes ? wire::kServerEndpoint : NodeId(src);
+    cm.requester = NodeId(msg.requester);
+    cm.ack_count = msg.ack_count;
+    cm.page = PageId(p);
+    cm.version = msg.version;
+    NodePage& np = npage(dst, p);
+    std::optional<NodeEvent> ev = Classify(np.line, cm);
+    if (!ev.has_value()) {
+      return Fail(
+          absl::StrFormat("protocol error: node %d page %d in state %s got %s v%d "
+                          "acks=%d from %s",
+                          dst, p, Name(np.line.state), wire::Name(msg.op), msg.version,
+                          msg.ack_count, EndpointName(src)));
+    }
+    cells_.push_back(NodeCell(np.line.state, ev->type));
+    if (auto err = Step(np, *ev, &actions)) {
+      return Fail(absl::StrFormat("impossible transition on node %d page %d: state %s, event %s",
+                                  dst, p, err->state, err->event));
+    }
+    ApplyNode(dst, p, actions, value, 0);
+  }
+
+  // Invariants of the state reached.
+  void CheckInvariants() {
+    if (!o_.check_state_invariants) return;
+    for (int p = 0; p < o_.pages; ++p) {
+      int present = 0, writable = 0;
+      for (int n = 0; n < o_.nodes; ++n) {
+        present += mem(n, p).present;
+        writable += mem(n, p).writable;
+      }
+      if (writable > 1 || (writable == 1 && present > 1)) {
+        return Fail(absl::StrFormat("SWMR violated on page %d: %d writable, %d present copies", p,
+                                    writable, present));
+      }
+    }
+    for (int p = 0; p < o_.pages; ++p) {
+      for (int n = 0; n < o_.nodes; ++n) {
+        const Mem& m = mem(n, p);
+        if (m.present && m.value != w_.latest[p]) {
+          return Fail(absl::StrFormat("stale copy: node %d holds page %d = %d, latest write is %d",
+                                      n, p, m.value, w_.latest[p]));
+        }
+        if (auto why = MemoryDisagrees(npage(n, p).line.state, m)) {
+          return Fail(absl::StrFormat("node %d page %d: memory disagrees with state %s: %s", n, p,
+                                      Name(npage(n, p).line.state), *why));
+        }
+      }
+      const DirState ds = w_.dpage[p].line.state;
+      if ((ds == DirState::kI || ds == DirState::kS) && w_.home[p] != w_.latest[p]) {
+        return Fail(
+            absl::StrFormat("home copy of page %d is %d in directory state %s, latest "
+                            "write is %d",
+                            p, w_.home[p], Name(ds), w_.latest[p]));
+      }
+    }
+  }
+
+  void Fail(std::string why) {
+    if (violation_.empty()) violation_ = std::move(why);
+  }
+
+  std::string EndpointName(int e) const {
+    return e == o_.nodes ? std::string("dir") : absl::StrCat("n", e);
+  }
+
+ private:
+  Mem& mem(int n, int p) { return w_.mem[n * o_.pages + p]; }
+  NodePage& npage(int n, int p) { return w_.npage[n * o_.pages + p]; }
+
+  static std::optional<std::string> MemoryDisagrees(NodeState s, const Mem& m) {
+    const bool stash_expected = s == NodeState::kMI_A;
+    if (m.has_stash != stash_expected) {
+      return std::string(m.has_stash ? "stash held" : "stash missing");
+    }
+    switch (s) {
+      case NodeState::kS:
+      case NodeState::kSM_AD:
+      case NodeState::kM_A:
+        if (!m.present || m.writable) return std::string("expected a read-only copy");
+        return std::nullopt;
+      case NodeState::kM:
+        if (!m.present || !m.writable) return std::string("expected a writable copy");
+        return std::nullopt;
+      case NodeState::kI:
+      case NodeState::kIS_D:
+      case NodeState::kIM_AD:
+      case NodeState::kMI_A:
+      case NodeState::kSI_A:
+      case NodeState::kII_A:
+        if (m.present) return std::string("expected no copy");
+        return std::nullopt;
+    }
+    return std::nullopt;
+  }
+
+  // The access of thread t completes now.
+  void Perform(int n, int t, LocalOp op, int p) {
+    Thread& th = w_.thread[n * o_.threads + t];
+    Mem& m = mem(n, p);
+    if (op == LocalOp::kLoad) {
+      if (m.value != w_.latest[p]) {
+        Fail(absl::StrFormat("stale read: node %d thread %d read page %d = %d, latest write is %d",
+                             n, t, p, m.value, w_.latest[p]));
+      }
+    } else {
+      const int value = 1 + (n * o_.threads + t) * o_.ops + th.pc;
+      m.value = static_cast<uint8_t>(value);
+      w_.latest[p] = static_cast<uint8_t>(value);
+    }
+    ++th.pc;
+    th.page = -1;
+  }
+
+  // A local event for node n, page p.
+  void Raise(int n, int p, LocalOp op, int depth) {
+    if (depth > kMaxWakeDepth) return Fail("wake/retry loop on one page");
+    NodePage& np = npage(n, p);
+    const NodeEvent ev = LocalEvent(op, ThreadId());
+    cells_.push_back(NodeCell(np.line.state, ev.type));
+    std::vector<Action> actions;
+    if (auto err = Step(np, ev, &actions)) {
+      return Fail(absl::StrFormat("impossible transition on node %d page %d: state %s, event %s", n,
+                                  p, err->state, err->event));
+    }
+    ApplyNode(n, p, actions, std::nullopt, depth);
+  }
+
+  void Send(int from, const OutMsg& out, int p, uint8_t value) {
+    Msg m;
+    m.op = out.op;
+    m.flags = out.flags & (wire::kCohWritable | wire::kCohHaveCopy);
+    if (out.payload != Payload::kNone) {
+      m.flags |= wire::kCohHasData;
+      m.value = value;
+    }
+    m.requester = static_cast<uint8_t>(out.requester == kNoNode ? from : out.requester.value());
+    if (m.requester >= o_.nodes) return Fail("message names no requester");
+    m.ack_count = static_cast<uint8_t>(out.ack_count);
+    m.page = static_cast<uint8_t>(p);
+    if (out.version > 250) return Fail("version outgrew the model");
+    m.version = static_cast<uint8_t>(out.version);
+    out.ForEachDestination([&](NodeId d) {
+      const int dst = d == wire::kServerEndpoint ? o_.nodes : static_cast<int>(d.value());
+      if (dst > o_.nodes || dst == from) return Fail("message to a bad endpoint");
+      w_.chan[from * e_ + dst].push_back(m);
+    });
+  }
+
+  void ApplyNode(int n, int p, const std::vector<Action>& actions, std::optional<uint8_t> received,
+                 int depth) {
+    Mem& m = mem(n, p);
+    std::vector<int> retry;  // woken threads whose access still faults
+    for (const Action& a : actions) {
+      switch (a.kind) {
+        case ActionKind::kInstallReadOnly:
+        case ActionKind::kInstallWritable:
+          if (!received.has_value()) return Fail("install without a received page");
+          if (m.present) return Fail("install over a present page");
+          m.present = true;
+          m.writable = a.kind == ActionKind::kInstallWritable;
+          m.value = *received;
+          break;
+        case ActionKind::kMakeWritable:
+          if (!m.present || m.writable) return Fail("MakeWritable on a page that is not read-only");
+          m.writable = true;
+          break;
+        case ActionKind::kWriteProtect:
+          if (!m.present) return Fail("WriteProtect of a missing page");
+          m.writable = false;
+          break;
+        case ActionKind::kDropPage:
+          if (!m.present) return Fail("DropPage of a missing page");
+          m.present = false;
+          m.writable = false;
+          break;
+        case ActionKind::kStashPage:
+          if (!m.present || m.writable) return Fail("StashPage of a page that is not read-only");
+          m.has_stash = true;
+          m.stash = m.value;
+          break;
+        case ActionKind::kReleaseStash:
+          if (!m.has_stash) return Fail("ReleaseStash without a stash");
+          m.has_stash = false;
+          m.stash = 0;
+          break;
+        case ActionKind::kWakeWaiters:
+          for (int t = 0; t < o_.threads; ++t) {
+            Thread& th = w_.thread[n * o_.threads + t];
+            if (th.page != p) continue;
+            const bool ok = th.op == LocalOp::kLoad ? m.present : m.writable;
+            if (ok) {
+              Perform(n, t, th.op, p);
+            } else {
+              retry.push_back(t);
+            }
+          }
+          break;
+        case ActionKind::kStoreHome:
+          return Fail("StoreHome from a node");
+        case ActionKind::kSend:
+          if (a.msg.payload == Payload::kHome) return Fail("a node sent the home copy");
+          if (a.msg.payload == Payload::kStash && !m.has_stash) {
+            return Fail("send from an empty stash");
+          }
+          Send(n, a.msg, p, m.stash);
+          break;
+      }
+      if (!violation_.empty()) return;
+    }
+    for (int t : retry) {
+      Thread& th = w_.thread[n * o_.threads + t];
+      if (th.page != p) continue;  // performed meanwhile
+      Raise(n, p, th.op, depth + 1);
+      if (!violation_.empty()) return;
+    }
+  }
+
+  void ApplyDir(int p, const std::vector<Action>& actions, std::optional<uint8_t> received) {
+    for (const Action& a : actions) {
+      switch (a.kind) {
+        case ActionKind::kStoreHome:
+          if (!received.has_value()) return Fail("StoreHome without a received page");
+          w_.home[p] = *received;
+          break;
+        case ActionKind::kSend:
+          if (a.msg.payload == Payload::kStash) return Fail("the directory sent a stash");
+          Send(o_.nodes, a.msg, p, w_.home[p]);
+          break;
+        case ActionKind::kInstallReadOnly:
+        case ActionKind::kInstallWritable:
+        case ActionKind::kMakeWritable:
+        case ActionKind::kWriteProtect:
+        case ActionKind::kDropPage:
+        case ActionKind::kStashPage:
+        case ActionKind::kReleaseStash:
+        case ActionKind::kWakeWaiters:
+          return Fail(absl::StrCat("node action ", Name(a.kind), " from the directory"));
+      }
+      if (!violation_.empty()) return;
+    }
+  }
+
+  const ModelOptions& o_;
+  World& w_;
+  const int e_;
+  static int NodeCell(NodeState s, NodeEventType e) {
+    return static_cast<int>(s) * kNumNodeEvents + static_cast<int>(e);
+  }
+
+  std::string violation_;
+  std::vector<int> cells_;
+};
+
+// ---------------------------------------------------------------------------------------------
+// The search.
+
+class Checker {
+ public:
+  explicit Checker(const ModelOptions& o) : o_(o), e_(o.nodes + 1), codec_(o) {
+    CHECK(o.nodes >= 1 && o.nodes <= kMaxModelNodes) << "nodes must be 1.." << kMaxModelNodes;
+    CHECK(o.pages >= 1 && o.pages <= kMaxModelPages) << "pages must be 1.." << kMaxModelPages;
+    CHECK(o.threads >= 1) << "threads must be >= 1";
+    CHECK(o.ops >= 0) << "ops must be >= 0";
+    CHECK_LT(o.nodes * o.threads * o.ops, 250) << "too many operations for one-byte values";
+    CHECK(o.loads || o.stores || o.evicts) << "no operation kind enabled";
+    if (o.loads) kinds_.push_back(LocalOp::kLoad);
+    if (o.stores) kinds_.push_back(LocalOp::kStore);
+    if (o.evicts) kinds_.push_back(LocalOp::kEvict);
+  }
+
+  ModelResult Run() {
+    World init;
+    init.npage.resize(o_.nodes * o_.pages);
+    init.mem.resize(o_.nodes * o_.pages);
+    init.thread.resize(o_.nodes * o_.threads);
+    init.dpage.resize(o_.pages);
+    init.home.assign(o_.pages, 0);
+    init.latest.assign(o_.pages, 0);
+    init.chan.resize(e_ * e_);
+    std::string bytes;
+    codec_.Encode(init, &bytes);
+    const uint64_t root = store_.Insert(bytes).first;
+    Push(root);
+
+    while (depth_ > 0) {
+      Frame& f = frames_[depth_ - 1];
+      if (f.next == f.succ.size()) {
+        on_path_.erase(f.id);
+        --depth_;
+        continue;
+      }
+      const size_t i = f.next++;
+      ++result_.transitions;
+      if (!f.succ.violation[i].empty()) {
+        Report(f.succ.violation[i], i);
+        continue;
+      }
+      const auto [id, fresh] = store_.Insert(f.succ.Bytes(i));
+      if (fresh) {
+        if (o_.max_states != 0 && store_.size() > o_.max_states) {
+          result_.complete = false;
+          break;
+        }
+        if (o_.progress_every != 0 && store_.size() % o_.progress_every == 0 && o_.progress) {
+          o_.progress(store_.size());
+        }
+        Push(id);
+      } else if (on_path_.contains(id)) {
+        Report("cycle: a transition returns to a state on the current path (possible livelock)", i);
+      }
+    }
+    result_.states = store_.size();
+    for (int s = 0; s < kNumNodeStates; ++s) {
+      for (int e = 0; e < kNumNodeEvents; ++e) {
+        if (cells_[s * kNumNodeEvents + e]) {
+          result_.node_cells.push_back(absl::StrCat(Name(static_cast<NodeState>(s)), "+",
+                                                    Name(static_cast<NodeEventType>(e))));
+        }
+      }
+    }
+    for (int s = 0; s < kNumDirStates; ++s) {
+      for (int e = 0; e < kNumDirEvents; ++e) {
+        if (cells_[kNodeCells + s * kNumDirEvents + e]) {
+          result_.dir_cells.push_back(absl::StrCat(Name(static_cast<DirState>(s)), "+",
+                                                   Name(static_cast<DirEventType>(e))));
+        }
+      }
+    }
+    return std::move(result_);
+  }
+
+ private:
+  // The successors of one state, in one buffer.
+  struct Successors {
+    std::string buf;
+    std::vector<uint32_t> offset;
+    std::vector<std::string> violation;  // "" for a good successor
+    std::vector<std::string> label;      // only when labels were asked for
+
+    void clear() {
+      buf.clear();
+      offset.clear();
+      violation.clear();
+      label.clear();
+    }
+    size_t size() const { return violation.size(); }
+    std::string_view Bytes(size_t i) const {
+      const uint32_t end = i + 1 < offset.size() ? offset[i + 1] : buf.size();
+      return std::string_view(buf).substr(offset[i], end - offset[i]);
+    }
+  };
+
+  struct Frame {
+    uint64_t id = 0;
+    size_t next = 0;
+    Successors succ;
+  };
+
+  void Push(uint64_t id) {
+    if (frames_.size() == depth_) frames_.emplace_back();
+    Frame& f = frames_[depth_++];
+    f.id = id;
+    f.next = 0;
+    on_path_.insert(id);
+    result_.max_depth = std::max<uint64_t>(result_.max_depth, depth_);
+    Expand(store_.Get(id), &f.succ, /*labels=*/false);
+    if (f.succ.size() == 0) {
+      ++result_.final_states;
+      std::string why = Unfinished(store_.Get(id));
+      if (!why.empty()) Report(absl::StrCat("deadlock: no transition left, but ", why), -1);
+    }
+  }
+
+  // Every transition of `state`, in a fixed order.
+  void Expand(std::string_view state, Successors* out, bool labels) {
+    out->clear();
+    const auto emit = [&](const std::string& label, const auto& apply) {
+      codec_.Decode(state, &w_);
+      Sim sim(o_, &w_);
+      apply(sim);
+      if (sim.violation().empty()) sim.CheckInvariants();
+      for (int c : sim.cells()) cells_[c] = true;
+      out->offset.push_back(static_cast<uint32_t>(out->buf.size()));
+      out->violation.push_back(sim.violation());
+      if (labels) out->label.push_back(label);
+      if (sim.violation().empty()) {
+        codec_.Encode(w_, &scratch_);
+        out->buf += scratch_;
+      }
+    };
+    codec_.Decode(state, &w_);
+    World& w = w_;
+    // Thread operations.
+    std::vector<std::pair<int, int>> ready;
+    for (int n = 0; n < o_.nodes; ++n) {
+      for (int t = 0; t < o_.threads; ++t) {
+        const Thread& th = w.thread[n * o_.threads + t];
+        if (th.page < 0 && th.pc < o_.ops) ready.emplace_back(n, t);
+      }
+    }
+    std::vector<int> busy;
+    for (int c = 0; c < e_ * e_; ++c) {
+      if (!w.chan[c].empty()) busy.push_back(c);
+    }
+    for (auto [n, t] : ready) {
+      for (LocalOp op : kinds_) {
+        for (int p = 0; p < o_.pages; ++p) {
+          const char* opname = op == LocalOp::kLoad    ? "Load"
+                               : op == LocalOp::kStore ? "Store"
+                                                       : "Evict";
+          emit(labels ? absl::StrFormat("n%d.t%d %s(p%d)", n, t, opname, p) : std::string(),
+               [&](Sim& sim) { sim.RunOp(n, t, op, p); });
+        }
+      }
+    }
+    for (int c : busy) {
+      std::string label;
+      if (labels) {
+        const Msg& m = w_.chan[c].front();
+        Sim names(o_, &w_);
+        label = absl::StrFormat(
+            "deliver %s -> %s: %s%s p%d v%d%s", names.EndpointName(c / e_),
+            names.EndpointName(c % e_), wire::Name(m.op),
+            (m.flags & wire::kCohWritable) ? "(M)" : "", m.page, m.version,
+            (m.flags & wire::kCohHasData) ? absl::StrCat(" data=", m.value) : std::string());
+        if (m.ack_count) absl::StrAppend(&label, " acks=", m.ack_count);
+        if (m.op == CohOp::kInv || m.op == CohOp::kFwdGetS || m.op == CohOp::kFwdGetM) {
+          absl::StrAppend(&label, " for n", m.requester);
+        }
+      }
+      emit(label, [&](Sim& sim) { sim.Deliver(c); });
+    }
+  }
+
+  // Why a state with no transition left is not a clean end ("" if it is).
+  std::string Unfinished(std::string_view state) {
+    codec_.Decode(state, &w_);
+    for (int n = 0; n < o_.nodes; ++n) {
+      for (int t = 0; t < o_.threads; ++t) {
+        const Thread& th = w_.thread[n * o_.threads + t];
+        if (th.page >= 0) {
+          return absl::StrFormat("node %d thread %d is still blocked on page %d", n, t, th.page);
+        }
+        if (th.pc < o_.ops) return absl::StrFormat("node %d thread %d did not finish", n, t);
+      }
+      for (int p = 0; p < o_.pages; ++p) {
+        const NodePage& np = w_.npage[n * o_.pages + p];
+        if (!IsStable(np.line.state) || !np.stalled.empty()) {
+          return absl::StrFormat("node %d page %d is in %s with %d queued events", n, p,
+                                 Name(np.line.state), np.stalled.size());
+        }
+      }
+    }
+    for (int p = 0; p < o_.pages; ++p) {
+      const DirPage& d = w_.dpage[p];
+      if (!IsStable(d.line.state) || !d.queue.empty()) {
+        return absl::StrFormat("directory page %d is in %s with %d queued requests", p,
+                               Name(d.line.state), d.queue.size());
+      }
+    }
+    return "";
+  }
+
+  std::string Describe(std::string_view state) {
+    codec_.Decode(state, &w_);
+    std::string s;
+    for (int n = 0; n < o_.nodes; ++n) {
+      absl::StrAppend(&s, "    n", n, ":");
+      for (int p = 0; p < o_.pages; ++p) {
+        const NodePage& np = w_.npage[n * o_.pages + p];
+        const Mem& m = w_.mem[n * o_.pages + p];
+        absl::StrAppend(&s, " p", p, "=", Name(np.line.state), "/v", np.line.version,
+                        m.present ? (m.writable ? "[rw " : "[ro ") : "[-",
+                        m.present ? absl::StrCat(m.value, "]") : "]");
+        if (!np.stalled.empty()) absl::StrAppend(&s, "+", np.stalled.size(), "q");
+      }
+      for (int t = 0; t < o_.threads; ++t) {
+        const Thread& th = w_.thread[n * o_.threads + t];
+        absl::StrAppend(&s, " t", t, ":pc=", th.pc,
+                        th.page >= 0 ? absl::StrCat(" blocked p", th.page) : "");
+      }
+      s += "\n";
+    }
+    for (int p = 0; p < o_.pages; ++p) {
+      const DirLine& l = w_.dpage[p].line;
+      absl::StrAppendFormat(&s,
+                            "    dir p%d: %s v%d owner=%d sharers=%s req=%d queue=%d home=%d "
+                            "latest=%d\n",
+                            p, Name(l.state), l.version, l.owner.value(), l.sharers.ToString(),
+                            l.requester.value(), w_.dpage[p].queue.size(), w_.home[p],
+                            w_.latest[p]);
+    }
+    return s;
+  }
+
+  // Records a violation of the transition `succ_index` of the top frame (-1: of the state).
+  void Report(const std::string& why, int64_t succ_index) {
+    ++result_.violations;
+    if (static_cast<int>(result_.reports.size()) >= o_.max_reports) return;
+    std::string r = absl::StrCat("VIOLATION: ", why, "\n  trace:\n");
+    Successors s;
+    for (size_t d = 0; d + 1 < depth_; ++d) {
+      Expand(store_.Get(frames_[d].id), &s, /*labels=*/true);
+      absl::StrAppend(&r, "    ", s.label[frames_[d].next - 1], "\n");
+    }
+    if (succ_index >= 0) {
+      Expand(store_.Get(frames_[depth_ - 1].id), &s, /*labels=*/true);
+      absl::StrAppend(&r, "    ", s.label[succ_index], "   <-- here\n");
+    }
+    absl::StrAppend(&r, "  state before the last step:\n",
+                    Describe(store_.Get(frames_[depth_ - 1].id)));
+    result_.reports.push_back(std::move(r));
+  }
+
+  const ModelOptions& o_;
+  const int e_;
+  Codec codec_;
+  std::vector<LocalOp> kinds_;
+  StateStore store_;
+  std::vector<Frame> frames_;
+  size_t depth_ = 0;
+  absl::flat_hash_set<uint64_t> on_path_;
+  World w_;
+  std::string scratch_;
+  ModelResult result_;
+  std::vector<bool> cells_ = std::vector<bool>(kNodeCells + kDirCells);
+};
+
+}  // namespace
+
+ModelResult RunModelCheck(const ModelOptions& options) { return Checker(options).Run(); }
+
+}  // namespace stretch::coherence
