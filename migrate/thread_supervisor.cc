@@ -10,6 +10,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstring>
 #include <deque>
 #include <map>
 #include <thread>
@@ -33,10 +34,11 @@ namespace {
 
 // A request from another thread, completed on the tracer thread.
 struct Command {
-  enum Kind { kAttach, kResume, kPark, kRunStopped, kDetach, kShutdown };
+  enum Kind { kAttach, kResume, kPark, kRunStopped, kTraceSyscalls, kDetach, kShutdown };
   Kind kind;
   pid_t tid = 0;
   std::function<absl::Status(pid_t)> fn;
+  SyscallHook hook;
 
   absl::Mutex mu;
   bool done ABSL_GUARDED_BY(mu) = false;
@@ -83,7 +85,8 @@ bool AllTasksStopped(pid_t pid) {
   return true;
 }
 
-constexpr int kPtraceOptions = PTRACE_O_TRACECLONE | PTRACE_O_TRACEEXIT | PTRACE_O_TRACEEXEC;
+constexpr int kPtraceOptions =
+    PTRACE_O_TRACECLONE | PTRACE_O_TRACEEXIT | PTRACE_O_TRACEEXEC | PTRACE_O_TRACESYSGOOD;
 
 }  // namespace
 
@@ -151,7 +154,8 @@ class ThreadSupervisor::Impl {
     bool stopped = false;      // in a ptrace-stop we have not resumed
     bool interrupted = false;  // PTRACE_INTERRUPT sent, stop not yet seen
     bool exiting = false;
-    int pending_signal = 0;                         // to deliver when it next resumes
+    int pending_signal = 0;  // to deliver when it next resumes
+    SyscallHook hook;        // set: resume with PTRACE_SYSCALL and ask it at each entry
     std::vector<std::shared_ptr<Command>> waiting;  // Park / RunStopped waiting for a stop
   };
 
@@ -165,6 +169,8 @@ class ThreadSupervisor::Impl {
         return "park";
       case Command::kRunStopped:
         return "run-stopped";
+      case Command::kTraceSyscalls:
+        return "trace-syscalls";
       case Command::kDetach:
         return "detach";
       case Command::kShutdown:
@@ -264,7 +270,7 @@ class ThreadSupervisor::Impl {
   void Continue(pid_t tid, Thread& t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(state_mu_) {
     int sig = t.pending_signal;
     t.pending_signal = 0;
-    if (ptrace(PTRACE_CONT, tid, 0, sig) == 0) {
+    if (ptrace(t.hook ? PTRACE_SYSCALL : PTRACE_CONT, tid, 0, sig) == 0) {
       t.stopped = false;
     } else {
       VLOG(1) << "PTRACE_CONT " << tid << ": " << ErrnoName(errno);
@@ -300,6 +306,17 @@ class ThreadSupervisor::Impl {
           t.waiting.push_back(c);
           Interrupt(c->tid, t);
         }
+        break;
+      case Command::kTraceSyscalls:
+        t.hook = c->hook;
+        t.want_running = true;
+        // A running thread switches to PTRACE_SYSCALL at its next stop.
+        if (t.stopped) {
+          Continue(c->tid, t);
+        } else {
+          Interrupt(c->tid, t);
+        }
+        c->Complete(absl::OkStatus());
         break;
       case Command::kRunStopped:
         if (t.stopped) {
@@ -396,11 +413,30 @@ class ThreadSupervisor::Impl {
         OnStopped(tid, t);
         break;
       default:
+        if (event == 0 && sig == (SIGTRAP | 0x80)) {
+          OnSyscallStop(tid, t);
+          break;
+        }
         // Signal-delivery-stop: deliver the signal when the thread next runs.
         if (event == 0) t.pending_signal = sig;
         OnStopped(tid, t);
         break;
     }
+  }
+
+  void OnSyscallStop(pid_t tid, Thread& t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(state_mu_) {
+    struct __ptrace_syscall_info info;
+    std::memset(&info, 0, sizeof(info));
+    if (t.hook && ptrace(PTRACE_GET_SYSCALL_INFO, tid, sizeof(info), &info) > 0 &&
+        info.op == PTRACE_SYSCALL_INFO_ENTRY) {
+      uint64_t args[6];
+      for (int i = 0; i < 6; ++i) args[i] = info.entry.args[i];
+      if (t.hook(tid, static_cast<int>(info.entry.nr), args) == SyscallAction::kPark) {
+        t.hook = nullptr;
+        t.want_running = false;
+      }
+    }
+    OnStopped(tid, t);
   }
 
   void DetachAll(const std::shared_ptr<Command>& c) ABSL_EXCLUSIVE_LOCKS_REQUIRED(state_mu_) {
@@ -487,6 +523,14 @@ absl::Status ThreadSupervisor::RunStopped(pid_t tid, std::function<absl::Status(
   c->kind = Command::kRunStopped;
   c->tid = tid;
   c->fn = std::move(fn);
+  return impl_->Run(c, deadline);
+}
+
+absl::Status ThreadSupervisor::TraceSyscalls(pid_t tid, SyscallHook hook, absl::Time deadline) {
+  auto c = std::make_shared<Command>();
+  c->kind = Command::kTraceSyscalls;
+  c->tid = tid;
+  c->hook = std::move(hook);
   return impl_->Run(c, deadline);
 }
 

@@ -42,6 +42,14 @@ struct SupervisorOptions {
   bool kill_on_exit = true;
 };
 
+// What a syscall hook decides at a traced thread's syscall entry.
+enum class SyscallAction {
+  kContinue,  // let the call run and keep tracing
+  kPark,      // stop tracing and park the thread right here, before the call runs
+};
+// Called on the tracer thread at each syscall entry of a traced thread.
+using SyscallHook = std::function<SyscallAction(pid_t tid, int nr, const uint64_t (&args)[6])>;
+
 // Called on the tracer thread: keep them short and never call back into the supervisor.
 struct SupervisorCallbacks {
   // `parent` created `child`; the child is already running or parked like its parent.
@@ -68,6 +76,10 @@ class ThreadSupervisor {
   // Stops `tid` if it runs, calls fn(tid) on the tracer thread, and restores its run/park
   // state. `fn` may use ptrace on tid (it is in a ptrace-stop).
   absl::Status RunStopped(pid_t tid, std::function<absl::Status(pid_t)> fn, absl::Time deadline);
+
+  // Runs `tid` (it must be running or resumed) stopping at every syscall entry to ask `hook`;
+  // the hook's kPark parks it there (what the launcher uses to find the migration point).
+  absl::Status TraceSyscalls(pid_t tid, SyscallHook hook, absl::Time deadline);
 
   // Thread ids known to the supervisor, and which of them run here.
   std::vector<pid_t> Threads() const;

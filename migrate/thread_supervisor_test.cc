@@ -2,6 +2,7 @@
 
 #include <signal.h>
 #include <sys/ptrace.h>
+#include <sys/syscall.h>
 #include <sys/uio.h>
 #include <sys/user.h>
 #include <sys/wait.h>
@@ -201,6 +202,46 @@ TEST(ThreadSupervisorPreconditionTest, RequiresSigchldBlocked) {
   ASSERT_FALSE(sup.ok());
   EXPECT_EQ(sup.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(sup.status().message(), HasSubstr("BlockSigchldInThisThread"));
+}
+
+}  // namespace
+}  // namespace stretch
+
+namespace stretch {
+namespace {
+
+TEST_F(ThreadSupervisorTest, SyscallHookParksAtTheChosenCall) {
+  auto sup = ThreadSupervisor::Attach(app_->pid(), {.run_all_at_attach = true}, {}, Deadline());
+  ASSERT_TRUE(sup.ok()) << sup.status();
+  // The main thread loops on usleep (clock_nanosleep) and creates threads on request: park it
+  // at its first clone3/clone after we ask for a spawn, before the thread exists.
+  std::atomic<int> seen_sleeps{0};
+  ASSERT_TRUE((*sup)
+                  ->TraceSyscalls(
+                      app_->pid(),
+                      [&](pid_t, int nr, const uint64_t(&)[6]) {
+                        if (nr == SYS_clock_nanosleep) seen_sleeps++;
+                        return (nr == SYS_clone3 || nr == SYS_clone) ? SyscallAction::kPark
+                                                                     : SyscallAction::kContinue;
+                      },
+                      Deadline())
+                  .ok());
+  absl::Time end = Deadline();
+  while (seen_sleeps.load() < 3 && absl::Now() < end) {
+  }
+  EXPECT_GE(seen_sleeps.load(), 3);
+  WriteRemote<int>(app_->pid(), spawn_, 1);
+  end = Deadline();
+  while (!(*sup)->RunningThreads().empty() && (*sup)->RunningThreads().size() == 3 &&
+         absl::Now() < end) {
+  }
+  // Parked at clone entry: no new thread, and the main thread is no longer running.
+  EXPECT_EQ((*sup)->Threads().size(), 3u);
+  EXPECT_THAT((*sup)->RunningThreads(), UnorderedElementsAre(workers_[0], workers_[1]));
+  // Resuming completes the clone.
+  ASSERT_TRUE((*sup)->Resume(app_->pid(), Deadline()).ok());
+  EXPECT_TRUE(Advances(2, 1000000));
+  EXPECT_EQ((*sup)->Threads().size(), 4u);
 }
 
 }  // namespace
