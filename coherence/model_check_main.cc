@@ -8,6 +8,7 @@
 // search was cut short by --max_states, 0 otherwise.
 #include <chrono>
 #include <cstdio>
+#include <string>
 
 #include "absl/strings/str_join.h"
 #include "coherence/model_checker.h"
@@ -20,6 +21,9 @@ DEFINE_int32(pages, 2, "number of pages (1..4)");
 DEFINE_int32(ops, 2, "operations per thread");
 DEFINE_int32(threads, 1, "threads per node (2 or more exercises merged concurrent faults)");
 DEFINE_string(op_kinds, "lse", "operations the threads may choose: l(oad), s(tore), e(vict)");
+DEFINE_bool(symmetry, true,
+            "treat worlds that differ only by node names as one state (faster; traces then "
+            "rename nodes from step to step, use --nosymmetry for literal traces)");
 DEFINE_uint64(max_states, 0, "stop after this many states (0: no limit)");
 DEFINE_int32(max_reports, 3, "violations to describe with a trace");
 DEFINE_bool(coverage, false, "list the transition-table cells the search exercised");
@@ -55,6 +59,18 @@ int main(int argc, char** argv) {
   }
 #endif
 
+  const auto usage_error = [](const std::string& what) {
+    std::fprintf(stderr, "model_check: %s (see --help)\n", what.c_str());
+    return 2;
+  };
+  if (FLAGS_nodes < 1 || FLAGS_nodes > 8) return usage_error("--nodes must be 1..8");
+  if (FLAGS_pages < 1 || FLAGS_pages > 4) return usage_error("--pages must be 1..4");
+  if (FLAGS_ops < 0 || FLAGS_ops > 200) return usage_error("--ops must be 0..200");
+  if (FLAGS_threads < 1 || FLAGS_threads > 8) return usage_error("--threads must be 1..8");
+  if (FLAGS_op_kinds.empty() || FLAGS_op_kinds.find_first_not_of("lse") != std::string::npos) {
+    return usage_error("--op_kinds must be a non-empty subset of 'lse'");
+  }
+
   stretch::coherence::ModelOptions o;
   o.nodes = FLAGS_nodes;
   o.pages = FLAGS_pages;
@@ -63,6 +79,7 @@ int main(int argc, char** argv) {
   o.loads = FLAGS_op_kinds.find('l') != std::string::npos;
   o.stores = FLAGS_op_kinds.find('s') != std::string::npos;
   o.evicts = FLAGS_op_kinds.find('e') != std::string::npos;
+  o.symmetry = FLAGS_symmetry;
   o.max_states = FLAGS_max_states;
   o.max_reports = FLAGS_max_reports;
   const auto start = std::chrono::steady_clock::now();
@@ -76,8 +93,9 @@ int main(int argc, char** argv) {
   };
   std::printf(
       "model_check: %d nodes x %d pages x %d ops per thread, %d thread(s) per node, "
-      "ops '%s'\n",
-      o.nodes, o.pages, o.ops, o.threads, FLAGS_op_kinds.c_str());
+      "ops '%s'%s\n",
+      o.nodes, o.pages, o.ops, o.threads, FLAGS_op_kinds.c_str(),
+      o.symmetry ? ", node symmetry" : "");
   std::fflush(stdout);
 
   stretch::coherence::ModelResult r = stretch::coherence::RunModelCheck(o);

@@ -104,16 +104,22 @@ struct Msg {  // a coherence message in flight; src and dst are its channel's
   uint8_t requester = 0;
   uint8_t ack_count = 0;
   uint8_t page = 0;
-  uint8_t value = 0;  // the page's contents, if kCohHasData
+  uint8_t fresh = 0;  // kCohHasData: 1 if the page carried holds the latest write
   uint8_t version = 0;
 };
 
+// Page contents are abstracted to one bit, "holds the latest write": the machines never look
+// at page bytes (data independence), and with every Store writing a value never written before,
+// a copy equals the latest value exactly when it was copied, hop by hop, from the copy made by
+// the latest Store. So a Store makes its own copy fresh and every other copy of that page
+// (other nodes, stashes, the home copy, pages in flight) stale, and a Load is correct iff the
+// copy it reads is fresh. This is exact, not an approximation.
 struct Mem {  // one node's copy of one page
   bool present = false;
   bool writable = false;
   bool has_stash = false;
-  uint8_t value = 0;
-  uint8_t stash = 0;
+  bool fresh = false;
+  bool stash_fresh = false;
 };
 
 struct Thread {
@@ -123,12 +129,12 @@ struct Thread {
 };
 
 struct World {
-  std::vector<NodePage> npage;         // [node * P + page]
-  std::vector<Mem> mem;                // [node * P + page]
-  std::vector<Thread> thread;          // [node * T + t]
-  std::vector<DirPage> dpage;          // [page]
-  std::vector<uint8_t> home;           // [page]
-  std::vector<uint8_t> latest;         // [page]: value of the last performed Store (ghost)
+  std::vector<NodePage> npage;  // [node * P + page]
+  std::vector<Mem> mem;         // [node * P + page]
+  std::vector<Thread> thread;   // [node * T + t]
+  std::vector<DirPage> dpage;   // [page]
+  std::vector<uint8_t> home;    // [page]: 1 if the home copy holds the latest write
+
   std::vector<std::vector<Msg>> chan;  // [src * E + dst], endpoint N is the directory
 };
 
@@ -136,62 +142,134 @@ class Codec {
  public:
   explicit Codec(const ModelOptions& o) : o_(o), e_(o.nodes + 1) {}
 
-  void Encode(const World& w, std::string* out) const {
+  // The canonical encoding of `w`: with symmetry reduction, the smallest encoding over the
+  // node renamings that list nodes in the order of their local state (all nodes run the same
+  // nondeterministic program and the directory treats node ids only as names, so renamed
+  // worlds behave alike and the properties checked do not depend on names).
+  void Encode(const World& w, std::string* out) {
+    const int n = o_.nodes;
+    std::vector<int>& order = order_;
+    order.resize(n);
+    for (int k = 0; k < n; ++k) order[k] = k;
+    if (!o_.symmetry || n == 1) return EncodeAs(w, order, out);
+    sig_.resize(n);
+    for (int k = 0; k < n; ++k) LocalSignature(w, k, &sig_[k]);
+    std::sort(order.begin(), order.end(), [this](int a, int b) { return sig_[a] < sig_[b]; });
+    // Try every order of nodes with equal signatures; keep the smallest encoding.
+    std::vector<std::pair<int, int>> ties;  // [begin, end) runs of equal signatures
+    for (int b = 0; b < n;) {
+      int e = b + 1;
+      while (e < n && sig_[order[e]] == sig_[order[b]]) ++e;
+      if (e - b > 1) ties.emplace_back(b, e);
+      b = e;
+    }
+    for (auto [b, e] : ties) std::sort(order.begin() + b, order.begin() + e);
+    EncodeAs(w, order, out);
+    if (ties.empty()) return;
+    // Enumerate the product of the permutations of each run (odometer over the runs).
+    while (true) {
+      size_t r = 0;
+      for (; r < ties.size(); ++r) {
+        if (std::next_permutation(order.begin() + ties[r].first, order.begin() + ties[r].second)) {
+          break;
+        }
+      }
+      if (r == ties.size()) break;
+      EncodeAs(w, order, &candidate_);
+      if (candidate_ < *out) out->swap(candidate_);
+    }
+  }
+
+ private:
+  // The part of the state that belongs to node k alone (lines, memory, threads).
+  void LocalSignature(const World& w, int k, std::string* out) const {
+    out->clear();
+    for (int p = 0; p < o_.pages; ++p) {
+      const NodePage& np = w.npage[k * o_.pages + p];
+      const Mem& m = w.mem[k * o_.pages + p];
+      out->push_back(static_cast<char>(np.line.state));
+      out->push_back(static_cast<char>(np.line.version));
+      out->push_back(static_cast<char>(m.present | m.writable << 1 | m.fresh << 2));
+    }
+    for (int t = 0; t < o_.threads; ++t) {
+      const Thread& th = w.thread[k * o_.threads + t];
+      out->push_back(static_cast<char>(th.pc));
+      out->push_back(static_cast<char>(th.page));
+    }
+  }
+
+  // Encodes `w` with node order[j] renamed to j.
+  void EncodeAs(const World& w, const std::vector<int>& order, std::string* out) {
+    const int n = o_.nodes;
+    std::vector<int>& rename = rename_;  // old id -> new id
+    rename.resize(n);
+    for (int j = 0; j < n; ++j) rename[order[j]] = j;
+    const auto id = [&](NodeId x) -> uint64_t {
+      return x.value() < static_cast<uint32_t>(n) ? rename[x.value()] : x.value();
+    };
+    const auto endpoint = [&](int j) { return j == n ? n : order[j]; };
     out->clear();
     const auto put = [out](uint64_t v) {
       CHECK_LT(v, 256u) << "model checker: a value outgrew its byte";
       out->push_back(static_cast<char>(v));
     };
-    for (size_t i = 0; i < w.npage.size(); ++i) {
-      const NodePage& p = w.npage[i];
-      put(static_cast<uint8_t>(p.line.state));
-      put(p.line.version);
-      put(p.line.acks_received);
-      put(p.line.acks_needed);
-      put(p.stalled.size());
-      for (const NodeEvent& e : p.stalled) put(static_cast<uint8_t>(e.type));
-      const Mem& m = w.mem[i];
-      put(m.present | m.writable << 1 | m.has_stash << 2);
-      put(m.value);
-      put(m.stash);
+    for (int j = 0; j < n; ++j) {
+      for (int p = 0; p < o_.pages; ++p) {
+        const int i = order[j] * o_.pages + p;
+        const NodePage& np = w.npage[i];
+        put(static_cast<uint8_t>(np.line.state));
+        put(np.line.version);
+        put(np.line.acks_received);
+        put(np.line.acks_needed);
+        put(np.stalled.size());
+        for (const NodeEvent& e : np.stalled) put(static_cast<uint8_t>(e.type));
+        const Mem& m = w.mem[i];
+        put(m.present | m.writable << 1 | m.has_stash << 2 | m.fresh << 3 | m.stash_fresh << 4);
+      }
     }
-    for (const Thread& t : w.thread) {
-      put(t.pc);
-      put(t.page < 0 ? 0xFF : (t.page << 2 | static_cast<int>(t.op)));
+    for (int j = 0; j < n; ++j) {
+      for (int t = 0; t < o_.threads; ++t) {
+        const Thread& th = w.thread[order[j] * o_.threads + t];
+        put(th.pc);
+        put(th.page < 0 ? 0xFF : (th.page << 2 | static_cast<int>(th.op)));
+      }
     }
     for (int p = 0; p < o_.pages; ++p) {
       const DirPage& d = w.dpage[p];
       put(static_cast<uint8_t>(d.line.state));
-      put(d.line.owner.value());
-      put(d.line.sharers.bits());
-      put(d.line.requester.value());
+      put(id(d.line.owner));
+      uint64_t sharers = 0;
+      d.line.sharers.ForEach([&](NodeId x) { sharers |= uint64_t{1} << id(x); });
+      put(sharers);
+      put(id(d.line.requester));
       put(d.line.version);
       put(d.queue.size());
       for (const DirRequest& r : d.queue) {
         put(static_cast<uint8_t>(r.op));
         put(r.flags);
-        put(r.src.value());
+        put(id(r.src));
         put(r.version);
       }
       put(w.home[p]);
-      put(w.latest[p]);
     }
-    for (int c = 0; c < e_ * e_; ++c) {
-      if (c / e_ == c % e_) continue;
-      const std::vector<Msg>& q = w.chan[c];
-      put(q.size());
-      for (const Msg& m : q) {
-        put(static_cast<uint8_t>(m.op));
-        put(m.flags);
-        put(m.requester);
-        put(m.ack_count);
-        put(m.page);
-        put(m.value);
-        put(m.version);
+    for (int js = 0; js < e_; ++js) {
+      for (int jd = 0; jd < e_; ++jd) {
+        if (js == jd) continue;
+        const std::vector<Msg>& q = w.chan[endpoint(js) * e_ + endpoint(jd)];
+        put(q.size());
+        for (const Msg& m : q) {
+          put(static_cast<uint8_t>(m.op));
+          put(m.flags);
+          put(id(NodeId(m.requester)));
+          put(m.ack_count);
+          put(m.page | m.fresh << 4);
+          put(m.version);
+        }
       }
     }
   }
 
+ public:
   void Decode(std::string_view in, World* w) const {
     size_t i = 0;
     const auto get = [&]() -> uint8_t { return static_cast<uint8_t>(in[i++]); };
@@ -215,8 +293,8 @@ class Codec {
       m.present = bits & 1;
       m.writable = bits & 2;
       m.has_stash = bits & 4;
-      m.value = get();
-      m.stash = get();
+      m.fresh = bits & 8;
+      m.stash_fresh = bits & 16;
     }
     w->thread.resize(o_.nodes * o_.threads);
     for (Thread& t : w->thread) {
@@ -227,7 +305,6 @@ class Codec {
     }
     w->dpage.resize(o_.pages);
     w->home.resize(o_.pages);
-    w->latest.resize(o_.pages);
     for (int p = 0; p < o_.pages; ++p) {
       DirPage& d = w->dpage[p];
       d.line.state = static_cast<DirState>(get());
@@ -245,7 +322,6 @@ class Codec {
         d.queue.push_back(r);
       }
       w->home[p] = get();
-      w->latest[p] = get();
     }
     w->chan.resize(e_ * e_);
     for (int c = 0; c < e_ * e_; ++c) {
@@ -258,8 +334,9 @@ class Codec {
         m.flags = get();
         m.requester = get();
         m.ack_count = get();
-        m.page = get();
-        m.value = get();
+        const uint8_t pf = get();
+        m.page = pf & 15;
+        m.fresh = pf >> 4;
         m.version = get();
         q.push_back(m);
       }
@@ -270,6 +347,10 @@ class Codec {
  private:
   const ModelOptions& o_;
   const int e_;
+  // Scratch space (Encode is not reentrant).
+  std::vector<int> order_, rename_;
+  std::vector<std::string> sig_;
+  std::string candidate_;
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -323,8 +404,8 @@ class Sim {
     const int src = c / e_;
     const int dst = c % e_;
     const int p = msg.page;
-    const std::optional<uint8_t> value =
-        (msg.flags & wire::kCohHasData) ? std::optional<uint8_t>(msg.value) : std::nullopt;
+    const std::optional<bool> value =
+        (msg.flags & wire::kCohHasData) ? std::optional<bool>(msg.fresh) : std::nullopt;
     std::vector<Action> actions;
     if (dst == o_.nodes) {
       DirRequest r;
@@ -388,9 +469,9 @@ class Sim {
     for (int p = 0; p < o_.pages; ++p) {
       for (int n = 0; n < o_.nodes; ++n) {
         const Mem& m = mem(n, p);
-        if (m.present && m.value != w_.latest[p]) {
-          return Fail(absl::StrFormat("stale copy: node %d holds page %d = %d, latest write is %d",
-                                      n, p, m.value, w_.latest[p]));
+        if (m.present && !m.fresh) {
+          return Fail(
+              absl::StrFormat("stale copy: node %d holds page %d without its latest write", n, p));
         }
         if (auto why = MemoryDisagrees(npage(n, p).line.state, m)) {
           return Fail(absl::StrFormat("node %d page %d: memory disagrees with state %s: %s", n, p,
@@ -398,11 +479,11 @@ class Sim {
         }
       }
       const DirState ds = w_.dpage[p].line.state;
-      if ((ds == DirState::kI || ds == DirState::kS) && w_.home[p] != w_.latest[p]) {
+      if ((ds == DirState::kI || ds == DirState::kS) && !w_.home[p]) {
         return Fail(
-            absl::StrFormat("home copy of page %d is %d in directory state %s, latest "
-                            "write is %d",
-                            p, w_.home[p], Name(ds), w_.latest[p]));
+            absl::StrFormat("home copy of page %d lacks the latest write in directory "
+                            "state %s",
+                            p, Name(ds)));
       }
     }
   }
@@ -450,14 +531,25 @@ class Sim {
     Thread& th = w_.thread[n * o_.threads + t];
     Mem& m = mem(n, p);
     if (op == LocalOp::kLoad) {
-      if (m.value != w_.latest[p]) {
-        Fail(absl::StrFormat("stale read: node %d thread %d read page %d = %d, latest write is %d",
-                             n, t, p, m.value, w_.latest[p]));
+      if (!m.fresh) {
+        Fail(
+            absl::StrFormat("stale read: node %d thread %d read page %d, which lacks the latest "
+                            "write",
+                            n, t, p));
       }
     } else {
-      const int value = 1 + (n * o_.threads + t) * o_.ops + th.pc;
-      m.value = static_cast<uint8_t>(value);
-      w_.latest[p] = static_cast<uint8_t>(value);
+      // A new value: every other copy of the page is now older.
+      for (int k = 0; k < o_.nodes; ++k) {
+        mem(k, p).fresh = false;
+        mem(k, p).stash_fresh = false;
+      }
+      w_.home[p] = 0;
+      for (std::vector<Msg>& q : w_.chan) {
+        for (Msg& msg : q) {
+          if (msg.page == p) msg.fresh = 0;
+        }
+      }
+      m.fresh = true;
     }
     ++th.pc;
     th.page = -1;
@@ -477,13 +569,13 @@ class Sim {
     ApplyNode(n, p, actions, std::nullopt, depth);
   }
 
-  void Send(int from, const OutMsg& out, int p, uint8_t value) {
+  void Send(int from, const OutMsg& out, int p, bool fresh) {
     Msg m;
     m.op = out.op;
     m.flags = out.flags & (wire::kCohWritable | wire::kCohHaveCopy);
     if (out.payload != Payload::kNone) {
       m.flags |= wire::kCohHasData;
-      m.value = value;
+      m.fresh = fresh;
     }
     m.requester = static_cast<uint8_t>(out.requester == kNoNode ? from : out.requester.value());
     if (m.requester >= o_.nodes) return Fail("message names no requester");
@@ -498,7 +590,7 @@ class Sim {
     });
   }
 
-  void ApplyNode(int n, int p, const std::vector<Action>& actions, std::optional<uint8_t> received,
+  void ApplyNode(int n, int p, const std::vector<Action>& actions, std::optional<bool> received,
                  int depth) {
     Mem& m = mem(n, p);
     std::vector<int> retry;  // woken threads whose access still faults
@@ -510,7 +602,7 @@ class Sim {
           if (m.present) return Fail("install over a present page");
           m.present = true;
           m.writable = a.kind == ActionKind::kInstallWritable;
-          m.value = *received;
+          m.fresh = *received;
           break;
         case ActionKind::kMakeWritable:
           if (!m.present || m.writable) return Fail("MakeWritable on a page that is not read-only");
@@ -528,12 +620,12 @@ class Sim {
         case ActionKind::kStashPage:
           if (!m.present || m.writable) return Fail("StashPage of a page that is not read-only");
           m.has_stash = true;
-          m.stash = m.value;
+          m.stash_fresh = m.fresh;
           break;
         case ActionKind::kReleaseStash:
           if (!m.has_stash) return Fail("ReleaseStash without a stash");
           m.has_stash = false;
-          m.stash = 0;
+          m.stash_fresh = false;
           break;
         case ActionKind::kWakeWaiters:
           for (int t = 0; t < o_.threads; ++t) {
@@ -554,7 +646,7 @@ class Sim {
           if (a.msg.payload == Payload::kStash && !m.has_stash) {
             return Fail("send from an empty stash");
           }
-          Send(n, a.msg, p, m.stash);
+          Send(n, a.msg, p, m.stash_fresh);
           break;
       }
       if (!violation_.empty()) return;
@@ -567,7 +659,7 @@ class Sim {
     }
   }
 
-  void ApplyDir(int p, const std::vector<Action>& actions, std::optional<uint8_t> received) {
+  void ApplyDir(int p, const std::vector<Action>& actions, std::optional<bool> received) {
     for (const Action& a : actions) {
       switch (a.kind) {
         case ActionKind::kStoreHome:
@@ -613,7 +705,8 @@ class Checker {
     CHECK(o.pages >= 1 && o.pages <= kMaxModelPages) << "pages must be 1.." << kMaxModelPages;
     CHECK(o.threads >= 1) << "threads must be >= 1";
     CHECK(o.ops >= 0) << "ops must be >= 0";
-    CHECK_LT(o.nodes * o.threads * o.ops, 250) << "too many operations for one-byte values";
+    CHECK_LT(o.ops, 250) << "too many operations per thread";
+
     CHECK(o.loads || o.stores || o.evicts) << "no operation kind enabled";
     if (o.loads) kinds_.push_back(LocalOp::kLoad);
     if (o.stores) kinds_.push_back(LocalOp::kStore);
@@ -626,8 +719,7 @@ class Checker {
     init.mem.resize(o_.nodes * o_.pages);
     init.thread.resize(o_.nodes * o_.threads);
     init.dpage.resize(o_.pages);
-    init.home.assign(o_.pages, 0);
-    init.latest.assign(o_.pages, 0);
+    init.home.assign(o_.pages, 1);  // the initial contents are the latest "write"
     init.chan.resize(e_ * e_);
     std::string bytes;
     codec_.Encode(init, &bytes);
@@ -774,7 +866,7 @@ class Checker {
             "deliver %s -> %s: %s%s p%d v%d%s", names.EndpointName(c / e_),
             names.EndpointName(c % e_), wire::Name(m.op),
             (m.flags & wire::kCohWritable) ? "(M)" : "", m.page, m.version,
-            (m.flags & wire::kCohHasData) ? absl::StrCat(" data=", m.value) : std::string());
+            (m.flags & wire::kCohHasData) ? (m.fresh ? " data=latest" : " data=OLD") : "");
         if (m.ack_count) absl::StrAppend(&label, " acks=", m.ack_count);
         if (m.op == CohOp::kInv || m.op == CohOp::kFwdGetS || m.op == CohOp::kFwdGetM) {
           absl::StrAppend(&label, " for n", m.requester);
@@ -823,7 +915,7 @@ class Checker {
         const Mem& m = w_.mem[n * o_.pages + p];
         absl::StrAppend(&s, " p", p, "=", Name(np.line.state), "/v", np.line.version,
                         m.present ? (m.writable ? "[rw " : "[ro ") : "[-",
-                        m.present ? absl::StrCat(m.value, "]") : "]");
+                        m.present ? (m.fresh ? "latest]" : "OLD]") : "]");
         if (!np.stalled.empty()) absl::StrAppend(&s, "+", np.stalled.size(), "q");
       }
       for (int t = 0; t < o_.threads; ++t) {
@@ -835,12 +927,10 @@ class Checker {
     }
     for (int p = 0; p < o_.pages; ++p) {
       const DirLine& l = w_.dpage[p].line;
-      absl::StrAppendFormat(&s,
-                            "    dir p%d: %s v%d owner=%d sharers=%s req=%d queue=%d home=%d "
-                            "latest=%d\n",
+      absl::StrAppendFormat(&s, "    dir p%d: %s v%d owner=%d sharers=%s req=%d queue=%d home=%s\n",
                             p, Name(l.state), l.version, l.owner.value(), l.sharers.ToString(),
-                            l.requester.value(), w_.dpage[p].queue.size(), w_.home[p],
-                            w_.latest[p]);
+                            l.requester.value(), w_.dpage[p].queue.size(),
+                            w_.home[p] ? "latest" : "OLD");
     }
     return s;
   }
@@ -849,7 +939,8 @@ class Checker {
   void Report(const std::string& why, int64_t succ_index) {
     ++result_.violations;
     if (static_cast<int>(result_.reports.size()) >= o_.max_reports) return;
-    std::string r = absl::StrCat("VIOLATION: ", why, "\n  trace:\n");
+    std::string r = absl::StrCat("VIOLATION: ", why, "\n  trace",
+                                 o_.symmetry ? " (node names are canonical per step)" : "", ":\n");
     Successors s;
     for (size_t d = 0; d + 1 < depth_; ++d) {
       Expand(store_.Get(frames_[d].id), &s, /*labels=*/true);

@@ -50,6 +50,9 @@ struct ModelOptions {
   // its line state. Switched off only to show that the per-read sequential-consistency check
   // catches a bug on its own (mutation_test.cc).
   bool check_state_invariants = true;
+  // Treat worlds that differ only by a renaming of the nodes as one state (sound: nodes are
+  // interchangeable). Off: traces name the nodes literally.
+  bool symmetry = true;
   uint64_t max_states = 0;  // stop after this many states (0: no limit); result incomplete
   int max_reports = 3;      // violations described in full (with a trace)
   // Called every `progress_every` new states (0: never) with the number of states so far.
