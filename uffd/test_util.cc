@@ -36,7 +36,7 @@ bool Channel::TryReceive(uint64_t* value, absl::Duration timeout) const {
     CHECK(r > 0) << "Channel::Receive: nothing within " << timeout;
     ssize_t n = recv(fd_.get(), value, sizeof(*value), 0);
     if (n < 0 && errno == EINTR) continue;
-    if (n == 0) return false;
+    if (n == 0 || (n < 0 && errno == ECONNRESET)) return false;  // The peer is gone.
     PCHECK(n == sizeof(*value)) << "Channel::Receive";
     return true;
   }

@@ -1,0 +1,508 @@
+#include "uffd/invalidate.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <linux/futex.h>
+#include <sched.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
+#include <sys/uio.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstddef>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
+#include "core/page.h"
+#include "core/status.h"
+#include "glog/logging.h"
+#include "uffd/uffd_compat.h"
+
+namespace stretch {
+namespace uffd {
+
+// The page shared by the agent and the helper (a memfd mapped in both). The offsets are
+// hard-coded in the helper's assembly below; the static_asserts keep them honest.
+struct HelperControl {
+  std::atomic<uint32_t> req;              // 0: sequence number of the latest command
+  std::atomic<uint32_t> done;             // 4: sequence number of the latest finished one
+  uint32_t op;                            // 8: kOpDontneed / kOpExit
+  uint32_t count;                         // 12: ranges in iov
+  int64_t result;                         // 16: bytes advised, or -errno
+  std::atomic<uint32_t> agent_waiting;    // 24: the agent sleeps on `done`
+  std::atomic<uint32_t> helper_sleeping;  // 28: the helper sleeps on `req`
+  std::atomic<int32_t> helper_tid;        // 32: CLONE_CHILD_SETTID / CLEARTID
+  uint32_t spin;                          // 36: helper's polling budget before sleeping
+  uint32_t reserved[6];                   // 40
+  struct iovec iov[(kPageSize - 64) / sizeof(struct iovec)];  // 64
+};
+static_assert(offsetof(HelperControl, done) == 4);
+static_assert(offsetof(HelperControl, op) == 8);
+static_assert(offsetof(HelperControl, count) == 12);
+static_assert(offsetof(HelperControl, result) == 16);
+static_assert(offsetof(HelperControl, agent_waiting) == 24);
+static_assert(offsetof(HelperControl, helper_sleeping) == 28);
+static_assert(offsetof(HelperControl, helper_tid) == 32);
+static_assert(offsetof(HelperControl, spin) == 36);
+static_assert(offsetof(HelperControl, iov) == 64);
+static_assert(sizeof(HelperControl) <= kPageSize);
+
+const size_t InvalidationHelper::kMaxRanges = sizeof(HelperControl::iov) / sizeof(struct iovec);
+
+namespace {
+
+constexpr uint32_t kOpDontneed = 1;
+constexpr uint32_t kOpExit = 2;
+
+// The helper's code, copied into a page of the target. Position-independent: only relative
+// jumps and rip-relative references inside the blob.
+//
+// stretch_helper_setup runs in the injecting (stopped) thread through RemoteThread::
+// RunUntilTrap with r12 = control page, r13 = the helper's stack top, r14 = an 8-byte slot
+// for the thread's signal mask, r15 = clone flags. It blocks every signal (so the new thread
+// starts with all of them blocked and no process-directed signal can ever pick it), clones,
+// restores the mask in the injecting thread and stops at int3 with rax = the new tid or
+// -errno. The new thread names itself and loops: wait for `req` to change (futex, after an
+// optional spin), madvise the listed ranges (process_madvise(PIDFD_SELF) for several, plain
+// madvise for one or when PIDFD_SELF is unknown), publish result and `done` (xchg: a full
+// barrier before reading agent_waiting), and wake the agent if it sleeps. kOpExit: exit(0)
+// of this thread only; CLONE_CHILD_CLEARTID then zeroes helper_tid and wakes its waiters.
+// Registers r12 (control) and r13 (last seen req) live for the whole loop; syscalls clobber
+// only rax, rcx and r11.
+asm(R"(
+  .text
+  .p2align 4
+  .globl stretch_helper_begin
+  .hidden stretch_helper_begin
+stretch_helper_begin:
+  .globl stretch_helper_setup
+  .hidden stretch_helper_setup
+stretch_helper_setup:
+  mov $14, %eax                 # rt_sigprocmask(SIG_SETMASK, &all, r14, 8)
+  mov $2, %edi
+  lea .Lhelper_allmask(%rip), %rsi
+  mov %r14, %rdx
+  mov $8, %r10d
+  syscall
+  test %rax, %rax
+  js .Lsetup_trap
+  mov $56, %eax                 # clone(r15, r13, NULL, &control->helper_tid, 0)
+  mov %r15, %rdi
+  mov %r13, %rsi
+  xor %edx, %edx
+  lea 32(%r12), %r10
+  xor %r8d, %r8d
+  syscall
+  test %rax, %rax
+  jz .Lhelper_main
+  mov %rax, %rbx
+  mov $14, %eax                 # rt_sigprocmask(SIG_SETMASK, r14, NULL, 8)
+  mov $2, %edi
+  mov %r14, %rsi
+  xor %edx, %edx
+  mov $8, %r10d
+  syscall
+  mov %rbx, %rax
+.Lsetup_trap:
+  int3
+
+.Lhelper_main:
+  mov $157, %eax                # prctl(PR_SET_NAME, "stretch-inval")
+  mov $15, %edi
+  lea .Lhelper_name(%rip), %rsi
+  syscall
+  xor %r13d, %r13d
+.Lhelper_loop:
+  mov 36(%r12), %ecx
+.Lhelper_poll:
+  mov 0(%r12), %eax
+  cmp %eax, %r13d
+  jne .Lhelper_work
+  test %ecx, %ecx
+  jz .Lhelper_sleep
+  pause
+  dec %ecx
+  jmp .Lhelper_poll
+.Lhelper_sleep:
+  movl $1, 28(%r12)             # helper_sleeping = 1, then look again (Dekker with the agent)
+  mfence
+  mov 0(%r12), %eax
+  cmp %eax, %r13d
+  jne .Lhelper_awake
+  mov $202, %eax                # futex(&req, FUTEX_WAIT, last, NULL)
+  mov %r12, %rdi
+  xor %esi, %esi
+  mov %r13d, %edx
+  xor %r10d, %r10d
+  syscall
+.Lhelper_awake:
+  movl $0, 28(%r12)
+  jmp .Lhelper_loop
+
+.Lhelper_work:
+  mov %eax, %r13d
+  mov 8(%r12), %eax
+  cmp $2, %eax
+  je .Lhelper_exit
+  mov 12(%r12), %ecx
+  cmp $1, %ecx
+  jbe .Lhelper_each
+  mov $440, %eax                # process_madvise(PIDFD_SELF_THREAD_GROUP, iov, n, DONTNEED, 0)
+  mov $-10001, %rdi
+  lea 64(%r12), %rsi
+  mov %rcx, %rdx
+  mov $4, %r10d
+  xor %r8d, %r8d
+  syscall
+  cmp $-22, %rax                # EINVAL / EBADF: a kernel without PIDFD_SELF (< 6.15)
+  je .Lhelper_each
+  cmp $-9, %rax
+  je .Lhelper_each
+  jmp .Lhelper_done
+.Lhelper_each:
+  xor %ebx, %ebx                # i
+  xor %ebp, %ebp                # bytes
+.Lhelper_each_loop:
+  cmp 12(%r12), %ebx
+  jae .Lhelper_each_end
+  mov %rbx, %rax
+  shl $4, %rax
+  mov 64(%r12,%rax), %rdi
+  mov 72(%r12,%rax), %rsi
+  mov %rsi, %r14
+  mov $28, %eax                 # madvise(base, len, MADV_DONTNEED)
+  mov $4, %edx
+  syscall
+  test %rax, %rax
+  js .Lhelper_done
+  add %r14, %rbp
+  inc %ebx
+  jmp .Lhelper_each_loop
+.Lhelper_each_end:
+  mov %rbp, %rax
+.Lhelper_done:
+  mov %rax, 16(%r12)            # result
+  mov %r13d, %eax
+  xchg %eax, 4(%r12)            # done = req (full barrier)
+  cmpl $0, 24(%r12)
+  je .Lhelper_loop
+  mov $202, %eax                # futex(&done, FUTEX_WAKE, 1)
+  lea 4(%r12), %rdi
+  mov $1, %esi
+  mov $1, %edx
+  syscall
+  jmp .Lhelper_loop
+
+.Lhelper_exit:
+  movq $0, 16(%r12)
+  mov %r13d, %eax
+  xchg %eax, 4(%r12)
+  mov $60, %eax                 # exit(0): this thread only
+  xor %edi, %edi
+  syscall
+  ud2
+
+  .p2align 3
+.Lhelper_allmask:
+  .quad -1
+.Lhelper_name:
+  .asciz "stretch-inval"
+  .globl stretch_helper_end
+  .hidden stretch_helper_end
+stretch_helper_end:
+)");
+
+extern "C" const char stretch_helper_begin[];
+extern "C" const char stretch_helper_setup[];
+extern "C" const char stretch_helper_end[];
+
+// The target mapping: page 0 code (read+exec), page 1 the helper's stack (its top 8 bytes
+// hold the injecting thread's saved signal mask during setup).
+constexpr size_t kCodeMapping = 2 * kPageSize;
+
+constexpr uint64_t kCloneFlags = CLONE_VM | CLONE_FS | CLONE_FILES | CLONE_SIGHAND | CLONE_THREAD |
+                                 CLONE_SYSVSEM | CLONE_CHILD_SETTID | CLONE_CHILD_CLEARTID;
+
+int64_t MonotonicNs() {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return int64_t{ts.tv_sec} * 1'000'000'000 + ts.tv_nsec;
+}
+
+long Futex(void* addr, int op, uint32_t val, const struct timespec* timeout) {
+  return syscall(SYS_futex, addr, op, val, timeout, nullptr, 0);
+}
+
+// Sorted, merged [start, len) runs of the page addresses.
+void ToRanges(absl::Span<const uintptr_t> pages, std::vector<std::pair<uintptr_t, size_t>>* out) {
+  out->clear();
+  for (uintptr_t p : pages) out->emplace_back(PageDown(p), kPageSize);
+  std::sort(out->begin(), out->end());
+  size_t w = 0;
+  for (size_t r = 0; r < out->size(); ++r) {
+    if (w > 0 && (*out)[w - 1].first + (*out)[w - 1].second >= (*out)[r].first) {
+      uintptr_t end =
+          std::max((*out)[w - 1].first + (*out)[w - 1].second, (*out)[r].first + (*out)[r].second);
+      (*out)[w - 1].second = end - (*out)[w - 1].first;
+    } else {
+      (*out)[w++] = (*out)[r];
+    }
+  }
+  out->resize(w);
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<InvalidationHelper>> InvalidationHelper::Inject(
+    RemoteThread& thread, const Options& options) {
+  const size_t code_len = stretch_helper_end - stretch_helper_begin;
+  CHECK_LE(code_len, kPageSize);
+  STRETCH_ASSIGN_OR_RETURN(Pidfd target, Pidfd::Open(thread.tgid()));
+  std::unique_ptr<InvalidationHelper> h(new InvalidationHelper(options, std::move(target)));
+  const pid_t pid = thread.tgid();
+  RemoteMemory mem(pid);
+
+  // 1. Code and stack: an anonymous mapping, written from here, then made read+exec.
+  STRETCH_ASSIGN_OR_RETURN(h->remote_code_,
+                           thread.SyscallOrError("mmap (invalidation helper code)", SYS_mmap,
+                                                 {0, kCodeMapping, PROT_READ | PROT_WRITE,
+                                                  MAP_PRIVATE | MAP_ANONYMOUS, ~uint64_t{0}, 0}));
+  std::vector<char> code(kPageSize, '\xcc');  // int3 around the code
+  memcpy(code.data(), stretch_helper_begin, code_len);
+  STRETCH_RETURN_IF_ERROR(mem.WritePages({h->remote_code_}, code.data()));
+  STRETCH_RETURN_IF_ERROR(thread
+                              .SyscallOrError("mprotect (invalidation helper code)", SYS_mprotect,
+                                              {h->remote_code_, kPageSize, PROT_READ | PROT_EXEC})
+                              .status());
+
+  // 2. The control page: a memfd the target creates (so CRIU-like tools see an ordinary
+  // memfd) and maps shared; the agent takes a duplicate and maps it too. The name is the
+  // string at the end of the code.
+  const uintptr_t name = h->remote_code_ + code_len - sizeof("stretch-inval");
+  STRETCH_ASSIGN_OR_RETURN(
+      uint64_t remote_fd,
+      thread.SyscallOrError("memfd_create", SYS_memfd_create, {name, MFD_CLOEXEC}));
+  absl::StatusOr<UniqueFd> memfd = h->target_.GetFd(static_cast<int>(remote_fd));
+  absl::StatusOr<uint64_t> control = absl::UnknownError("not mapped");
+  if (memfd.ok() && ftruncate(memfd->get(), kPageSize) == 0) {
+    control =
+        thread.SyscallOrError("mmap (invalidation helper control page)", SYS_mmap,
+                              {0, kPageSize, PROT_READ | PROT_WRITE, MAP_SHARED, remote_fd, 0});
+  } else if (memfd.ok()) {
+    control = ErrnoStatus(errno, "ftruncate of the helper's memfd");
+  } else {
+    control = memfd.status();
+  }
+  STRETCH_RETURN_IF_ERROR(thread.SyscallOrError("close", SYS_close, {remote_fd}).status());
+  STRETCH_RETURN_IF_ERROR(control.status());
+  h->remote_control_ = *control;
+  h->memfd_ = *std::move(memfd);
+  void* local = mmap(nullptr, kPageSize, PROT_READ | PROT_WRITE, MAP_SHARED, h->memfd_.get(), 0);
+  if (local == MAP_FAILED) return ErrnoStatus(errno, "mmap of the helper's control page");
+  h->control_ = static_cast<HelperControl*>(local);
+  h->control_->spin = options.helper_spin;
+
+  // 3. The thread.
+  struct user_regs_struct regs = thread.saved_regs();
+  regs.rip = h->remote_code_ + (stretch_helper_setup - stretch_helper_begin);
+  regs.r12 = h->remote_control_;
+  regs.r13 = h->remote_code_ + kCodeMapping - 64;  // 16-byte aligned stack top
+  regs.r14 = h->remote_code_ + kCodeMapping - 8;   // saved signal mask slot
+  regs.r15 = kCloneFlags;
+  STRETCH_ASSIGN_OR_RETURN(struct user_regs_struct out, thread.RunUntilTrap(regs));
+  const int64_t tid = static_cast<int64_t>(out.rax);
+  if (tid <= 0) return ErrnoStatus(static_cast<int>(-tid), absl::StrCat("clone in pid ", pid));
+  // CLONE_CHILD_SETTID writes helper_tid when the thread first runs; it may not have yet.
+  h->control_->helper_tid.store(static_cast<int32_t>(tid));
+  LOG(INFO) << "invalidation helper " << tid << " placed in pid " << pid
+            << absl::StrFormat(" (code 0x%x, control 0x%x)", h->remote_code_, h->remote_control_);
+  return h;
+}
+
+InvalidationHelper::InvalidationHelper(const Options& options, Pidfd target)
+    : options_(options),
+      target_(std::move(target)),
+      stats_(options.stats != nullptr ? options.stats : &own_stats_) {}
+
+InvalidationHelper::~InvalidationHelper() {
+  {
+    absl::MutexLock l(&mu_);
+    if (!removed_ && control_ != nullptr && control_->helper_tid.load() != 0) {
+      absl::Status s = StopHelper(absl::Now() + absl::Milliseconds(100));
+      if (!s.ok()) VLOG(1) << "stopping the invalidation helper: " << s;
+    }
+  }
+  Unmap();
+}
+
+void InvalidationHelper::Unmap() {
+  if (control_ != nullptr) munmap(control_, kPageSize);
+  control_ = nullptr;
+}
+
+pid_t InvalidationHelper::helper_tid() const {
+  return control_ == nullptr ? 0 : control_->helper_tid.load();
+}
+
+absl::Status InvalidationHelper::RunCommand(uint32_t op, uint32_t count, uint64_t expect_bytes) {
+  if (removed_ || control_ == nullptr) {
+    return absl::FailedPreconditionError("the invalidation helper was removed");
+  }
+  HelperControl* c = control_;
+  const int64_t start = MonotonicNs();
+  const absl::Time deadline = absl::Now() + options_.timeout;
+  c->op = op;
+  c->count = count;
+  const uint32_t seq = ++seq_;
+  c->req.store(seq, std::memory_order_seq_cst);  // A full barrier before the next load.
+  if (c->helper_sleeping.load(std::memory_order_seq_cst)) {
+    Futex(&c->req, FUTEX_WAKE, 1, nullptr);
+  }
+  bool finished = false;
+  for (int i = 0; i < options_.agent_yields && !finished; ++i) {
+    finished = c->done.load(std::memory_order_acquire) == seq;
+    if (!finished) sched_yield();
+  }
+  if (!finished) {
+    c->agent_waiting.store(1, std::memory_order_seq_cst);
+    for (;;) {
+      uint32_t d = c->done.load(std::memory_order_acquire);
+      if (d == seq) break;
+      if (target_.Exited()) {
+        c->agent_waiting.store(0);
+        return absl::NotFoundError(
+            absl::StrCat("invalidation in pid ", target_.pid(), ": the target exited"));
+      }
+      if (op != kOpExit && c->helper_tid.load() == 0) {
+        c->agent_waiting.store(0);
+        return absl::InternalError(
+            absl::StrCat("the invalidation helper of pid ", target_.pid(), " is gone"));
+      }
+      if (absl::Now() >= deadline) {
+        c->agent_waiting.store(0);
+        return absl::DeadlineExceededError(absl::StrCat(
+            "the invalidation helper of pid ", target_.pid(), " did not answer within ",
+            absl::FormatDuration(options_.timeout), " (is the process stopped or frozen?)"));
+      }
+      struct timespec slice = {0, 10 * 1000 * 1000};
+      Futex(&c->done, FUTEX_WAIT, d, &slice);
+    }
+    c->agent_waiting.store(0, std::memory_order_relaxed);
+  }
+  const int64_t result = c->result;
+  stats_->invalidation_latency.Record(static_cast<uint64_t>(MonotonicNs() - start));
+  if (op == kOpExit) return absl::OkStatus();
+  if (result < 0) {
+    int err = static_cast<int>(-result);
+    if (err == ENOMEM) {
+      return absl::NotFoundError(absl::StrCat("madvise(MADV_DONTNEED) in pid ", target_.pid(),
+                                              ": ENOMEM (a range is not mapped there)"));
+    }
+    return ErrnoStatus(err, absl::StrCat("madvise(MADV_DONTNEED) in pid ", target_.pid()));
+  }
+  if (static_cast<uint64_t>(result) != expect_bytes) {
+    return absl::InternalError(
+        absl::StrFormat("madvise in pid %d: %d of %d bytes", target_.pid(), result, expect_bytes));
+  }
+  stats_->invalidations.Add();
+  stats_->invalidated_pages.Add(expect_bytes >> kPageShift);
+  return absl::OkStatus();
+}
+
+absl::Status InvalidationHelper::SendRanges(absl::Span<const std::pair<uintptr_t, size_t>> ranges) {
+  for (size_t i = 0; i < ranges.size(); i += kMaxRanges) {
+    const size_t n = std::min(kMaxRanges, ranges.size() - i);
+    uint64_t bytes = 0;
+    for (size_t j = 0; j < n; ++j) {
+      control_->iov[j].iov_base = reinterpret_cast<void*>(ranges[i + j].first);
+      control_->iov[j].iov_len = ranges[i + j].second;
+      bytes += ranges[i + j].second;
+    }
+    STRETCH_RETURN_IF_ERROR(RunCommand(kOpDontneed, static_cast<uint32_t>(n), bytes));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status InvalidationHelper::Invalidate(absl::Span<const uintptr_t> pages) {
+  if (pages.empty()) return absl::OkStatus();
+  absl::MutexLock l(&mu_);
+  if (control_ == nullptr) return absl::FailedPreconditionError("no invalidation helper");
+  ToRanges(pages, &scratch_);
+  return SendRanges(scratch_);
+}
+
+absl::Status InvalidationHelper::InvalidateRange(uintptr_t start, size_t len) {
+  if (!IsPageAligned(start) || !IsPageAligned(len)) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("InvalidateRange(0x%x, 0x%x): not page-aligned", start, len));
+  }
+  if (len == 0) return absl::OkStatus();
+  absl::MutexLock l(&mu_);
+  if (control_ == nullptr) return absl::FailedPreconditionError("no invalidation helper");
+  std::pair<uintptr_t, size_t> range(start, len);
+  return SendRanges({&range, 1});
+}
+
+absl::Status InvalidationHelper::StopHelper(absl::Time deadline) {
+  if (control_->helper_tid.load() == 0) return absl::OkStatus();
+  STRETCH_RETURN_IF_ERROR(RunCommand(kOpExit, 0, 0));
+  // The thread publishes `done` just before exit(); CLONE_CHILD_CLEARTID then zeroes
+  // helper_tid and wakes waiters.
+  for (;;) {
+    int32_t tid = control_->helper_tid.load();
+    if (tid == 0) return absl::OkStatus();
+    if (target_.Exited()) return absl::OkStatus();
+    if (absl::Now() >= deadline) {
+      return absl::DeadlineExceededError("the invalidation helper did not exit in time");
+    }
+    struct timespec slice = {0, 10 * 1000 * 1000};
+    Futex(&control_->helper_tid, FUTEX_WAIT, static_cast<uint32_t>(tid), &slice);
+  }
+}
+
+absl::Status InvalidationHelper::Remove(RemoteThread& thread, absl::Time deadline) {
+  absl::MutexLock l(&mu_);
+  if (removed_) return absl::OkStatus();
+  if (thread.tgid() != target_.pid()) {
+    return absl::InvalidArgumentError("Remove: the thread is not in the helper's process");
+  }
+  STRETCH_RETURN_IF_ERROR(StopHelper(deadline));
+  STRETCH_RETURN_IF_ERROR(
+      thread.SyscallOrError("munmap (helper code)", SYS_munmap, {remote_code_, kCodeMapping})
+          .status());
+  STRETCH_RETURN_IF_ERROR(
+      thread.SyscallOrError("munmap (helper control)", SYS_munmap, {remote_control_, kPageSize})
+          .status());
+  removed_ = true;
+  Unmap();
+  memfd_.reset();
+  return absl::OkStatus();
+}
+
+absl::Status InvalidateByInjection(RemoteThread& thread, absl::Span<const uintptr_t> pages) {
+  std::vector<std::pair<uintptr_t, size_t>> ranges;
+  ToRanges(pages, &ranges);
+  for (const auto& [start, len] : ranges) {
+    STRETCH_RETURN_IF_ERROR(
+        thread.SyscallOrError("madvise(MADV_DONTNEED)", SYS_madvise, {start, len, MADV_DONTNEED})
+            .status());
+  }
+  return absl::OkStatus();
+}
+
+absl::Status PunchHole(int memfd, uint64_t offset, uint64_t len) {
+  if (fallocate(memfd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, static_cast<off_t>(offset),
+                static_cast<off_t>(len)) != 0) {
+    return ErrnoStatus(errno, absl::StrFormat("fallocate(PUNCH_HOLE) at 0x%x+0x%x", offset, len));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace uffd
+}  // namespace stretch

@@ -1,0 +1,145 @@
+// Remote invalidation: making present pages of ANOTHER process missing again, so that its next
+// access to them faults into the agent's userfaultfd.
+//
+// The kernel gives the agent no call of its own for this: UFFDIO_MOVE on the target's uffd
+// from another process is EINVAL (it must run in the target's mm), and process_madvise()
+// accepts only COLD/PAGEOUT/WILLNEED/COLLAPSE on another process. Three mechanisms are here:
+//
+//  * InvalidationHelper (the one Stretch uses for private anonymous memory): a helper thread
+//    placed inside the target (an injected clone() running ~200 bytes of position-independent
+//    code) that sleeps on a futex in a memfd page shared with the agent and, on command,
+//    calls madvise(MADV_DONTNEED) on itself — process_madvise(PIDFD_SELF) for a batch, one
+//    call for all ranges. A command costs two context switches and the zap; no ptrace stop.
+//  * InvalidateByInjection: the same madvise injected through ptrace into a stopped thread
+//    (RemoteThread). No helper, but one ptrace round trip per range: the fallback.
+//  * PunchHoles: for shmem (MAP_SHARED memfd) regions the agent punches holes into the file
+//    itself (fallocate), which unmaps the pages from every process. Manual mode's regions.
+//
+//   STRETCH_ASSIGN_OR_RETURN(auto thread, RemoteThread::Seize(tid, absl::Seconds(1)));
+//   STRETCH_ASSIGN_OR_RETURN(auto helper, InvalidationHelper::Inject(*thread, {}));
+//   thread.reset();                                   // the helper needs no ptrace
+//   STRETCH_RETURN_IF_ERROR(helper->Invalidate({page_a, page_b}));
+//   ...
+//   helper->Remove(*thread, deadline);                // before CRIU dumps the target
+//
+// The helper is an extra thread of the target: it blocks every signal (process-directed
+// signals never land on it), holds no locks of the program, uses no TLS and never touches the
+// program's memory except to madvise it. It runs untraced, so it works whether the program's
+// threads run or are parked under ptrace; it stops only with the whole process (SIGSTOP group
+// stop, freezer, a CRIU dump), and then Invalidate() waits out its timeout
+// (DeadlineExceeded). CRIU would see it as a thread of the program and its memfd mapping:
+// Remove() makes it exit and unmaps its code, stack and control page before a dump; after a
+// restore the agent injects a new one.
+#ifndef STRETCH_UFFD_INVALIDATE_H_
+#define STRETCH_UFFD_INVALIDATE_H_
+
+#include <sys/types.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "core/unique_fd.h"
+#include "uffd/inject.h"
+#include "uffd/process.h"
+#include "uffd/stats.h"
+
+namespace stretch {
+namespace uffd {
+
+struct HelperControl;  // The shared page (invalidate.cc).
+
+// Thread-safe: commands from several threads are serialized.
+class InvalidationHelper {
+ public:
+  struct Options {
+    // After posting a command the agent yields the CPU this many times, polling for
+    // completion, before it sleeps on a futex. On a shared core the helper runs during the
+    // first yield, which saves the futex wake back to the agent.
+    int agent_yields = 16;
+    // The helper polls for the next command this many pause iterations before it sleeps (0:
+    // sleep at once). Only worth it when the helper has a core of its own: it burns target CPU.
+    uint32_t helper_spin = 0;
+    // How long one command may take before Invalidate() gives up (DeadlineExceeded).
+    absl::Duration timeout = absl::Seconds(1);
+    // Counters to update; nullptr means this object's own.
+    Stats* stats = nullptr;
+  };
+
+  // Places a helper thread in the process of `thread`, which must be in a ptrace-stop of the
+  // calling thread (RemoteThread::Seize or Adopt). About ten injected calls (~1 ms).
+  static absl::StatusOr<std::unique_ptr<InvalidationHelper>> Inject(RemoteThread& thread,
+                                                                    const Options& options);
+  // Makes the helper thread exit if Remove() was not called; its two small mappings stay in
+  // the target (unmapping needs ptrace).
+  ~InvalidationHelper();
+  InvalidationHelper(const InvalidationHelper&) = delete;
+  InvalidationHelper& operator=(const InvalidationHelper&) = delete;
+
+  // Makes `pages` (page-aligned addresses, any order) missing in the target: the next access
+  // faults (MISSING in a uffd-registered range, else a zero-fill fault). Adjacent pages are
+  // merged into ranges; up to kMaxRanges ranges go in one command. Returns once the pages are
+  // gone from the target's page tables (TLB flushed). NotFound if the target exited or a page
+  // is not mapped there, DeadlineExceeded if the helper did not answer in time.
+  absl::Status Invalidate(absl::Span<const uintptr_t> pages);
+  absl::Status InvalidateRange(uintptr_t start, size_t len);
+
+  // Makes the helper exit and removes its mappings with injected munmap()s; `thread` as for
+  // Inject. Afterwards every call fails with FailedPrecondition.
+  absl::Status Remove(RemoteThread& thread, absl::Time deadline);
+
+  // Ranges one command carries.
+  static const size_t kMaxRanges;
+
+  pid_t target() const { return target_.pid(); }
+  // The helper's thread id in the target's PID namespace (0 once it has exited).
+  pid_t helper_tid() const;
+  // Where its code+stack and control page are in the target (for tests and diagnostics).
+  uintptr_t remote_code() const { return remote_code_; }
+  uintptr_t remote_control() const { return remote_control_; }
+
+ private:
+  InvalidationHelper(const Options& options, Pidfd target);
+  absl::Status RunCommand(uint32_t op, uint32_t count, uint64_t expect_bytes)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status SendRanges(absl::Span<const std::pair<uintptr_t, size_t>> ranges)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status StopHelper(absl::Time deadline) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Unmap();
+
+  const Options options_;
+  Pidfd target_;
+  Stats own_stats_;
+  Stats* const stats_;
+  UniqueFd memfd_;                    // The control page's memfd (agent's descriptor).
+  HelperControl* control_ = nullptr;  // The agent's mapping of it.
+  uintptr_t remote_code_ = 0;         // Code page + stack page in the target.
+  uintptr_t remote_control_ = 0;      // The control page in the target.
+
+  absl::Mutex mu_;
+  uint32_t seq_ ABSL_GUARDED_BY(mu_) = 0;
+  bool removed_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<std::pair<uintptr_t, size_t>> scratch_ ABSL_GUARDED_BY(mu_);
+};
+
+// Makes pages missing by injecting madvise(MADV_DONTNEED) through ptrace into `thread` (in a
+// ptrace-stop of the calling thread), one injected call per run of adjacent pages. Slower
+// than the helper (a ptrace round trip per call) but needs nothing in the target.
+absl::Status InvalidateByInjection(RemoteThread& thread, absl::Span<const uintptr_t> pages);
+
+// Drops [offset, offset+len) of a shmem file (a memfd the agent holds a descriptor of) with
+// fallocate(PUNCH_HOLE): every process mapping it MAP_SHARED loses those pages and faults on
+// its next access (MISSING for a uffd-registered mapping).
+absl::Status PunchHole(int memfd, uint64_t offset, uint64_t len);
+
+}  // namespace uffd
+}  // namespace stretch
+
+#endif  // STRETCH_UFFD_INVALIDATE_H_

@@ -1,0 +1,349 @@
+#include "uffd/invalidate.h"
+
+#include <dirent.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/ptrace.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstring>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "core/page.h"
+#include "glog/logging.h"
+#include "gtest/gtest.h"
+#include "uffd/fault_loop.h"
+#include "uffd/process.h"
+#include "uffd/test_util.h"
+#include "uffd/userfaultfd.h"
+
+namespace stretch {
+namespace uffd {
+namespace {
+
+constexpr absl::Duration kTimeout = absl::Seconds(30);
+constexpr size_t kPages = 256;
+
+// Commands the target understands on its channel.
+constexpr uint64_t kRead = 1;  // then a page index: reply with the first byte of that page
+constexpr uint64_t kQuit = 2;
+constexpr uint64_t kGettid = 3;
+
+// Serves every missing fault with the current version of the page: byte = version.
+class VersionServer : public FaultHandler {
+ public:
+  void OnFault(FaultLoop& loop, const Fault& f) override {
+    char page[kPageSize];
+    memset(page, version.load(), sizeof(page));
+    UffdResult r = loop.ResolveCopy(f.page, page);
+    EXPECT_TRUE(r.resolved()) << Name(r.code);
+  }
+  void OnEvent(FaultLoop&, UffdEvent& e) override {
+    if (e.kind == UffdEvent::kRemove) removes.fetch_add(1);
+  }
+  std::atomic<int> version{1};
+  std::atomic<int> removes{0};
+};
+
+int TargetMain(Channel& ch, uint64_t features) {
+  static std::atomic<pid_t> signalled{0};
+  struct sigaction sa = {};
+  sa.sa_handler = [](int) { signalled.store(static_cast<pid_t>(syscall(SYS_gettid))); };
+  sa.sa_flags = SA_RESTART;
+  sigaction(SIGUSR1, &sa, nullptr);
+  char* base = static_cast<char*>(mmap(nullptr, kPages * kPageSize, PROT_READ | PROT_WRITE,
+                                       MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+  Userfaultfd::Options o;
+  o.required_features = features;
+  auto u = Userfaultfd::Open(o);
+  if (!u.ok()) return 90;
+  if (!(*u)->Register(reinterpret_cast<uintptr_t>(base), kPages * kPageSize, kRegisterMissing)
+           .ok()) {
+    return 91;
+  }
+  if (!SendFd(ch.fd(), (*u)->fd()).ok()) return 92;
+  ch.Send(reinterpret_cast<uintptr_t>(base));
+  u->reset();
+  for (;;) {
+    uint64_t cmd;
+    if (!ch.TryReceive(&cmd, absl::Hours(1))) return 0;
+    switch (cmd) {
+      case kRead: {
+        uint64_t i = ch.Receive();
+        ch.Send(static_cast<uint64_t>(static_cast<volatile char*>(base)[i * kPageSize]));
+        break;
+      }
+      case kGettid:
+        ch.Send(static_cast<uint64_t>(signalled.load()));
+        break;
+      case kQuit:
+        return 0;
+    }
+  }
+}
+
+class InvalidateTest : public ::testing::Test {
+ protected:
+  void StartTarget(uint64_t features = 0) {
+    child_.emplace(
+        ChildProcess::Start([features](Channel& ch) { return TargetMain(ch, features); }));
+    auto msg = ReceiveMessage(ch().fd(), 8, absl::Now() + kTimeout);
+    ASSERT_TRUE(msg.ok()) << msg.status();
+    Userfaultfd::Options o;
+    o.pid = child_->pid();
+    auto u = Userfaultfd::Adopt(std::move(msg->fd), o);
+    ASSERT_TRUE(u.ok()) << u.status();
+    uffd_ = *std::move(u);
+    base_ = ch().Receive();
+    auto loop = FaultLoop::Start(uffd_.get(), &server_, {});
+    ASSERT_TRUE(loop.ok()) << loop.status();
+    loop_ = *std::move(loop);
+  }
+  void TearDown() override {
+    if (loop_) loop_->Stop();
+  }
+  Channel& ch() { return child_->channel(); }
+  int ReadPage(size_t i) {
+    ch().Send(kRead);
+    ch().Send(i);
+    return static_cast<int>(ch().Receive());
+  }
+  uintptr_t page(size_t i) const { return base_ + i * kPageSize; }
+  std::unique_ptr<InvalidationHelper> InjectHelper(InvalidationHelper::Options o = {}) {
+    auto t = RemoteThread::Seize(child_->pid(), absl::Seconds(5));
+    CHECK(t.ok()) << t.status();
+    auto h = InvalidationHelper::Inject(**t, o);
+    CHECK(h.ok()) << h.status();
+    return *std::move(h);
+  }
+  int ThreadCount() {
+    int n = 0;
+    DIR* d = opendir(("/proc/" + std::to_string(child_->pid()) + "/task").c_str());
+    while (struct dirent* e = readdir(d)) n += e->d_name[0] != '.';
+    closedir(d);
+    return n;
+  }
+  std::string Maps() {
+    std::ifstream in("/proc/" + std::to_string(child_->pid()) + "/maps");
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  }
+
+  std::optional<ChildProcess> child_;
+  std::unique_ptr<Userfaultfd> uffd_;
+  uintptr_t base_ = 0;
+  VersionServer server_;
+  std::unique_ptr<FaultLoop> loop_;
+};
+
+TEST_F(InvalidateTest, HelperMakesRemotePagesFaultAgain) {
+  StartTarget();
+  EXPECT_EQ(ReadPage(0), 1);
+  EXPECT_EQ(ReadPage(5), 1);
+  auto helper = InjectHelper();
+  EXPECT_EQ(ThreadCount(), 2);
+  EXPECT_NE(helper->helper_tid(), 0);
+
+  server_.version = 2;
+  EXPECT_EQ(ReadPage(0), 1);  // Still present.
+  ASSERT_TRUE(helper->Invalidate({page(0)}).ok());
+  EXPECT_EQ(ReadPage(0), 2);  // Faulted again, new contents.
+  EXPECT_EQ(ReadPage(5), 1);  // Untouched.
+
+  // A batch of 64 scattered pages (every other page), some never touched.
+  std::vector<uintptr_t> batch;
+  for (size_t i = 0; i < 64; ++i) {
+    EXPECT_EQ(ReadPage(10 + 2 * i), 2);
+    batch.push_back(page(10 + 2 * i));
+  }
+  EXPECT_EQ(ReadPage(11), 2);
+  server_.version = 3;
+  ASSERT_TRUE(helper->Invalidate(batch).ok());
+  for (size_t i = 0; i < 64; ++i) EXPECT_EQ(ReadPage(10 + 2 * i), 3) << i;
+  EXPECT_EQ(ReadPage(11), 2);  // Between two invalidated pages: untouched.
+
+  // A contiguous range merges into one madvise.
+  server_.version = 4;
+  ASSERT_TRUE(helper->InvalidateRange(page(200), 8 * kPageSize).ok());
+  EXPECT_EQ(ReadPage(203), 4);
+
+  auto s = uffd_->stats().Snap();
+  EXPECT_EQ(s.invalidations, 0u);  // Counted in the helper's own stats here.
+  ch().Send(kQuit);
+  EXPECT_EQ(child_->WaitExitCode(), 0);
+}
+
+TEST_F(InvalidateTest, SharesStatsAndCountsPages) {
+  StartTarget();
+  Stats stats;
+  InvalidationHelper::Options o;
+  o.stats = &stats;
+  auto helper = InjectHelper(o);
+  ReadPage(1);
+  ASSERT_TRUE(helper->Invalidate({page(1), page(2), page(3)}).ok());
+  auto s = stats.Snap();
+  EXPECT_EQ(s.invalidations, 1u);
+  EXPECT_EQ(s.invalidated_pages, 3u);
+  EXPECT_EQ(s.invalidation_latency.count, 1u);
+}
+
+// The program's thread is parked under ptrace (stopped) the whole time: the helper still
+// works, since it is not traced.
+TEST_F(InvalidateTest, WorksWhileTheProgramIsParked) {
+  StartTarget();
+  ReadPage(7);
+  auto t = RemoteThread::Seize(child_->pid(), absl::Seconds(5));
+  ASSERT_TRUE(t.ok());
+  auto helper = InvalidationHelper::Inject(**t, {});
+  ASSERT_TRUE(helper.ok()) << helper.status();
+  server_.version = 9;
+  ASSERT_TRUE((*helper)->Invalidate({page(7)}).ok());  // Main thread still stopped.
+  t->reset();
+  EXPECT_EQ(ReadPage(7), 9);
+}
+
+// Process-directed signals never land on the helper: it blocks all of them.
+TEST_F(InvalidateTest, SignalsGoToTheProgramNotTheHelper) {
+  StartTarget();
+  auto helper = InjectHelper();
+  {
+    std::ifstream in("/proc/" + std::to_string(child_->pid()) + "/task/" +
+                     std::to_string(helper->helper_tid()) + "/status");
+    std::string line;
+    while (std::getline(in, line)) {
+      // Everything but SIGKILL and SIGSTOP, which cannot be blocked.
+      if (line.rfind("SigBlk:", 0) == 0) {
+        EXPECT_EQ(line, "SigBlk:\tfffffffffffbfeff");
+      }
+    }
+  }
+  for (int i = 0; i < 20; ++i) {
+    ASSERT_EQ(kill(child_->pid(), SIGUSR1), 0);
+    ch().Send(kGettid);
+    uint64_t v = 0;
+    if (!ch().TryReceive(&v)) {
+      FAIL() << "child died: " << child_->WaitExitCode() << " at i=" << i;
+    }
+    EXPECT_EQ(static_cast<pid_t>(v), child_->pid());
+  }
+}
+
+// Remove(): the helper exits and its mappings go, as they must before a CRIU dump.
+TEST_F(InvalidateTest, RemoveLeavesNothingBehind) {
+  StartTarget();
+  auto helper = InjectHelper();
+  EXPECT_NE(Maps().find("memfd:stretch-inval"), std::string::npos);
+  auto t = RemoteThread::Seize(child_->pid(), absl::Seconds(5));
+  ASSERT_TRUE(t.ok());
+  ASSERT_TRUE(helper->Remove(**t, absl::Now() + kTimeout).ok());
+  t->reset();
+  EXPECT_EQ(helper->helper_tid(), 0);
+  EXPECT_EQ(ThreadCount(), 1);
+  std::string maps = Maps();
+  EXPECT_EQ(maps.find("memfd:stretch-inval"), std::string::npos) << maps;
+  char addr[32];
+  snprintf(addr, sizeof(addr), "%lx-", helper->remote_code());
+  EXPECT_EQ(maps.find(addr), std::string::npos) << maps;
+  EXPECT_EQ(helper->Invalidate({page(0)}).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(ReadPage(0), 1);  // The program is fine.
+}
+
+TEST_F(InvalidateTest, DestroyingTheHelperEndsItsThread) {
+  StartTarget();
+  InjectHelper().reset();
+  EXPECT_EQ(ThreadCount(), 1);
+}
+
+TEST_F(InvalidateTest, TargetExitIsNotFoundNotAHang) {
+  StartTarget();
+  auto helper = InjectHelper();
+  child_->Kill(SIGKILL);
+  EXPECT_EQ(child_->WaitExitCode(), 128 + SIGKILL);
+  absl::Status s = helper->Invalidate({page(0)});
+  EXPECT_EQ(s.code(), absl::StatusCode::kNotFound) << s;
+}
+
+TEST_F(InvalidateTest, UnmappedPageIsNotFound) {
+  StartTarget();
+  auto helper = InjectHelper();
+  absl::Status s = helper->Invalidate({0x1000});  // Below mmap_min_addr: never mapped.
+  EXPECT_EQ(s.code(), absl::StatusCode::kNotFound) << s;
+  EXPECT_TRUE(helper->Invalidate({page(0)}).ok());  // Still usable.
+}
+
+// With EVENT_REMOVE (as CRIU's uffd has), the helper's madvise raises a REMOVE event and waits
+// until the fault loop has read it; the loop does, and the invalidation completes.
+TEST_F(InvalidateTest, WorksWithEventRemoveOnTheUffd) {
+  StartTarget(UFFD_FEATURE_EVENT_REMOVE);
+  ReadPage(3);
+  auto helper = InjectHelper();
+  server_.version = 5;
+  ASSERT_TRUE(helper->Invalidate({page(3)}).ok());
+  EXPECT_EQ(ReadPage(3), 5);
+  EXPECT_EQ(server_.removes.load(), 1);
+}
+
+TEST_F(InvalidateTest, InjectionFallbackInvalidatesToo) {
+  StartTarget();
+  ReadPage(4);
+  ReadPage(5);
+  ReadPage(9);
+  auto t = RemoteThread::Seize(child_->pid(), absl::Seconds(5));
+  ASSERT_TRUE(t.ok());
+  server_.version = 6;
+  ASSERT_TRUE(InvalidateByInjection(**t, {page(5), page(4), page(9)}).ok());
+  t->reset();
+  EXPECT_EQ(ReadPage(4), 6);
+  EXPECT_EQ(ReadPage(5), 6);
+  EXPECT_EQ(ReadPage(9), 6);
+}
+
+// Shmem: the agent punches a hole into the memfd; the target's MAP_SHARED mapping faults again.
+TEST(PunchHoleTest, InvalidatesAShmemMappingOfAnotherProcess) {
+  UniqueFd memfd(static_cast<int>(syscall(SYS_memfd_create, "region", MFD_CLOEXEC)));
+  ASSERT_EQ(ftruncate(memfd.get(), 4 * kPageSize), 0);
+  ChildProcess child = ChildProcess::Start([&](Channel& ch) {
+    char* m = static_cast<char*>(
+        mmap(nullptr, 4 * kPageSize, PROT_READ | PROT_WRITE, MAP_SHARED, memfd.get(), 0));
+    Userfaultfd::Options o;
+    o.required_features = UFFD_FEATURE_MISSING_SHMEM;
+    auto u = Userfaultfd::Open(o);
+    if (!u.ok() ||
+        !(*u)->Register(reinterpret_cast<uintptr_t>(m), 4 * kPageSize, kRegisterMissing).ok()) {
+      return 1;
+    }
+    if (!SendFd(ch.fd(), (*u)->fd()).ok()) return 2;
+    ch.Send(reinterpret_cast<uintptr_t>(m));
+    u->reset();
+    ch.Receive();
+    ch.Send(static_cast<uint64_t>(static_cast<volatile char*>(m)[kPageSize]));
+    ch.Receive();
+    ch.Send(static_cast<uint64_t>(static_cast<volatile char*>(m)[kPageSize]));
+    return 0;
+  });
+  auto msg = ReceiveMessage(child.channel().fd(), 8, absl::Now() + kTimeout);
+  ASSERT_TRUE(msg.ok());
+  auto u = Userfaultfd::Adopt(std::move(msg->fd), Userfaultfd::Options());
+  ASSERT_TRUE(u.ok());
+  child.channel().Receive();
+  VersionServer server;
+  auto loop = FaultLoop::Start(u->get(), &server, {});
+  ASSERT_TRUE(loop.ok());
+  child.channel().Send(0);
+  EXPECT_EQ(child.channel().Receive(), 1u);
+  server.version = 2;
+  ASSERT_TRUE(PunchHole(memfd.get(), kPageSize, kPageSize).ok());
+  child.channel().Send(0);
+  EXPECT_EQ(child.channel().Receive(), 2u);
+  EXPECT_EQ(child.WaitExitCode(), 0);
+  (*loop)->Stop();
+  EXPECT_EQ((*u)->stats().Snap().faults_missing, 2u);
+}
+
+}  // namespace
+}  // namespace uffd
+}  // namespace stretch
