@@ -24,6 +24,9 @@ DEFINE_string(op_kinds, "lse", "operations the threads may choose: l(oad), s(tor
 DEFINE_bool(symmetry, true,
             "treat worlds that differ only by node names as one state (faster; traces then "
             "rename nodes from step to step, use --nosymmetry for literal traces)");
+DEFINE_bool(per_page_channels, true,
+            "one FIFO channel per (source, destination, page); false: one per (source, "
+            "destination), i.e. messages about different pages stay in order too");
 DEFINE_uint64(max_states, 0, "stop after this many states (0: no limit)");
 DEFINE_int32(max_reports, 3, "violations to describe with a trace");
 DEFINE_bool(coverage, false, "list the transition-table cells the search exercised");
@@ -80,6 +83,7 @@ int main(int argc, char** argv) {
   o.stores = FLAGS_op_kinds.find('s') != std::string::npos;
   o.evicts = FLAGS_op_kinds.find('e') != std::string::npos;
   o.symmetry = FLAGS_symmetry;
+  o.per_page_channels = FLAGS_per_page_channels;
   o.max_states = FLAGS_max_states;
   o.max_reports = FLAGS_max_reports;
   const auto start = std::chrono::steady_clock::now();
@@ -93,9 +97,10 @@ int main(int argc, char** argv) {
   };
   std::printf(
       "model_check: %d nodes x %d pages x %d ops per thread, %d thread(s) per node, "
-      "ops '%s'%s\n",
+      "ops '%s'%s%s\n",
       o.nodes, o.pages, o.ops, o.threads, FLAGS_op_kinds.c_str(),
-      o.symmetry ? ", node symmetry" : "");
+      o.symmetry ? ", node symmetry" : "",
+      o.per_page_channels ? ", FIFO per page" : ", FIFO per endpoint pair");
   std::fflush(stdout);
 
   stretch::coherence::ModelResult r = stretch::coherence::RunModelCheck(o);

@@ -138,9 +138,28 @@ struct World {
   std::vector<std::vector<Msg>> chan;  // [src * E + dst], endpoint N is the directory
 };
 
+// Channel numbering: one FIFO per ordered pair of endpoints, or per (pair, page) when
+// ModelOptions::per_page_channels. Endpoint N is the directory.
+class Channels {
+ public:
+  explicit Channels(const ModelOptions& o)
+      : e_(o.nodes + 1), lanes_(o.per_page_channels ? o.pages : 1) {}
+  int count() const { return e_ * e_ * lanes_; }
+  int lanes() const { return lanes_; }
+  int Index(int src, int dst, int page) const {
+    return (src * e_ + dst) * lanes_ + (lanes_ == 1 ? 0 : page);
+  }
+  int Src(int c) const { return c / lanes_ / e_; }
+  int Dst(int c) const { return c / lanes_ % e_; }
+
+ private:
+  int e_;
+  int lanes_;
+};
+
 class Codec {
  public:
-  explicit Codec(const ModelOptions& o) : o_(o), e_(o.nodes + 1) {}
+  explicit Codec(const ModelOptions& o) : o_(o), e_(o.nodes + 1), ch_(o) {}
 
   // The canonical encoding of `w`: with symmetry reduction, the smallest encoding over the
   // node renamings that list nodes in the order of their local state (all nodes run the same
@@ -255,15 +274,17 @@ class Codec {
     for (int js = 0; js < e_; ++js) {
       for (int jd = 0; jd < e_; ++jd) {
         if (js == jd) continue;
-        const std::vector<Msg>& q = w.chan[endpoint(js) * e_ + endpoint(jd)];
-        put(q.size());
-        for (const Msg& m : q) {
-          put(static_cast<uint8_t>(m.op));
-          put(m.flags);
-          put(id(NodeId(m.requester)));
-          put(m.ack_count);
-          put(m.page | m.fresh << 4);
-          put(m.version);
+        for (int lane = 0; lane < ch_.lanes(); ++lane) {
+          const std::vector<Msg>& q = w.chan[ch_.Index(endpoint(js), endpoint(jd), lane)];
+          put(q.size());
+          for (const Msg& m : q) {
+            put(static_cast<uint8_t>(m.op));
+            put(m.flags);
+            put(id(NodeId(m.requester)));
+            put(m.ack_count);
+            put(m.page | m.fresh << 4);
+            put(m.version);
+          }
         }
       }
     }
@@ -323,11 +344,11 @@ class Codec {
       }
       w->home[p] = get();
     }
-    w->chan.resize(e_ * e_);
-    for (int c = 0; c < e_ * e_; ++c) {
+    w->chan.resize(ch_.count());
+    for (int c = 0; c < ch_.count(); ++c) {
       std::vector<Msg>& q = w->chan[c];
       q.clear();
-      if (c / e_ == c % e_) continue;
+      if (ch_.Src(c) == ch_.Dst(c)) continue;
       for (int n = get(); n > 0; --n) {
         Msg m;
         m.op = static_cast<CohOp>(get());
@@ -347,6 +368,7 @@ class Codec {
  private:
   const ModelOptions& o_;
   const int e_;
+  const Channels ch_;
   // Scratch space (Encode is not reentrant).
   std::vector<int> order_, rename_;
   std::vector<std::string> sig_;
@@ -358,7 +380,7 @@ class Codec {
 
 class Sim {
  public:
-  Sim(const ModelOptions& o, World* w) : o_(o), w_(*w), e_(o.nodes + 1) {}
+  Sim(const ModelOptions& o, World* w) : o_(o), w_(*w), e_(o.nodes + 1), ch_(o) {}
 
   // The first violation of this transition ("" if none).
   const std::string& violation() const { return violation_; }
@@ -401,8 +423,8 @@ class Sim {
     std::vector<Msg>& q = w_.chan[c];
     const Msg msg = q.front();
     q.erase(q.begin());
-    const int src = c / e_;
-    const int dst = c % e_;
+    const int src = ch_.Src(c);
+    const int dst = ch_.Dst(c);
     const int p = msg.page;
     const std::optional<bool> value =
         (msg.flags & wire::kCohHasData) ? std::optional<bool>(msg.fresh) : std::nullopt;
@@ -586,7 +608,7 @@ class Sim {
     out.ForEachDestination([&](NodeId d) {
       const int dst = d == wire::kServerEndpoint ? o_.nodes : static_cast<int>(d.value());
       if (dst > o_.nodes || dst == from) return Fail("message to a bad endpoint");
-      w_.chan[from * e_ + dst].push_back(m);
+      w_.chan[ch_.Index(from, dst, p)].push_back(m);
     });
   }
 
@@ -684,13 +706,14 @@ class Sim {
     }
   }
 
-  const ModelOptions& o_;
-  World& w_;
-  const int e_;
   static int NodeCell(NodeState s, NodeEventType e) {
     return static_cast<int>(s) * kNumNodeEvents + static_cast<int>(e);
   }
 
+  const ModelOptions& o_;
+  World& w_;
+  const int e_;
+  const Channels ch_;
   std::string violation_;
   std::vector<int> cells_;
 };
@@ -720,7 +743,7 @@ class Checker {
     init.thread.resize(o_.nodes * o_.threads);
     init.dpage.resize(o_.pages);
     init.home.assign(o_.pages, 1);  // the initial contents are the latest "write"
-    init.chan.resize(e_ * e_);
+    init.chan.resize(Channels(o_).count());
     std::string bytes;
     codec_.Encode(init, &bytes);
     const uint64_t root = store_.Insert(bytes).first;
@@ -843,7 +866,7 @@ class Checker {
       }
     }
     std::vector<int> busy;
-    for (int c = 0; c < e_ * e_; ++c) {
+    for (int c = 0; c < static_cast<int>(w.chan.size()); ++c) {
       if (!w.chan[c].empty()) busy.push_back(c);
     }
     for (auto [n, t] : ready) {
@@ -863,8 +886,8 @@ class Checker {
         const Msg& m = w_.chan[c].front();
         Sim names(o_, &w_);
         label = absl::StrFormat(
-            "deliver %s -> %s: %s%s p%d v%d%s", names.EndpointName(c / e_),
-            names.EndpointName(c % e_), wire::Name(m.op),
+            "deliver %s -> %s: %s%s p%d v%d%s", names.EndpointName(Channels(o_).Src(c)),
+            names.EndpointName(Channels(o_).Dst(c)), wire::Name(m.op),
             (m.flags & wire::kCohWritable) ? "(M)" : "", m.page, m.version,
             (m.flags & wire::kCohHasData) ? (m.fresh ? " data=latest" : " data=OLD") : "");
         if (m.ack_count) absl::StrAppend(&label, " acks=", m.ack_count);

@@ -5,8 +5,9 @@
 // deduplication (every distinct state is stored and expanded once).
 //
 // The world:
-//   - Each ordered pair of endpoints has one FIFO channel; any non-empty channel may deliver
-//     its head next (arbitrary interleaving across channels).
+//   - Each ordered pair of endpoints has one FIFO channel per page (or one for all pages, see
+//     per_page_channels); any non-empty channel may deliver its head next (arbitrary
+//     interleaving across channels).
 //   - Each thread runs K operations chosen nondeterministically at each step (so every program
 //     of length K is covered): Load(p), Store(p) of a value unique to that operation, or
 //     Evict(p). An access that the local copy allows is performed at once; otherwise it is a
@@ -50,6 +51,10 @@ struct ModelOptions {
   // its line state. Switched off only to show that the per-read sequential-consistency check
   // catches a bug on its own (mutation_test.cc).
   bool check_state_invariants = true;
+  // One FIFO channel per (source, destination, page) instead of per (source, destination):
+  // messages about different pages may overtake each other. The protocol only needs order
+  // per page, and the engine may then defer or parallelize work per page.
+  bool per_page_channels = true;
   // Treat worlds that differ only by a renaming of the nodes as one state (sound: nodes are
   // interchangeable). Off: traces name the nodes literally.
   bool symmetry = true;
