@@ -17,13 +17,17 @@
 namespace stretch {
 namespace uffd {
 
-void Channel::Send(uint64_t value) const {
+bool Channel::TrySend(uint64_t value) const {
   ssize_t n;
   do {
     n = send(fd_.get(), &value, sizeof(value), MSG_NOSIGNAL);
   } while (n < 0 && errno == EINTR);
+  if (n < 0 && (errno == EPIPE || errno == ECONNRESET)) return false;
   PCHECK(n == sizeof(value)) << "Channel::Send";
+  return true;
 }
+
+void Channel::Send(uint64_t value) const { CHECK(TrySend(value)) << "Channel::Send: peer gone"; }
 
 bool Channel::TryReceive(uint64_t* value, absl::Duration timeout) const {
   absl::Time deadline = absl::Now() + timeout;

@@ -32,6 +32,8 @@ class Channel {
   explicit Channel(UniqueFd fd) : fd_(std::move(fd)) {}
   int fd() const { return fd_.get(); }
   void Send(uint64_t value) const;
+  // Like Send, but returns false if the peer is gone.
+  bool TrySend(uint64_t value) const;
   uint64_t Receive(absl::Duration timeout = absl::Seconds(30)) const;
   // Like Receive, but returns false at end of stream (the peer exited).
   bool TryReceive(uint64_t* value, absl::Duration timeout = absl::Seconds(30)) const;

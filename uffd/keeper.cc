@@ -1,0 +1,303 @@
+#include "uffd/keeper.h"
+
+#include <errno.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "core/status.h"
+#include "glog/logging.h"
+
+namespace stretch {
+namespace uffd {
+namespace {
+
+enum : uint32_t { kReady = 1, kGuard = 2, kRelease = 3, kCount = 4 };
+
+struct Request {
+  uint32_t op;
+  int32_t pid;
+};
+struct Reply {
+  int32_t value;  // >= 0: success (kCount: the count); < 0: -errno
+};
+
+// Sends `msg` with up to two descriptors. Async-signal-safe (the keeper uses it too).
+ssize_t SendWithFds(int sock, const void* msg, size_t len, int fd1, int fd2) {
+  struct iovec iov = {const_cast<void*>(msg), len};
+  alignas(struct cmsghdr) char control[CMSG_SPACE(2 * sizeof(int))];
+  memset(control, 0, sizeof(control));
+  struct msghdr m;
+  memset(&m, 0, sizeof(m));
+  m.msg_iov = &iov;
+  m.msg_iovlen = 1;
+  const int nfds = (fd1 >= 0) + (fd2 >= 0);
+  if (nfds > 0) {
+    int fds[2] = {fd1 >= 0 ? fd1 : fd2, fd2};
+    m.msg_control = control;
+    m.msg_controllen = CMSG_SPACE(nfds * sizeof(int));
+    struct cmsghdr* c = CMSG_FIRSTHDR(&m);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(nfds * sizeof(int));
+    memcpy(CMSG_DATA(c), fds, nfds * sizeof(int));
+  }
+  ssize_t n;
+  do {
+    n = sendmsg(sock, &m, MSG_NOSIGNAL);
+  } while (n < 0 && errno == EINTR);
+  return n;
+}
+
+// ---- The keeper process. Everything below runs in the forked child of a possibly
+// multithreaded agent: system calls and stack memory only (no malloc, no locks, no logging).
+
+struct Guarded {
+  pid_t pid;
+  int pidfd;
+  int uffd;
+};
+
+void SendReply(int sock, int32_t value) {
+  struct Reply r = {value};
+  SendWithFds(sock, &r, sizeof(r), -1, -1);
+}
+
+void Drop(Guarded* targets, int* n, int i) {
+  close(targets[i].pidfd);
+  close(targets[i].uffd);
+  targets[i] = targets[--*n];
+}
+
+// The agent is gone: kill every guarded target, wait until each has exited (so no thread of
+// it runs with the ranges unregistered), then exit, which drops the uffd references.
+[[noreturn]] void KillAllAndExit(Guarded* targets, int n) {
+  for (int i = 0; i < n; ++i) syscall(SYS_pidfd_send_signal, targets[i].pidfd, SIGKILL, nullptr, 0);
+  for (int round = 0; round < 100 && n > 0; ++round) {  // 100 x 100 ms at most
+    struct pollfd fds[Keeper::kMaxTargets];
+    for (int i = 0; i < n; ++i) fds[i] = {targets[i].pidfd, POLLIN, 0};
+    poll(fds, n, 100);
+    for (int i = n - 1; i >= 0; --i) {
+      if (fds[i].revents != 0) Drop(targets, &n, i);
+    }
+  }
+  _exit(n == 0 ? 0 : 1);
+}
+
+[[noreturn]] void KeeperMain(int sock, pid_t agent) {
+  setsid();  // Out of the agent's process group and terminal: Ctrl-C does not reach us.
+  struct sigaction ignore;
+  memset(&ignore, 0, sizeof(ignore));
+  ignore.sa_handler = SIG_IGN;
+  for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGPIPE, SIGUSR1, SIGUSR2}) {
+    sigaction(sig, &ignore, nullptr);
+  }
+  prctl(PR_SET_NAME, "stretch-keeper");
+  // Keep stdio and the socket; every other descriptor of the agent is closed.
+  if (sock > 3) syscall(SYS_close_range, 3, sock - 1, 0);
+  syscall(SYS_close_range, sock + 1, ~0U, 0);
+  int agent_fd = static_cast<int>(syscall(SYS_pidfd_open, agent, 0));
+  if (agent_fd < 0 || getppid() != agent) _exit(2);  // The agent died before we watched it.
+  SendReply(sock, kReady);
+
+  Guarded targets[Keeper::kMaxTargets];
+  int n = 0;
+  for (;;) {
+    struct pollfd fds[2 + Keeper::kMaxTargets];
+    fds[0] = {sock, POLLIN, 0};
+    fds[1] = {agent_fd, POLLIN, 0};
+    for (int i = 0; i < n; ++i) fds[2 + i] = {targets[i].pidfd, POLLIN, 0};
+    if (poll(fds, 2 + n, 1000) < 0) continue;
+    if (fds[1].revents != 0) KillAllAndExit(targets, n);
+    for (int i = n - 1; i >= 0; --i) {
+      if (fds[2 + i].revents != 0) Drop(targets, &n, i);  // Exited on its own.
+    }
+    if (fds[0].revents == 0) continue;
+    struct Request req;
+    struct iovec iov = {&req, sizeof(req)};
+    alignas(struct cmsghdr) char control[CMSG_SPACE(2 * sizeof(int))];
+    struct msghdr m;
+    memset(&m, 0, sizeof(m));
+    m.msg_iov = &iov;
+    m.msg_iovlen = 1;
+    m.msg_control = control;
+    m.msg_controllen = sizeof(control);
+    ssize_t got = recvmsg(sock, &m, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
+    if (got < 0 && (errno == EAGAIN || errno == EINTR)) continue;
+    if (got <= 0) KillAllAndExit(targets, n);  // Socket closed: the agent is done with us.
+    int fds_in[2] = {-1, -1};
+    int nfds_in = 0;
+    for (struct cmsghdr* c = CMSG_FIRSTHDR(&m); c != nullptr; c = CMSG_NXTHDR(&m, c)) {
+      if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+      int count = static_cast<int>((c->cmsg_len - CMSG_LEN(0)) / sizeof(int));
+      for (int i = 0; i < count; ++i) {
+        int fd;
+        memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+        if (nfds_in < 2) {
+          fds_in[nfds_in++] = fd;
+        } else {
+          close(fd);
+        }
+      }
+    }
+    if (got != sizeof(req)) {
+      for (int i = 0; i < nfds_in; ++i) close(fds_in[i]);
+      SendReply(sock, -EINVAL);
+      continue;
+    }
+    switch (req.op) {
+      case kGuard:
+        if (nfds_in != 2) {
+          for (int i = 0; i < nfds_in; ++i) close(fds_in[i]);
+          SendReply(sock, -EINVAL);
+        } else if (n == Keeper::kMaxTargets) {
+          close(fds_in[0]);
+          close(fds_in[1]);
+          SendReply(sock, -ENOSPC);
+        } else {
+          targets[n++] = {req.pid, fds_in[0], fds_in[1]};
+          SendReply(sock, n);
+        }
+        break;
+      case kRelease: {
+        for (int i = 0; i < nfds_in; ++i) close(fds_in[i]);
+        int found = -1;
+        for (int i = 0; i < n; ++i) {
+          if (targets[i].pid == req.pid) found = i;
+        }
+        if (found < 0) {
+          SendReply(sock, -ESRCH);
+        } else {
+          Drop(targets, &n, found);
+          SendReply(sock, n);
+        }
+        break;
+      }
+      case kCount:
+        for (int i = 0; i < nfds_in; ++i) close(fds_in[i]);
+        SendReply(sock, n);
+        break;
+      default:
+        for (int i = 0; i < nfds_in; ++i) close(fds_in[i]);
+        SendReply(sock, -EINVAL);
+    }
+  }
+}
+
+// Waits for one reply on the agent side.
+absl::StatusOr<int32_t> ReadReply(int sock, absl::Time deadline) {
+  for (;;) {
+    absl::Duration left = deadline - absl::Now();
+    int ms =
+        left <= absl::ZeroDuration()
+            ? 0
+            : static_cast<int>(absl::ToInt64Milliseconds(absl::Ceil(left, absl::Milliseconds(1))));
+    struct pollfd p = {sock, POLLIN, 0};
+    int r = poll(&p, 1, ms);
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) return ErrnoStatus(errno, "poll on the keeper socket");
+    if (r == 0) return absl::DeadlineExceededError("the keeper did not answer in time");
+    struct Reply reply;
+    ssize_t n = recv(sock, &reply, sizeof(reply), MSG_DONTWAIT);
+    if (n < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+    if (n != sizeof(reply)) return absl::UnavailableError("the keeper is gone");
+    return reply.value;
+  }
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Keeper>> Keeper::Start(absl::Duration timeout) {
+  int sv[2];
+  if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) != 0) {
+    return ErrnoStatus(errno, "socketpair for the keeper");
+  }
+  const pid_t agent = getpid();
+  const pid_t pid = fork();
+  if (pid < 0) {
+    int err = errno;
+    close(sv[0]);
+    close(sv[1]);
+    return ErrnoStatus(err, "fork of the keeper");
+  }
+  if (pid == 0) {
+    close(sv[0]);
+    KeeperMain(sv[1], agent);
+  }
+  close(sv[1]);
+  std::unique_ptr<Keeper> k(new Keeper(pid, UniqueFd(sv[0])));
+  absl::MutexLock l(&k->mu_);
+  absl::StatusOr<int32_t> ready = ReadReply(k->sock_.get(), absl::Now() + timeout);
+  if (!ready.ok() || *ready != kReady) {
+    kill(pid, SIGKILL);
+    return Annotate(ready.ok() ? absl::InternalError("unexpected first message") : ready.status(),
+                    "starting the keeper");
+  }
+  LOG(INFO) << "keeper " << pid << " watches agent " << agent;
+  return k;
+}
+
+Keeper::~Keeper() {
+  {
+    absl::MutexLock l(&mu_);
+    sock_.reset();
+  }
+  // It kills what is still guarded, waits for those to exit (bounded), then exits.
+  const absl::Time deadline = absl::Now() + absl::Seconds(15);
+  for (;;) {
+    pid_t r = waitpid(pid_, nullptr, WNOHANG);
+    if (r == pid_ || (r < 0 && errno == ECHILD)) return;
+    if (absl::Now() >= deadline) {
+      LOG(ERROR) << "keeper " << pid_ << " did not exit";
+      return;
+    }
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+}
+
+absl::StatusOr<int32_t> Keeper::Request(uint32_t op, int32_t pid, int fd1, int fd2,
+                                        absl::Time deadline) {
+  if (!sock_.valid()) return absl::FailedPreconditionError("the keeper was stopped");
+  struct Request req = {op, pid};
+  if (SendWithFds(sock_.get(), &req, sizeof(req), fd1, fd2) != sizeof(req)) {
+    return ErrnoStatus(errno, "send to the keeper");
+  }
+  return ReadReply(sock_.get(), deadline);
+}
+
+absl::Status Keeper::Guard(const Pidfd& target, int uffd, absl::Time deadline) {
+  absl::MutexLock l(&mu_);
+  STRETCH_ASSIGN_OR_RETURN(int32_t r, Request(kGuard, target.pid(), target.fd(), uffd, deadline));
+  if (r == -ENOSPC) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("the keeper already guards ", kMaxTargets, " targets"));
+  }
+  if (r < 0) return ErrnoStatus(-r, absl::StrCat("keeper: guard pid ", target.pid()));
+  return absl::OkStatus();
+}
+
+absl::Status Keeper::Release(pid_t pid, absl::Time deadline) {
+  absl::MutexLock l(&mu_);
+  STRETCH_ASSIGN_OR_RETURN(int32_t r, Request(kRelease, pid, -1, -1, deadline));
+  if (r == -ESRCH) return absl::NotFoundError(absl::StrCat("keeper: pid ", pid, " not guarded"));
+  if (r < 0) return ErrnoStatus(-r, absl::StrCat("keeper: release pid ", pid));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int> Keeper::GuardedCount(absl::Time deadline) {
+  absl::MutexLock l(&mu_);
+  STRETCH_ASSIGN_OR_RETURN(int32_t r, Request(kCount, 0, -1, -1, deadline));
+  if (r < 0) return ErrnoStatus(-r, "keeper: count");
+  return r;
+}
+
+}  // namespace uffd
+}  // namespace stretch

@@ -1,0 +1,190 @@
+#include "uffd/keeper.h"
+
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstring>
+
+#include "absl/time/clock.h"
+#include "core/page.h"
+#include "glog/logging.h"
+#include "gtest/gtest.h"
+#include "uffd/fault_loop.h"
+#include "uffd/process.h"
+#include "uffd/test_util.h"
+#include "uffd/userfaultfd.h"
+
+namespace stretch {
+namespace uffd {
+namespace {
+
+constexpr absl::Duration kTimeout = absl::Seconds(30);
+constexpr uint64_t kRead = 1;
+constexpr uint64_t kPing = 2;
+
+// A target whose 4 registered pages are served by whoever holds its uffd. It reads a page on
+// request and answers with the value read.
+ChildProcess StartTarget(UniqueFd* uffd) {
+  ChildProcess t = ChildProcess::Start([](Channel& ch) {
+    char* base = static_cast<char*>(
+        mmap(nullptr, 4 * kPageSize, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+    auto u = Userfaultfd::Open({});
+    if (!u.ok() ||
+        !(*u)->Register(reinterpret_cast<uintptr_t>(base), 4 * kPageSize, kRegisterMissing).ok()) {
+      return 90;
+    }
+    if (!SendFd(ch.fd(), (*u)->fd()).ok()) return 91;
+    u->reset();
+    for (;;) {
+      uint64_t cmd;
+      if (!ch.TryReceive(&cmd, absl::Hours(1))) return 0;
+      if (cmd == kRead) {
+        uint64_t i = ch.Receive();
+        ch.Send(static_cast<uint64_t>(static_cast<volatile char*>(base)[i * kPageSize]));
+      } else {
+        ch.Send(cmd);
+      }
+    }
+  });
+  auto msg = ReceiveMessage(t.channel().fd(), 8, absl::Now() + kTimeout);
+  CHECK(msg.ok()) << msg.status();
+  *uffd = std::move(msg->fd);
+  return t;
+}
+
+class Filler : public FaultHandler {
+ public:
+  void OnFault(FaultLoop& loop, const Fault& f) override {
+    char page[kPageSize];
+    memset(page, 0x5a, sizeof(page));
+    loop.ResolveCopy(f.page, page);
+  }
+};
+
+// An agent process: adopts the uffd it is sent, optionally puts it under a keeper, serves
+// faults, reports the keeper's pid (0 without one) and waits to be killed.
+ChildProcess StartAgent(pid_t target, bool with_keeper) {
+  return ChildProcess::Start([=](Channel& ch) {
+    auto m = ReceiveMessage(ch.fd(), 8, absl::Now() + kTimeout);
+    if (!m.ok()) return 80;
+    auto u = Userfaultfd::Adopt(std::move(m->fd), Userfaultfd::Options());
+    if (!u.ok()) return 81;
+    std::unique_ptr<Keeper> keeper;
+    if (with_keeper) {
+      auto k = Keeper::Start(kTimeout);
+      auto pidfd = Pidfd::Open(target);
+      if (!k.ok() || !pidfd.ok()) return 82;
+      if (!(*k)->Guard(*pidfd, (*u)->fd(), absl::Now() + kTimeout).ok()) return 83;
+      keeper = *std::move(k);
+    }
+    Filler filler;
+    auto loop = FaultLoop::Start(u->get(), &filler, {});
+    if (!loop.ok()) return 84;
+    ch.Send(keeper ? keeper->pid() : 0);
+    for (;;) pause();
+  });
+}
+
+uint64_t ReadPage(ChildProcess& t, uint64_t i) {
+  t.channel().Send(kRead);
+  t.channel().Send(i);
+  return t.channel().Receive();
+}
+
+// The agent is SIGKILLed. Without a keeper the kernel drops the registration and the target
+// reads a zero page where it should have faulted (the hazard); with one, the target dies
+// instead, and never answers.
+TEST(KeeperTest, WithoutAKeeperTheTargetSilentlyReadsZeros) {
+  UniqueFd uffd;
+  ChildProcess target = StartTarget(&uffd);
+  ChildProcess agent = StartAgent(target.pid(), /*with_keeper=*/false);
+  ASSERT_TRUE(SendFd(agent.channel().fd(), uffd.get()).ok());
+  uffd.reset();
+  EXPECT_EQ(agent.channel().Receive(), 0u);
+  EXPECT_EQ(ReadPage(target, 0), 0x5au);
+  agent.Kill(SIGKILL);
+  EXPECT_EQ(agent.WaitExitCode(), 128 + SIGKILL);
+  EXPECT_EQ(ReadPage(target, 1), 0u);  // Unfetched page, read as zero: silent corruption.
+}
+
+TEST(KeeperTest, KillingTheAgentKillsTheTargetInsteadOfLettingItReadZeros) {
+  ASSERT_EQ(prctl(PR_SET_CHILD_SUBREAPER, 1), 0);  // The orphaned keeper comes back to us.
+  UniqueFd uffd;
+  ChildProcess target = StartTarget(&uffd);
+  ChildProcess agent = StartAgent(target.pid(), /*with_keeper=*/true);
+  ASSERT_TRUE(SendFd(agent.channel().fd(), uffd.get()).ok());
+  uffd.reset();
+  pid_t keeper = static_cast<pid_t>(agent.channel().Receive());
+  ASSERT_GT(keeper, 0);
+  EXPECT_EQ(ReadPage(target, 0), 0x5au);
+
+  agent.Kill(SIGKILL);
+  EXPECT_EQ(agent.WaitExitCode(), 128 + SIGKILL);
+  // The keeper may kill the target before it is even asked: either way it must not answer.
+  uint64_t value = 0;
+  if (target.channel().TrySend(kRead) && target.channel().TrySend(1)) {
+    EXPECT_FALSE(target.channel().TryReceive(&value, kTimeout)) << "the target read " << value;
+  }
+  EXPECT_EQ(target.WaitExitCode(), 128 + SIGKILL);
+  // The keeper exits after the target is gone.
+  int status = 0;
+  absl::Time deadline = absl::Now() + kTimeout;
+  pid_t r;
+  while ((r = waitpid(keeper, &status, WNOHANG)) == 0 && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  EXPECT_EQ(r, keeper);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+}
+
+TEST(KeeperTest, ReleaseLetsTheTargetLive) {
+  UniqueFd uffd;
+  ChildProcess target = StartTarget(&uffd);
+  auto keeper = Keeper::Start(kTimeout);
+  ASSERT_TRUE(keeper.ok()) << keeper.status();
+  auto pidfd = Pidfd::Open(target.pid());
+  ASSERT_TRUE(pidfd.ok());
+  const absl::Time deadline = absl::Now() + kTimeout;
+  ASSERT_TRUE((*keeper)->Guard(*pidfd, uffd.get(), deadline).ok());
+  EXPECT_EQ(*(*keeper)->GuardedCount(deadline), 1);
+  ASSERT_TRUE((*keeper)->Release(target.pid(), deadline).ok());
+  EXPECT_EQ(*(*keeper)->GuardedCount(deadline), 0);
+  EXPECT_EQ((*keeper)->Release(target.pid(), deadline).code(), absl::StatusCode::kNotFound);
+  keeper->reset();
+  target.channel().Send(kPing);
+  EXPECT_EQ(target.channel().Receive(), kPing);
+}
+
+TEST(KeeperTest, DestroyingTheKeeperKillsWhatItStillGuards) {
+  UniqueFd uffd;
+  ChildProcess target = StartTarget(&uffd);
+  auto keeper = Keeper::Start(kTimeout);
+  ASSERT_TRUE(keeper.ok());
+  auto pidfd = Pidfd::Open(target.pid());
+  ASSERT_TRUE((*keeper)->Guard(*pidfd, uffd.get(), absl::Now() + kTimeout).ok());
+  keeper->reset();
+  EXPECT_EQ(target.WaitExitCode(), 128 + SIGKILL);
+}
+
+TEST(KeeperTest, ATargetThatExitsIsDropped) {
+  UniqueFd uffd;
+  ChildProcess target = StartTarget(&uffd);
+  auto keeper = Keeper::Start(kTimeout);
+  ASSERT_TRUE(keeper.ok());
+  auto pidfd = Pidfd::Open(target.pid());
+  ASSERT_TRUE((*keeper)->Guard(*pidfd, uffd.get(), absl::Now() + kTimeout).ok());
+  target.Kill(SIGTERM);
+  EXPECT_EQ(target.WaitExitCode(), 128 + SIGTERM);
+  absl::Time deadline = absl::Now() + kTimeout;
+  while (*(*keeper)->GuardedCount(deadline) != 0) {
+    ASSERT_LT(absl::Now(), deadline);
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+}
+
+}  // namespace
+}  // namespace uffd
+}  // namespace stretch
