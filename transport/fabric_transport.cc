@@ -1,0 +1,1563 @@
+#include "transport/fabric_transport.h"
+
+#include <errno.h>
+#include <poll.h>
+#include <rdma/fabric.h>
+#include <rdma/fi_cm.h>
+#include <rdma/fi_domain.h>
+#include <rdma/fi_endpoint.h>
+#include <rdma/fi_eq.h>
+#include <rdma/fi_errno.h>
+#include <rdma/fi_rma.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <random>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "core/status.h"
+#include "core/unique_fd.h"
+#include "glog/logging.h"
+#include "transport/inet_address.h"
+
+namespace stretch::transport {
+
+void ConfigureLibfabricEnvironment() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    // libfabric's MR cache watches registered memory for unmaps with a "monitor"; its default
+    // on Linux is a userfaultfd monitor that registers cached ranges with a userfaultfd of its
+    // own (and "memhooks" patches malloc/munmap process-wide). Stretch's own userfaultfd
+    // handles the application's memory: a second uffd registration of the same range fails
+    // with EBUSY, and libfabric's monitor thread would consume faults meant for Stretch. The
+    // transport registers only its own long-lived buffers (and RMA regions the caller
+    // manages), so it needs no cache: disable it, unless the user chose a monitor explicitly.
+    // This must run before libfabric's first fi_getinfo, which reads the variable once.
+    setenv("FI_MR_CACHE_MONITOR", "disabled", /*overwrite=*/0);
+  });
+}
+
+namespace {
+
+constexpr uint32_t kFiVersion = FI_VERSION(1, 17);
+
+// ---- Frames ---------------------------------------------------------------------------------
+// Every network message is a FrameHeader followed by `length` bytes. Integers are in host
+// order: rxm itself requires peers of the same endianness.
+enum class FrameType : uint8_t {
+  kHello = 1,      // connector -> listener: HelloBody; dst_peer 0
+  kHelloAck = 2,   // listener -> connector: AckBody
+  kData = 3,       // one fragment of a message (sequenced)
+  kHeartbeat = 4,  // liveness only (not sequenced)
+  kBye = 5,        // orderly disconnect (sequenced: after all data)
+};
+constexpr uint8_t kFirst = 1;
+constexpr uint8_t kLast = 2;
+constexpr uint32_t kFrameMagic = 0x46525453;  // "STRF"
+constexpr uint8_t kFrameVersion = 1;
+
+struct FrameHeader {
+  uint32_t magic;
+  uint8_t version;
+  uint8_t type;
+  uint8_t flags;
+  uint8_t reserved;
+  uint64_t dst_peer;         // the receiver's PeerId for the sender (0 in HELLO)
+  uint64_t src_incarnation;  // random per transport instance
+  uint64_t seq;              // per-peer sequence of kData/kBye frames, from 1
+  uint32_t total_length;     // message length (kData with kFirst)
+  uint32_t length;           // bytes after the header
+};
+static_assert(sizeof(FrameHeader) == 40);
+constexpr size_t kHeaderSize = sizeof(FrameHeader);
+
+struct HelloBody {
+  uint64_t src_peer;  // the connector's PeerId for the listener
+  uint32_t rx_size;   // the connector's receive buffer size (largest frame it accepts)
+  uint8_t addr_len;
+  uint8_t reserved[3];
+  uint8_t addr[EndpointAddress::kMaxSize];  // the connector's listening address
+};
+struct AckBody {
+  uint64_t src_peer;  // the listener's PeerId for the connector
+  uint32_t rx_size;
+  uint32_t reserved;
+};
+
+constexpr size_t kMinFrame = 256;
+// Frames that may wait for a missing earlier one (providers may complete out of order).
+constexpr size_t kMaxHeldFrames = 4096;
+constexpr absl::Duration kHelloResend = absl::Milliseconds(250);
+constexpr absl::Duration kHelloMaxBackoff = absl::Milliseconds(200);
+constexpr int kCqBatch = 16;
+
+const char* FrameName(uint8_t type) {
+  switch (static_cast<FrameType>(type)) {
+    case FrameType::kHello:
+      return "HELLO";
+    case FrameType::kHelloAck:
+      return "HELLO_ACK";
+    case FrameType::kData:
+      return "DATA";
+    case FrameType::kHeartbeat:
+      return "HEARTBEAT";
+    case FrameType::kBye:
+      return "BYE";
+  }
+  return "unknown";
+}
+
+absl::StatusCode FiCode(int err) {
+  switch (err) {
+    case FI_EAGAIN:
+    case FI_ECONNREFUSED:
+    case FI_ECONNRESET:
+    case FI_ECONNABORTED:
+    case FI_ENOTCONN:
+    case FI_EHOSTUNREACH:
+    case FI_ESHUTDOWN:
+    case FI_ETIMEDOUT:
+      return absl::StatusCode::kUnavailable;
+    case FI_ENODATA:
+    case FI_ENOSYS:
+    case FI_EOPNOTSUPP:
+      return absl::StatusCode::kFailedPrecondition;
+    case FI_EINVAL:
+    case FI_EBADFLAGS:
+    case FI_EMSGSIZE:
+      return absl::StatusCode::kInvalidArgument;
+    case FI_ENOMEM:
+    case FI_ENOSPC:
+      return absl::StatusCode::kResourceExhausted;
+    case FI_EACCES:
+    case FI_EPERM:
+      return absl::StatusCode::kPermissionDenied;
+    case FI_ECANCELED:
+      return absl::StatusCode::kCancelled;
+    default:
+      return absl::StatusCode::kInternal;
+  }
+}
+
+// "<context>: <fi_strerror> (-<n>)" for a libfabric return value rc < 0.
+absl::Status FiStatus(int rc, absl::string_view context) {
+  int err = rc < 0 ? -rc : rc;
+  return absl::Status(FiCode(err), absl::StrCat(context, ": ", fi_strerror(err), " (-", err, ")"));
+}
+
+// Owns one libfabric object and fi_close()s it.
+template <typename T>
+class Fid {
+ public:
+  Fid() = default;
+  Fid(const Fid&) = delete;
+  Fid& operator=(const Fid&) = delete;
+  ~Fid() { reset(); }
+
+  T* get() const { return p_; }
+  T** out() {
+    reset();
+    return &p_;
+  }
+  explicit operator bool() const { return p_ != nullptr; }
+  void reset() {
+    if (p_ == nullptr) return;
+    int rc = fi_close(&p_->fid);
+    if (rc != 0) LOG(ERROR) << "fi_close: " << fi_strerror(-rc);
+    p_ = nullptr;
+  }
+
+ private:
+  T* p_ = nullptr;
+};
+
+struct FiInfoDeleter {
+  void operator()(fi_info* info) const { fi_freeinfo(info); }
+};
+using FiInfoPtr = std::unique_ptr<fi_info, FiInfoDeleter>;
+
+// Anonymous private memory (page-aligned, populated: FI_MR_ALLOCATED).
+class Slab {
+ public:
+  Slab() = default;
+  Slab(const Slab&) = delete;
+  Slab& operator=(const Slab&) = delete;
+  ~Slab() {
+    if (base_ != nullptr) munmap(base_, size_);
+  }
+  absl::Status Allocate(size_t size) {
+    void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
+    if (p == MAP_FAILED) return ErrnoStatus(errno, absl::StrCat("mmap of ", size, " bytes"));
+    base_ = static_cast<uint8_t*>(p);
+    size_ = size;
+    return absl::OkStatus();
+  }
+  uint8_t* base() const { return base_; }
+  size_t size() const { return size_; }
+
+ private:
+  uint8_t* base_ = nullptr;
+  size_t size_ = 0;
+};
+
+absl::StatusOr<fi_info*> GetInfo(absl::string_view provider, bool verbs_rules, const char* node,
+                                 const char* service, uint64_t flags, uint32_t addr_format) {
+  FiInfoPtr hints(fi_allocinfo());
+  if (!hints) return absl::ResourceExhaustedError("fi_allocinfo");
+  hints->caps = FI_MSG | FI_RMA;
+  hints->mode = FI_CONTEXT | FI_CONTEXT2;
+  hints->addr_format = addr_format;
+  hints->ep_attr->type = FI_EP_RDM;
+  hints->fabric_attr->prov_name = strdup(std::string(provider).c_str());
+  hints->domain_attr->threading = FI_THREAD_DOMAIN;
+  hints->domain_attr->data_progress = FI_PROGRESS_MANUAL;
+  hints->domain_attr->resource_mgmt = FI_RM_ENABLED;
+  hints->domain_attr->av_type = FI_AV_TABLE;
+  // The modes this code supports; the provider answers with the ones it requires.
+  hints->domain_attr->mr_mode = FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY;
+  if (verbs_rules) hints->domain_attr->mr_mode |= FI_MR_LOCAL;
+  hints->tx_attr->msg_order = FI_ORDER_SAS;
+  hints->rx_attr->msg_order = FI_ORDER_SAS;
+  fi_info* info = nullptr;
+  int rc = fi_getinfo(kFiVersion, node, service, flags, hints.get(), &info);
+  if (rc != 0) {
+    return FiStatus(
+        rc, absl::StrCat("fi_getinfo(provider ", provider, node ? " node " : "", node ? node : "",
+                         service ? " service " : "", service ? service : "", ")"));
+  }
+  return info;
+}
+
+std::string ProviderAdvice(absl::string_view provider) {
+  std::string core(provider.substr(0, provider.find(';')));
+  return absl::StrCat(
+      "libfabric provider \"", provider, "\" is not available on this machine. `fi_info -p ", core,
+      "` must list it (and `fi_info -p \"", provider, "\" -t FI_EP_RDM` an RDM endpoint)",
+      core == "verbs" ? "; verbs needs an RDMA device (ibv_devices lists none here)"
+                      : "; install libfabric1 (tools/setup)");
+}
+
+// ---- The transport ----------------------------------------------------------------------
+
+class FabricTransport;
+
+class FabricRegion final : public MemoryRegion {
+ public:
+  FabricRegion(FabricTransport* owner, void* address, size_t length, fid_mr* mr, uint64_t key)
+      : MemoryRegion(address, length), owner_(owner), mr_(mr), key_(key) {}
+  ~FabricRegion() override;
+  RemoteBuffer remote() const override {
+    return RemoteBuffer{reinterpret_cast<uint64_t>(address()), length(), key_};
+  }
+  FabricTransport* owner() const { return owner_; }
+  void* desc() const { return fi_mr_desc(mr_); }
+
+ private:
+  FabricTransport* const owner_;
+  fid_mr* const mr_;
+  const uint64_t key_;
+};
+
+class FabricTransport final : public Transport {
+ public:
+  FabricTransport(std::string backend, std::string provider, TransportOptions options)
+      : backend_(std::move(backend)), provider_(std::move(provider)), options_(std::move(options)) {
+    std::random_device rd;
+    incarnation_ =
+        (uint64_t{rd()} << 32) ^ rd() ^ static_cast<uint64_t>(absl::GetCurrentTimeNanos());
+    if (incarnation_ == 0) incarnation_ = 1;
+    options_.max_message_size = std::min<size_t>(options_.max_message_size, UINT32_MAX);
+  }
+  ~FabricTransport() override { Close(); }
+
+  absl::string_view backend() const override { return backend_; }
+  Capabilities capabilities() const override { return Capabilities{.rma = true}; }
+
+  absl::StatusOr<std::string> Listen(absl::string_view address) override;
+  absl::StatusOr<EndpointAddress> ParseAddress(absl::string_view address) const override;
+  std::string FormatAddress(const EndpointAddress& address) const override;
+  absl::StatusOr<EndpointAddress> LocalAddress() const override;
+  absl::StatusOr<PeerId> ConnectTo(const EndpointAddress& address, absl::Time deadline) override;
+  absl::Status Send(PeerId peer, absl::Span<const uint8_t> message) override;
+  absl::StatusOr<Event> Receive(absl::Time deadline) override;
+  absl::Status Disconnect(PeerId peer) override;
+  void Close() override;
+  absl::StatusOr<std::unique_ptr<MemoryRegion>> RegisterMemory(void* address, size_t length,
+                                                               uint32_t access) override;
+  absl::Status Read(PeerId peer, const MemoryRegion& local, size_t local_offset,
+                    const RemoteBuffer& remote, uint64_t remote_offset, size_t length,
+                    absl::Time deadline) override {
+    return Rma(false, peer, local, local_offset, remote, remote_offset, length, deadline);
+  }
+  absl::Status Write(PeerId peer, const MemoryRegion& local, size_t local_offset,
+                     const RemoteBuffer& remote, uint64_t remote_offset, size_t length,
+                     absl::Time deadline) override {
+    return Rma(true, peer, local, local_offset, remote, remote_offset, length, deadline);
+  }
+  const TransportStats& stats() const override { return stats_; }
+
+  // Closes a region's MR (FabricRegion's destructor).
+  void ReleaseRegion(fid_mr* mr) ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  // What a completion refers to. fi_context2 comes first: the provider may use it.
+  struct OpContext {
+    enum class Kind : uint8_t { kSend, kRecv, kRma };
+    fi_context2 fi;
+    Kind kind = Kind::kSend;
+    FrameType frame = FrameType::kData;  // kSend: what was sent
+    int index = -1;                      // kSend/kRecv: buffer index
+    uint64_t peer = 0;                   // kSend/kRma
+    bool done = false;                   // kRma
+    bool abandoned = false;              // kRma: the caller gave up; free on completion
+    absl::Status status;                 // kRma
+  };
+
+  enum class PeerState : uint8_t { kConnecting, kConnected, kDisconnected };
+  struct Peer {
+    PeerId id;
+    PeerState state = PeerState::kConnecting;
+    bool incoming = false;
+    fi_addr_t addr = FI_ADDR_UNSPEC;
+    std::string address_text;
+    uint64_t remote_id = 0;           // the peer's PeerId for us
+    uint64_t remote_incarnation = 0;  // the peer transport's incarnation
+    size_t max_frame = 0;             // min(our fragment size, the peer's receive buffers)
+    uint64_t tx_seq = 1;
+    uint64_t rx_seq = 1;
+    bool sending = false;  // a Send() to this peer is posting its fragments
+    std::map<uint64_t, std::vector<uint8_t>> held;  // frames that arrived early, by seq
+    absl::Time gap_since;                           // when `held` became non-empty
+    std::vector<uint8_t> partial;                   // message being reassembled
+    uint64_t partial_total = 0;
+    bool in_message = false;
+    absl::Time last_heard;
+    absl::Time last_sent;
+    absl::Status why;  // once disconnected
+    // Connect() handshake.
+    absl::Time next_hello;
+    absl::Duration hello_backoff = absl::Milliseconds(10);
+    absl::Status hello_error;
+  };
+
+  // libfabric objects in open order; destroyed in reverse (MRs and endpoint first).
+  struct Resources {
+    FiInfoPtr info;
+    Fid<fid_fabric> fabric;
+    Fid<fid_eq> eq;
+    Fid<fid_domain> domain;
+    Fid<fid_av> av;
+    Fid<fid_cq> cq;
+    Fid<fid_ep> ep;
+    Slab rx_slab;
+    Slab tx_slab;
+    Fid<fid_mr> rx_mr;
+    Fid<fid_mr> tx_mr;
+  };
+
+  enum class PostResult { kPosted, kNoBuffer, kAgain, kFailed };
+
+  absl::Status OpenLocked(const InetAddress& bind) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status EnsureBound(const EndpointAddress& destination) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::StatusOr<fi_addr_t> AvInsertLocked(const EndpointAddress& address)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  Peer* NewPeerLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  Peer* FindPeerLocked(uint64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::string PeerName(const Peer& p) const;
+
+  // Posts one frame to `p`. kNoBuffer/kAgain: try again after progress.
+  PostResult PostFrameLocked(Peer& p, FrameType type, uint8_t flags, uint64_t seq, uint32_t total,
+                             absl::Span<const uint8_t> body, absl::Status* error)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Best-effort control frame (heartbeat, ack, bye): true if posted.
+  bool SendControlLocked(Peer& p, FrameType type) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void RepostRecvLocked(int index) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // Reads and handles completions without blocking; returns how many.
+  int ProgressLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void HandleCompletionLocked(OpContext* ctx, size_t len) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void HandleCqErrorLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void HandleFrameLocked(const uint8_t* data, size_t len) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void HandleHelloLocked(const FrameHeader& h, const uint8_t* body)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void HandleAckLocked(const FrameHeader& h, const uint8_t* body)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ApplySequencedLocked(Peer& p, const FrameHeader& h, const uint8_t* body)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ProtocolErrorLocked(Peer* p, absl::string_view what) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void DisconnectPeerLocked(Peer& p, absl::Status why, bool say_bye, bool queue_event)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void MaybeHousekeepLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // Waits for network activity or `until`, driving progress if no other thread does. May
+  // release mu_ while blocked. Callers re-check their condition afterwards.
+  void AwaitProgressLocked(absl::Time until) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void KickPollerLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The background thread: progress when no thread waits.
+  void BackgroundLoop() ABSL_LOCKS_EXCLUDED(mu_);
+
+  absl::Status Rma(bool write, PeerId peer, const MemoryRegion& local, size_t local_offset,
+                   const RemoteBuffer& remote, uint64_t remote_offset, size_t length,
+                   absl::Time deadline) ABSL_LOCKS_EXCLUDED(mu_);
+
+  absl::Status ClosedError() const {
+    return absl::CancelledError(backend_ + " transport is closed");
+  }
+
+  const std::string backend_;
+  const std::string provider_;
+  TransportOptions options_;
+  uint64_t incarnation_ = 0;
+  TransportStats stats_;
+
+  // Set while opening under mu_, then constant until Close() (read without mu_ by the poller).
+  int cq_fd_ = -1;
+  UniqueFd wake_fd_;
+
+  mutable absl::Mutex mu_;
+  // --- guarded by mu_ ---
+  std::unique_ptr<Resources> res_ ABSL_GUARDED_BY(mu_);
+  size_t fragment_size_ ABSL_GUARDED_BY(mu_) = 0;
+  bool register_local_ ABSL_GUARDED_BY(mu_) = false;  // verbs rules or FI_MR_LOCAL
+  bool virt_addr_ ABSL_GUARDED_BY(mu_) = false;       // RMA addresses are virtual
+  bool prov_key_ ABSL_GUARDED_BY(mu_) = false;        // the provider picks MR keys
+  uint64_t next_mr_key_ ABSL_GUARDED_BY(mu_) = 1;
+  void* rx_desc_ ABSL_GUARDED_BY(mu_) = nullptr;
+  void* tx_desc_ ABSL_GUARDED_BY(mu_) = nullptr;
+  std::vector<OpContext> rx_ctx_ ABSL_GUARDED_BY(mu_);
+  std::vector<OpContext> tx_ctx_ ABSL_GUARDED_BY(mu_);
+  std::vector<int> tx_free_ ABSL_GUARDED_BY(mu_);
+  std::vector<int> rx_unposted_ ABSL_GUARDED_BY(mu_);
+  EndpointAddress local_address_ ABSL_GUARDED_BY(mu_);
+  std::string local_text_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<uint64_t, std::unique_ptr<Peer>> peers_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_peer_ ABSL_GUARDED_BY(mu_) = 1;
+  absl::flat_hash_map<EndpointAddress, fi_addr_t> av_ ABSL_GUARDED_BY(mu_);
+  // (sender incarnation, sender's id for us) -> our peer, to answer repeated HELLOs.
+  absl::flat_hash_map<std::pair<uint64_t, uint64_t>, uint64_t> hellos_ ABSL_GUARDED_BY(mu_);
+  std::deque<Event> events_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<OpContext*, std::unique_ptr<OpContext>> rma_ops_ ABSL_GUARDED_BY(mu_);
+  int live_regions_ ABSL_GUARDED_BY(mu_) = 0;
+  bool poller_active_ ABSL_GUARDED_BY(mu_) = false;   // a thread drives progress
+  bool poller_blocked_ ABSL_GUARDED_BY(mu_) = false;  // ... and sleeps in ppoll()
+  bool kicked_ ABSL_GUARDED_BY(mu_) = false;          // wake_fd_ written since it slept
+  uint64_t progress_epoch_ ABSL_GUARDED_BY(mu_) = 0;  // bumped by every useful progress
+  absl::Time next_housekeeping_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  bool closing_ ABSL_GUARDED_BY(mu_) = false;  // Close() started: new calls fail
+  bool closed_ ABSL_GUARDED_BY(mu_) = false;   // blocked calls must return
+  std::thread background_ ABSL_GUARDED_BY(mu_);
+};
+
+FabricRegion::~FabricRegion() { owner_->ReleaseRegion(mr_); }
+
+// ---- Addresses --------------------------------------------------------------------------
+
+absl::StatusOr<EndpointAddress> FabricTransport::ParseAddress(absl::string_view address) const {
+  STRETCH_ASSIGN_OR_RETURN(InetAddress a, ParseInetAddress(address, kRequirePort));
+  return EndpointAddress::FromBytes(a.bytes());
+}
+
+std::string FabricTransport::FormatAddress(const EndpointAddress& address) const {
+  auto a = InetAddress::FromSockaddr(address.bytes().data(), address.size());
+  if (a.ok()) return a->ToString();
+  std::string hex = "fi_addr:";
+  for (uint8_t b : address.bytes()) absl::StrAppend(&hex, absl::Hex(b, absl::kZeroPad2));
+  return hex;
+}
+
+absl::StatusOr<EndpointAddress> FabricTransport::LocalAddress() const {
+  absl::MutexLock l(&mu_);
+  if (res_ == nullptr) {
+    return absl::FailedPreconditionError(backend_ + " transport is not bound (Listen first)");
+  }
+  return local_address_;
+}
+
+std::string FabricTransport::PeerName(const Peer& p) const {
+  return absl::StrCat("peer ", p.id.value(), " (", p.address_text, ")");
+}
+
+// ---- Opening ----------------------------------------------------------------------------
+
+absl::StatusOr<std::string> FabricTransport::Listen(absl::string_view address) {
+  STRETCH_ASSIGN_OR_RETURN(InetAddress bind, ParseInetAddress(address, kAllowPortZero));
+  absl::MutexLock l(&mu_);
+  if (closing_) return ClosedError();
+  if (res_ != nullptr) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("Listen ", address, ": already bound to ", local_text_));
+  }
+  STRETCH_RETURN_IF_ERROR(OpenLocked(bind));
+  return local_text_;
+}
+
+absl::Status FabricTransport::EnsureBound(const EndpointAddress& destination) {
+  {
+    absl::MutexLock l(&mu_);
+    if (res_ != nullptr) return absl::OkStatus();
+  }
+  STRETCH_ASSIGN_OR_RETURN(
+      InetAddress dest, InetAddress::FromSockaddr(destination.bytes().data(), destination.size()));
+  STRETCH_ASSIGN_OR_RETURN(InetAddress source, SourceAddressFor(dest));
+  absl::StatusOr<std::string> bound = Listen(source.ToString());
+  if (bound.ok()) return absl::OkStatus();
+  absl::MutexLock l(&mu_);
+  return res_ != nullptr ? absl::OkStatus() : bound.status();  // lost a race: someone bound
+}
+
+absl::Status FabricTransport::OpenLocked(const InetAddress& bind) {
+  ConfigureLibfabricEnvironment();
+  auto r = std::make_unique<Resources>();
+  const std::string host = bind.HostText();
+  const std::string port = absl::StrCat(bind.port());
+  const std::string where = absl::StrCat(provider_, " at ", bind.ToString());
+  {
+    auto info = GetInfo(provider_, options_.verbs_mr_rules, host.c_str(), port.c_str(), FI_SOURCE,
+                        bind.family() == AF_INET6 ? FI_SOCKADDR_IN6 : FI_SOCKADDR_IN);
+    if (!info.ok()) {
+      if (info.status().code() == absl::StatusCode::kFailedPrecondition) {
+        return absl::FailedPreconditionError(
+            absl::StrCat(info.status().message(), ". ", ProviderAdvice(provider_),
+                         "; the address must be one of this machine's (`ip addr`)"));
+      }
+      return info.status();
+    }
+    r->info.reset(*info);
+  }
+  fi_info* info = r->info.get();
+  const uint64_t mr_mode = info->domain_attr->mr_mode;
+  register_local_ = options_.verbs_mr_rules || (mr_mode & FI_MR_LOCAL) != 0;
+  virt_addr_ = (mr_mode & FI_MR_VIRT_ADDR) != 0;
+  prov_key_ = (mr_mode & FI_MR_PROV_KEY) != 0;
+  fragment_size_ = options_.fragment_size;
+  if (info->ep_attr->max_msg_size < fragment_size_) fragment_size_ = info->ep_attr->max_msg_size;
+  if (fragment_size_ < kMinFrame || options_.receive_buffers < 1 || options_.send_buffers < 4) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("transport options: fragment_size ", fragment_size_, " (min ", kMinFrame,
+                     "), receive_buffers ", options_.receive_buffers, ", send_buffers ",
+                     options_.send_buffers, " (min 4)"));
+  }
+
+  int rc = fi_fabric(info->fabric_attr, r->fabric.out(), nullptr);
+  if (rc != 0) return FiStatus(rc, absl::StrCat("fi_fabric for ", where));
+  fi_eq_attr eq_attr{};
+  eq_attr.wait_obj = FI_WAIT_NONE;
+  rc = fi_eq_open(r->fabric.get(), &eq_attr, r->eq.out(), nullptr);
+  if (rc != 0) return FiStatus(rc, absl::StrCat("fi_eq_open for ", where));
+  rc = fi_domain(r->fabric.get(), info, r->domain.out(), nullptr);
+  if (rc != 0) return FiStatus(rc, absl::StrCat("fi_domain for ", where));
+  fi_av_attr av_attr{};
+  av_attr.type = FI_AV_TABLE;
+  rc = fi_av_open(r->domain.get(), &av_attr, r->av.out(), nullptr);
+  if (rc != 0) return FiStatus(rc, absl::StrCat("fi_av_open for ", where));
+  fi_cq_attr cq_attr{};
+  cq_attr.format = FI_CQ_FORMAT_MSG;
+  cq_attr.wait_obj = FI_WAIT_FD;
+  cq_attr.size = static_cast<size_t>(options_.receive_buffers + options_.send_buffers) + 64;
+  rc = fi_cq_open(r->domain.get(), &cq_attr, r->cq.out(), nullptr);
+  if (rc != 0) return FiStatus(rc, absl::StrCat("fi_cq_open(FI_WAIT_FD) for ", where));
+  rc = fi_endpoint(r->domain.get(), info, r->ep.out(), nullptr);
+  if (rc != 0) return FiStatus(rc, absl::StrCat("fi_endpoint for ", where));
+  rc = fi_ep_bind(r->ep.get(), &r->eq.get()->fid, 0);
+  if (rc != 0) return FiStatus(rc, absl::StrCat("fi_ep_bind(eq) for ", where));
+  rc = fi_ep_bind(r->ep.get(), &r->av.get()->fid, 0);
+  if (rc != 0) return FiStatus(rc, absl::StrCat("fi_ep_bind(av) for ", where));
+  rc = fi_ep_bind(r->ep.get(), &r->cq.get()->fid, FI_TRANSMIT | FI_RECV);
+  if (rc != 0) return FiStatus(rc, absl::StrCat("fi_ep_bind(cq) for ", where));
+  rc = fi_enable(r->ep.get());
+  if (rc != 0) return FiStatus(rc, absl::StrCat("fi_enable for ", where));
+  int fd = -1;
+  rc = fi_control(&r->cq.get()->fid, FI_GETWAIT, &fd);
+  if (rc != 0) return FiStatus(rc, absl::StrCat("fi_control(FI_GETWAIT) on the CQ for ", where));
+
+  uint8_t name[EndpointAddress::kMaxSize];
+  size_t name_len = sizeof name;
+  rc = fi_getname(&r->ep.get()->fid, name, &name_len);
+  if (rc != 0) return FiStatus(rc, absl::StrCat("fi_getname for ", where));
+  STRETCH_ASSIGN_OR_RETURN(EndpointAddress local,
+                           EndpointAddress::FromBytes(absl::MakeConstSpan(name, name_len)));
+
+  const size_t rx_count = static_cast<size_t>(options_.receive_buffers);
+  const size_t tx_count = static_cast<size_t>(options_.send_buffers);
+  STRETCH_RETURN_IF_ERROR(r->rx_slab.Allocate(rx_count * fragment_size_));
+  STRETCH_RETURN_IF_ERROR(r->tx_slab.Allocate(tx_count * fragment_size_));
+  if (register_local_) {
+    // Verbs rules: every buffer handed to the provider is registered and its descriptor
+    // passed with the operation; the key comes from the provider when it picks keys.
+    rc = fi_mr_reg(r->domain.get(), r->rx_slab.base(), r->rx_slab.size(), FI_RECV, 0,
+                   prov_key_ ? 0 : next_mr_key_++, 0, r->rx_mr.out(), nullptr);
+    if (rc != 0) return FiStatus(rc, absl::StrCat("fi_mr_reg(receive buffers) for ", where));
+    rc = fi_mr_reg(r->domain.get(), r->tx_slab.base(), r->tx_slab.size(), FI_SEND, 0,
+                   prov_key_ ? 0 : next_mr_key_++, 0, r->tx_mr.out(), nullptr);
+    if (rc != 0) return FiStatus(rc, absl::StrCat("fi_mr_reg(send buffers) for ", where));
+    rx_desc_ = fi_mr_desc(r->rx_mr.get());
+    tx_desc_ = fi_mr_desc(r->tx_mr.get());
+  }
+
+  UniqueFd wake(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
+  if (!wake.valid()) return ErrnoStatus(errno, "eventfd for the transport's poller");
+
+  rx_ctx_ = std::vector<OpContext>(rx_count);
+  tx_ctx_ = std::vector<OpContext>(tx_count);
+  tx_free_.clear();
+  for (size_t i = 0; i < tx_count; ++i) {
+    tx_ctx_[i].kind = OpContext::Kind::kSend;
+    tx_ctx_[i].index = static_cast<int>(i);
+    tx_free_.push_back(static_cast<int>(tx_count - 1 - i));
+  }
+  res_ = std::move(r);
+  cq_fd_ = fd;
+  wake_fd_ = std::move(wake);
+  local_address_ = local;
+  local_text_ = FormatAddress(local);
+  for (size_t i = 0; i < rx_count; ++i) {
+    rx_ctx_[i].kind = OpContext::Kind::kRecv;
+    rx_ctx_[i].index = static_cast<int>(i);
+    RepostRecvLocked(static_cast<int>(i));
+  }
+  VLOG(1) << backend_ << " transport bound to " << local_text_ << " (provider "
+          << info->fabric_attr->prov_name << ", mr_mode 0x" << std::hex << mr_mode << std::dec
+          << ", fragment " << fragment_size_ << " B, register_local " << register_local_ << ")";
+  background_ = std::thread([this] { BackgroundLoop(); });
+  return absl::OkStatus();
+}
+
+absl::StatusOr<fi_addr_t> FabricTransport::AvInsertLocked(const EndpointAddress& address) {
+  auto it = av_.find(address);
+  if (it != av_.end()) return it->second;
+  fi_addr_t fa = FI_ADDR_NOTAVAIL;
+  int n = fi_av_insert(res_->av.get(), address.bytes().data(), 1, &fa, 0, nullptr);
+  if (n != 1) {
+    return FiStatus(n < 0 ? n : -FI_EINVAL,
+                    absl::StrCat("fi_av_insert of ", FormatAddress(address)));
+  }
+  av_.emplace(address, fa);
+  return fa;
+}
+
+FabricTransport::Peer* FabricTransport::NewPeerLocked() {
+  auto p = std::make_unique<Peer>();
+  p->id = PeerId(next_peer_++);
+  Peer* raw = p.get();
+  peers_.emplace(raw->id.value(), std::move(p));
+  return raw;
+}
+
+FabricTransport::Peer* FabricTransport::FindPeerLocked(uint64_t id) {
+  auto it = peers_.find(id);
+  return it == peers_.end() ? nullptr : it->second.get();
+}
+
+// ---- Posting ----------------------------------------------------------------------------
+
+void FabricTransport::RepostRecvLocked(int index) {
+  if (res_ == nullptr || closed_) return;
+  OpContext& ctx = rx_ctx_[index];
+  ssize_t rc =
+      fi_recv(res_->ep.get(), res_->rx_slab.base() + static_cast<size_t>(index) * fragment_size_,
+              fragment_size_, rx_desc_, FI_ADDR_UNSPEC, &ctx);
+  if (rc == 0) return;
+  if (rc != -FI_EAGAIN) {
+    LOG(ERROR) << local_text_ << ": fi_recv: " << fi_strerror(static_cast<int>(-rc));
+    stats_.receive_errors.Add();
+  }
+  rx_unposted_.push_back(index);  // retried after the next progress
+}
+
+FabricTransport::PostResult FabricTransport::PostFrameLocked(Peer& p, FrameType type, uint8_t flags,
+                                                             uint64_t seq, uint32_t total,
+                                                             absl::Span<const uint8_t> body,
+                                                             absl::Status* error) {
+  DCHECK_LE(body.size() + kHeaderSize, p.max_frame == 0 ? fragment_size_ : p.max_frame);
+  if (tx_free_.empty()) return PostResult::kNoBuffer;
+  const int index = tx_free_.back();
+  uint8_t* buf = res_->tx_slab.base() + static_cast<size_t>(index) * fragment_size_;
+  FrameHeader h{};
+  h.magic = kFrameMagic;
+  h.version = kFrameVersion;
+  h.type = static_cast<uint8_t>(type);
+  h.flags = flags;
+  h.dst_peer = type == FrameType::kHello ? 0 : p.remote_id;
+  h.src_incarnation = incarnation_;
+  h.seq = seq;
+  h.total_length = total;
+  h.length = static_cast<uint32_t>(body.size());
+  memcpy(buf, &h, kHeaderSize);
+  if (!body.empty()) memcpy(buf + kHeaderSize, body.data(), body.size());
+  OpContext& ctx = tx_ctx_[index];
+  ctx.frame = type;
+  ctx.peer = p.id.value();
+  ssize_t rc = fi_send(res_->ep.get(), buf, kHeaderSize + body.size(), tx_desc_, p.addr, &ctx);
+  if (rc == 0) {
+    tx_free_.pop_back();
+    p.last_sent = absl::Now();
+    stats_.fragments_sent.Add();
+    return PostResult::kPosted;
+  }
+  if (rc == -FI_EAGAIN) return PostResult::kAgain;
+  stats_.send_errors.Add();
+  *error = FiStatus(static_cast<int>(rc),
+                    absl::StrCat("fi_send of ", FrameName(h.type), " to ", PeerName(p)));
+  return PostResult::kFailed;
+}
+
+bool FabricTransport::SendControlLocked(Peer& p, FrameType type) {
+  absl::Status error;
+  PostResult r;
+  switch (type) {
+    case FrameType::kHelloAck: {
+      AckBody ack{};
+      ack.src_peer = p.id.value();
+      ack.rx_size = static_cast<uint32_t>(fragment_size_);
+      r = PostFrameLocked(p, type, 0, 0, 0,
+                          absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(&ack), sizeof ack),
+                          &error);
+      break;
+    }
+    case FrameType::kBye:
+      r = PostFrameLocked(p, type, 0, p.tx_seq, 0, {}, &error);
+      if (r == PostResult::kPosted) ++p.tx_seq;
+      break;
+    default:
+      r = PostFrameLocked(p, type, 0, 0, 0, {}, &error);
+      break;
+  }
+  if (r == PostResult::kFailed) VLOG(1) << local_text_ << ": " << error;
+  return r == PostResult::kPosted;
+}
+
+// ---- Progress ---------------------------------------------------------------------------
+
+int FabricTransport::ProgressLocked() {
+  if (res_ == nullptr) return 0;
+  fi_cq_msg_entry entries[kCqBatch];
+  int handled = 0;
+  for (int round = 0; round < 8; ++round) {
+    ssize_t n = fi_cq_read(res_->cq.get(), entries, kCqBatch);
+    if (n > 0) {
+      for (ssize_t i = 0; i < n; ++i) {
+        HandleCompletionLocked(static_cast<OpContext*>(entries[i].op_context), entries[i].len);
+      }
+      handled += static_cast<int>(n);
+      if (n < kCqBatch) break;
+      continue;
+    }
+    if (n == -FI_EAGAIN) break;
+    if (n == -FI_EAVAIL) {
+      HandleCqErrorLocked();
+      ++handled;
+      continue;
+    }
+    LOG_EVERY_N(ERROR, 100) << local_text_ << ": fi_cq_read: " << fi_strerror(static_cast<int>(-n));
+    stats_.receive_errors.Add();
+    break;
+  }
+  if (!rx_unposted_.empty()) {
+    std::vector<int> retry;
+    retry.swap(rx_unposted_);
+    for (int index : retry) RepostRecvLocked(index);
+  }
+  if (handled > 0) {
+    ++progress_epoch_;
+    if (poller_blocked_) KickPollerLocked();
+  }
+  return handled;
+}
+
+void FabricTransport::HandleCompletionLocked(OpContext* ctx, size_t len) {
+  switch (ctx->kind) {
+    case OpContext::Kind::kRecv:
+      HandleFrameLocked(res_->rx_slab.base() + static_cast<size_t>(ctx->index) * fragment_size_,
+                        len);
+      RepostRecvLocked(ctx->index);
+      return;
+    case OpContext::Kind::kSend:
+      tx_free_.push_back(ctx->index);
+      return;
+    case OpContext::Kind::kRma:
+      ctx->done = true;
+      if (ctx->abandoned) rma_ops_.erase(ctx);
+      return;
+  }
+}
+
+void FabricTransport::HandleCqErrorLocked() {
+  fi_cq_err_entry err{};
+  ssize_t rc = fi_cq_readerr(res_->cq.get(), &err, 0);
+  if (rc < 0) {
+    if (rc != -FI_EAGAIN) {
+      LOG(ERROR) << local_text_ << ": fi_cq_readerr: " << fi_strerror(static_cast<int>(-rc));
+    }
+    return;
+  }
+  char prov_buf[256] = {};
+  const char* prov =
+      fi_cq_strerror(res_->cq.get(), err.prov_errno, err.err_data, prov_buf, sizeof prov_buf);
+  const std::string text = absl::StrCat(fi_strerror(err.err), " (provider error ", err.prov_errno,
+                                        ": ", prov != nullptr ? prov : "?", ")");
+  auto* ctx = static_cast<OpContext*>(err.op_context);
+  if (ctx == nullptr) {
+    LOG(ERROR) << local_text_ << ": completion error without context: " << text;
+    stats_.receive_errors.Add();
+    return;
+  }
+  switch (ctx->kind) {
+    case OpContext::Kind::kRecv:
+      if (err.err != FI_ECANCELED) {
+        LOG(WARNING) << local_text_ << ": receive failed: " << text;
+        stats_.receive_errors.Add();
+        if (err.err == FI_ETRUNC) stats_.protocol_errors.Add();
+      }
+      RepostRecvLocked(ctx->index);
+      return;
+    case OpContext::Kind::kSend: {
+      stats_.send_errors.Add();
+      tx_free_.push_back(ctx->index);
+      Peer* p = FindPeerLocked(ctx->peer);
+      if (p == nullptr) return;
+      absl::Status why(FiCode(err.err),
+                       absl::StrCat("send of ", FrameName(static_cast<uint8_t>(ctx->frame)), " to ",
+                                    PeerName(*p), " failed: ", text));
+      if (p->state == PeerState::kConnecting) {
+        // Nothing listens there (yet): Connect() retries with backoff until its deadline.
+        p->hello_error = why;
+        p->next_hello = absl::Now() + p->hello_backoff;
+        p->hello_backoff = std::min(p->hello_backoff * 2, kHelloMaxBackoff);
+      } else {
+        // A lost send breaks the ordered stream: the peer is gone for us.
+        DisconnectPeerLocked(*p, why, /*say_bye=*/false, /*queue_event=*/true);
+      }
+      return;
+    }
+    case OpContext::Kind::kRma:
+      ctx->done = true;
+      ctx->status = absl::Status(FiCode(err.err), text);
+      if (ctx->abandoned) rma_ops_.erase(ctx);
+      return;
+  }
+}
+
+void FabricTransport::ProtocolErrorLocked(Peer* p, absl::string_view what) {
+  stats_.protocol_errors.Add();
+  LOG_EVERY_N(WARNING, 100) << local_text_ << ": protocol error"
+                            << (p != nullptr ? absl::StrCat(" from ", PeerName(*p)) : "") << ": "
+                            << what;
+  if (p != nullptr && p->state == PeerState::kConnected) {
+    DisconnectPeerLocked(*p, absl::DataLossError(absl::StrCat("protocol error: ", what)),
+                         /*say_bye=*/true, /*queue_event=*/true);
+  }
+}
+
+void FabricTransport::HandleFrameLocked(const uint8_t* data, size_t len) {
+  stats_.fragments_received.Add();
+  if (len < kHeaderSize) return ProtocolErrorLocked(nullptr, absl::StrCat("short frame of ", len));
+  FrameHeader h;
+  memcpy(&h, data, kHeaderSize);
+  if (h.magic != kFrameMagic || h.version != kFrameVersion) {
+    return ProtocolErrorLocked(
+        nullptr, absl::StrCat("bad magic 0x", absl::Hex(h.magic), " or version ", h.version));
+  }
+  if (h.length != len - kHeaderSize) {
+    return ProtocolErrorLocked(nullptr, absl::StrCat("frame length ", h.length, " but ",
+                                                     len - kHeaderSize, " bytes arrived"));
+  }
+  const uint8_t* body = data + kHeaderSize;
+  switch (static_cast<FrameType>(h.type)) {
+    case FrameType::kHello:
+      if (h.length != sizeof(HelloBody)) return ProtocolErrorLocked(nullptr, "HELLO size");
+      return HandleHelloLocked(h, body);
+    case FrameType::kHelloAck:
+      if (h.length != sizeof(AckBody)) return ProtocolErrorLocked(nullptr, "HELLO_ACK size");
+      return HandleAckLocked(h, body);
+    case FrameType::kData:
+    case FrameType::kHeartbeat:
+    case FrameType::kBye:
+      break;
+    default:
+      return ProtocolErrorLocked(nullptr, absl::StrCat("unknown frame type ", h.type));
+  }
+  Peer* p = FindPeerLocked(h.dst_peer);
+  if (p == nullptr || p->state != PeerState::kConnected) {
+    // From a peer we already gave up on (or never knew): drop.
+    VLOG(2) << local_text_ << ": dropped " << FrameName(h.type) << " for peer " << h.dst_peer;
+    return;
+  }
+  if (h.src_incarnation != p->remote_incarnation) {
+    return ProtocolErrorLocked(nullptr, absl::StrCat(FrameName(h.type), " for ", PeerName(*p),
+                                                     " from another incarnation"));
+  }
+  p->last_heard = absl::Now();
+  if (h.type == static_cast<uint8_t>(FrameType::kHeartbeat)) {
+    stats_.heartbeats_received.Add();
+    return;
+  }
+  if (h.seq != p->rx_seq) {
+    if (h.seq < p->rx_seq) {
+      return ProtocolErrorLocked(
+          p, absl::StrCat("repeated seq ", h.seq, " (expected ", p->rx_seq, ")"));
+    }
+    if (p->held.size() >= kMaxHeldFrames) {
+      return ProtocolErrorLocked(
+          p, absl::StrCat("more than ", kMaxHeldFrames, " frames wait for seq ", p->rx_seq));
+    }
+    if (p->held.empty()) p->gap_since = p->last_heard;
+    p->held.emplace(h.seq, std::vector<uint8_t>(data, data + len));
+    return;
+  }
+  ApplySequencedLocked(*p, h, body);
+  while (p->state == PeerState::kConnected && !p->held.empty() &&
+         p->held.begin()->first == p->rx_seq) {
+    std::vector<uint8_t> frame = std::move(p->held.begin()->second);
+    p->held.erase(p->held.begin());
+    FrameHeader held_header;
+    memcpy(&held_header, frame.data(), kHeaderSize);
+    ApplySequencedLocked(*p, held_header, frame.data() + kHeaderSize);
+    if (!p->held.empty()) p->gap_since = absl::Now();
+  }
+}
+
+void FabricTransport::HandleHelloLocked(const FrameHeader& h, const uint8_t* body) {
+  HelloBody hello;
+  memcpy(&hello, body, sizeof hello);
+  auto address = EndpointAddress::FromBytes(
+      absl::MakeConstSpan(hello.addr, std::min<size_t>(hello.addr_len, sizeof hello.addr)));
+  if (!address.ok() || hello.rx_size < kMinFrame || hello.src_peer == 0) {
+    return ProtocolErrorLocked(nullptr, "malformed HELLO");
+  }
+  const auto key = std::make_pair(h.src_incarnation, hello.src_peer);
+  if (auto it = hellos_.find(key); it != hellos_.end()) {
+    // A repeated HELLO (the first ack was slow or lost in a reconnect): ack again.
+    Peer* p = FindPeerLocked(it->second);
+    if (p != nullptr && p->state == PeerState::kConnected)
+      SendControlLocked(*p, FrameType::kHelloAck);
+    return;
+  }
+  auto fa = AvInsertLocked(*address);
+  if (!fa.ok()) {
+    LOG(WARNING) << local_text_ << ": HELLO from " << FormatAddress(*address) << ": "
+                 << fa.status();
+    stats_.receive_errors.Add();
+    return;
+  }
+  Peer* p = NewPeerLocked();
+  p->incoming = true;
+  p->state = PeerState::kConnected;
+  p->addr = *fa;
+  p->address_text = FormatAddress(*address);
+  p->remote_id = hello.src_peer;
+  p->remote_incarnation = h.src_incarnation;
+  p->max_frame = std::min<size_t>(fragment_size_, hello.rx_size);
+  p->last_heard = p->last_sent = absl::Now();
+  hellos_.emplace(key, p->id.value());
+  SendControlLocked(*p, FrameType::kHelloAck);  // if it cannot go now, the connector re-sends HELLO
+  stats_.peers_connected.Add();
+  VLOG(1) << local_text_ << ": " << PeerName(*p) << " connected";
+  Event e;
+  e.kind = Event::Kind::kConnected;
+  e.peer = p->id;
+  e.address = p->address_text;
+  events_.push_back(std::move(e));
+}
+
+void FabricTransport::HandleAckLocked(const FrameHeader& h, const uint8_t* body) {
+  AckBody ack;
+  memcpy(&ack, body, sizeof ack);
+  Peer* p = FindPeerLocked(h.dst_peer);
+  if (p == nullptr || ack.src_peer == 0 || ack.rx_size < kMinFrame) {
+    return ProtocolErrorLocked(nullptr, "HELLO_ACK for no pending Connect");
+  }
+  if (p->state == PeerState::kConnected && p->remote_incarnation == h.src_incarnation &&
+      p->remote_id == ack.src_peer) {
+    return;  // the answer to a repeated HELLO
+  }
+  if (p->state != PeerState::kConnecting) {
+    // Connect() gave up before the answer came: tell the listener to forget us.
+    if (p->state == PeerState::kDisconnected && p->remote_id == 0) {
+      p->remote_id = ack.src_peer;
+      p->max_frame = std::min<size_t>(fragment_size_, ack.rx_size);
+      SendControlLocked(*p, FrameType::kBye);
+    }
+    return;
+  }
+  p->remote_id = ack.src_peer;
+  p->remote_incarnation = h.src_incarnation;
+  p->max_frame = std::min<size_t>(fragment_size_, ack.rx_size);
+  p->state = PeerState::kConnected;
+  p->last_heard = absl::Now();
+}
+
+void FabricTransport::ApplySequencedLocked(Peer& p, const FrameHeader& h, const uint8_t* body) {
+  ++p.rx_seq;
+  if (h.type == static_cast<uint8_t>(FrameType::kBye)) {
+    DisconnectPeerLocked(
+        p, absl::UnavailableError(absl::StrCat(p.address_text, " closed the connection")),
+        /*say_bye=*/false, /*queue_event=*/true);
+    return;
+  }
+  const bool first = (h.flags & kFirst) != 0;
+  const bool last = (h.flags & kLast) != 0;
+  auto deliver = [&](std::vector<uint8_t> data) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    stats_.messages_received.Add();
+    stats_.bytes_received.Add(data.size());
+    Event e;
+    e.kind = Event::Kind::kMessage;
+    e.peer = p.id;
+    e.data = std::move(data);
+    events_.push_back(std::move(e));
+  };
+  if (first) {
+    if (p.in_message) return ProtocolErrorLocked(&p, "new message inside a message");
+    if (h.total_length > options_.max_message_size || h.length > h.total_length) {
+      return ProtocolErrorLocked(&p, absl::StrCat("message of ", h.total_length, " bytes (max ",
+                                                  options_.max_message_size, ")"));
+    }
+    if (last) {
+      if (h.length != h.total_length) return ProtocolErrorLocked(&p, "short single fragment");
+      deliver(std::vector<uint8_t>(body, body + h.length));
+      return;
+    }
+    p.partial.clear();
+    p.partial.reserve(h.total_length);
+    p.partial.assign(body, body + h.length);
+    p.partial_total = h.total_length;
+    p.in_message = true;
+    return;
+  }
+  if (!p.in_message) return ProtocolErrorLocked(&p, "continuation without a first fragment");
+  if (p.partial.size() + h.length > p.partial_total) {
+    return ProtocolErrorLocked(&p, "fragments exceed the message length");
+  }
+  p.partial.insert(p.partial.end(), body, body + h.length);
+  if (last) {
+    if (p.partial.size() != p.partial_total) return ProtocolErrorLocked(&p, "message cut short");
+    p.in_message = false;
+    deliver(std::move(p.partial));
+    p.partial = std::vector<uint8_t>();
+  }
+}
+
+void FabricTransport::DisconnectPeerLocked(Peer& p, absl::Status why, bool say_bye,
+                                           bool queue_event) {
+  if (p.state == PeerState::kDisconnected) return;
+  const bool was_connected = p.state == PeerState::kConnected;
+  if (say_bye && was_connected && res_ != nullptr) SendControlLocked(p, FrameType::kBye);
+  VLOG(1) << local_text_ << ": " << PeerName(p) << " disconnected: " << why;
+  p.state = PeerState::kDisconnected;
+  p.why = std::move(why);
+  p.held.clear();
+  p.partial = std::vector<uint8_t>();
+  p.in_message = false;
+  if (was_connected) stats_.peers_disconnected.Add();
+  if (queue_event && was_connected && !closing_) {
+    Event e;
+    e.kind = Event::Kind::kDisconnected;
+    e.peer = p.id;
+    e.status = p.why;
+    events_.push_back(std::move(e));
+  }
+}
+
+void FabricTransport::MaybeHousekeepLocked(absl::Time now) {
+  if (now < next_housekeeping_ || res_ == nullptr) return;
+  next_housekeeping_ = now + options_.heartbeat_interval / 2;
+  for (auto& [id, peer] : peers_) {
+    Peer& p = *peer;
+    if (p.state != PeerState::kConnected) continue;
+    if (now - p.last_heard >= options_.peer_timeout) {
+      DisconnectPeerLocked(p,
+                           absl::UnavailableError(absl::StrCat(
+                               "nothing heard from ", p.address_text, " for ",
+                               absl::FormatDuration(now - p.last_heard), " (peer_timeout ",
+                               absl::FormatDuration(options_.peer_timeout), ")")),
+                           /*say_bye=*/true, /*queue_event=*/true);
+      continue;
+    }
+    if (!p.held.empty() && now - p.gap_since >= options_.peer_timeout) {
+      DisconnectPeerLocked(p,
+                           absl::DataLossError(absl::StrCat(
+                               "frame ", p.rx_seq, " from ", p.address_text, " never arrived (",
+                               p.held.size(), " later frames waiting)")),
+                           /*say_bye=*/true, /*queue_event=*/true);
+      continue;
+    }
+    if (now - p.last_sent >= options_.heartbeat_interval &&
+        SendControlLocked(p, FrameType::kHeartbeat)) {
+      stats_.heartbeats_sent.Add();
+    }
+  }
+  // rxm reports nothing we act on through the endpoint's EQ; log whatever arrives.
+  uint32_t event = 0;
+  uint8_t buf[256];
+  ssize_t n = fi_eq_read(res_->eq.get(), &event, buf, sizeof buf, 0);
+  if (n == -FI_EAVAIL) {
+    fi_eq_err_entry err{};
+    if (fi_eq_readerr(res_->eq.get(), &err, 0) > 0) {
+      LOG(WARNING) << local_text_ << ": EQ error: " << fi_strerror(err.err);
+    }
+  } else if (n > 0) {
+    VLOG(1) << local_text_ << ": EQ event " << event;
+  }
+}
+
+void FabricTransport::KickPollerLocked() {
+  if (kicked_) return;
+  kicked_ = true;
+  uint64_t one = 1;
+  ssize_t rc = write(wake_fd_.get(), &one, sizeof one);
+  (void)rc;  // EAGAIN: the counter is already non-zero, the poller wakes anyway
+}
+
+void FabricTransport::AwaitProgressLocked(absl::Time until) {
+  if (closed_ || res_ == nullptr) return;
+  if (poller_active_) {
+    // Another thread drives progress: wait until it made some, or gave up the role.
+    const uint64_t epoch = progress_epoch_;
+    auto changed = [this, epoch]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return progress_epoch_ != epoch || !poller_active_ || closed_;
+    };
+    mu_.AwaitWithDeadline(absl::Condition(&changed), until);
+    return;
+  }
+  poller_active_ = true;
+  if (ProgressLocked() > 0) {
+    poller_active_ = false;
+    return;
+  }
+  absl::Time now = absl::Now();
+  MaybeHousekeepLocked(now);
+  if (!events_.empty() || now >= until || closing_) {
+    poller_active_ = false;
+    return;
+  }
+  fid_t cq = &res_->cq.get()->fid;
+  int rc = fi_trywait(res_->fabric.get(), &cq, 1);
+  if (rc == FI_SUCCESS) {
+    absl::Duration wait = std::min(until, next_housekeeping_) - now;
+    if (wait < absl::ZeroDuration()) wait = absl::ZeroDuration();
+    timespec ts = absl::ToTimespec(wait);
+    pollfd fds[2] = {{cq_fd_, POLLIN, 0}, {wake_fd_.get(), POLLIN, 0}};
+    poller_blocked_ = true;
+    mu_.Unlock();
+    int n = ppoll(fds, 2, &ts, nullptr);
+    if (n > 0 && (fds[1].revents & POLLIN) != 0) {
+      uint64_t value;
+      ssize_t r = read(fds[1].fd, &value, sizeof value);
+      (void)r;
+    }
+    mu_.Lock();
+    poller_blocked_ = false;
+    kicked_ = false;
+  } else if (rc != -FI_EAGAIN) {
+    LOG_EVERY_N(ERROR, 100) << local_text_ << ": fi_trywait: " << fi_strerror(-rc);
+  }
+  ProgressLocked();
+  poller_active_ = false;
+}
+
+void FabricTransport::BackgroundLoop() {
+  absl::MutexLock l(&mu_);
+  while (!closed_) {
+    mu_.AwaitWithTimeout(absl::Condition(&closed_), options_.progress_interval);
+    if (closed_) break;
+    if (poller_active_ || res_ == nullptr) continue;  // a waiting thread drives progress
+    ProgressLocked();
+    MaybeHousekeepLocked(absl::Now());
+  }
+}
+
+// ---- Public operations ----------------------------------------------------------------------
+
+absl::StatusOr<PeerId> FabricTransport::ConnectTo(const EndpointAddress& address,
+                                                  absl::Time deadline) {
+  STRETCH_RETURN_IF_ERROR(EnsureBound(address));
+  const std::string target = FormatAddress(address);
+  absl::MutexLock l(&mu_);
+  if (closing_) return ClosedError();
+  STRETCH_ASSIGN_OR_RETURN(fi_addr_t fa, AvInsertLocked(address));
+  Peer* p = NewPeerLocked();
+  p->addr = fa;
+  p->address_text = target;
+  p->max_frame = fragment_size_;
+  p->next_hello = absl::Now();
+  HelloBody hello{};
+  hello.src_peer = p->id.value();
+  hello.rx_size = static_cast<uint32_t>(fragment_size_);
+  hello.addr_len = static_cast<uint8_t>(local_address_.size());
+  memcpy(hello.addr, local_address_.bytes().data(), local_address_.size());
+  absl::Duration again_backoff = absl::Milliseconds(1);
+  while (true) {
+    if (closing_) {
+      p->state = PeerState::kDisconnected;
+      return ClosedError();
+    }
+    if (p->state == PeerState::kConnected) {
+      stats_.peers_connected.Add();
+      VLOG(1) << local_text_ << ": connected to " << PeerName(*p);
+      p->last_sent = absl::Now();
+      return p->id;
+    }
+    if (p->state == PeerState::kDisconnected) {
+      return absl::UnavailableError(absl::StrCat("Connect to ", target, ": ", p->why.message()));
+    }
+    const absl::Time now = absl::Now();
+    if (now >= deadline) {
+      p->state = PeerState::kDisconnected;
+      p->why = absl::DeadlineExceededError("Connect gave up");
+      return absl::DeadlineExceededError(absl::StrCat(
+          "Connect to ", target, " from ", local_text_, ": no answer before the deadline",
+          p->hello_error.ok() ? ""
+                              : absl::StrCat(" (last error: ", p->hello_error.message(), ")")));
+    }
+    if (now >= p->next_hello) {
+      absl::Status error;
+      PostResult r = PostFrameLocked(
+          *p, FrameType::kHello, 0, 0, 0,
+          absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(&hello), sizeof hello), &error);
+      if (r == PostResult::kPosted) {
+        p->next_hello = now + kHelloResend;
+        again_backoff = absl::Milliseconds(1);
+      } else if (r == PostResult::kFailed) {
+        p->hello_error = error;
+        p->next_hello = now + p->hello_backoff;
+        p->hello_backoff = std::min(p->hello_backoff * 2, kHelloMaxBackoff);
+      } else {
+        // rxm is setting up the connection (EAGAIN; after a refusal it waits seconds before
+        // it tries again) or buffers are busy: progress, retry with backoff.
+        ProgressLocked();
+        p->next_hello = now + again_backoff;
+        again_backoff = std::min(again_backoff * 2, kHelloMaxBackoff);
+      }
+    }
+    AwaitProgressLocked(std::min(deadline, p->next_hello));
+  }
+}
+
+absl::Status FabricTransport::Send(PeerId peer, absl::Span<const uint8_t> message) {
+  if (message.size() > options_.max_message_size) {
+    return absl::InvalidArgumentError(absl::StrCat("Send to peer ", peer.value(), ": message of ",
+                                                   message.size(), " bytes exceeds ",
+                                                   options_.max_message_size));
+  }
+  absl::MutexLock l(&mu_);
+  if (closing_) return ClosedError();
+  Peer* p = FindPeerLocked(peer.value());
+  if (p == nullptr || p->state == PeerState::kConnecting) {
+    return absl::NotFoundError(absl::StrCat("Send: unknown peer ", peer.value()));
+  }
+  absl::Time deadline = absl::InfiniteFuture();  // set when we first have to wait
+  auto unavailable = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return absl::UnavailableError(
+        absl::StrCat("Send to ", PeerName(*p), ": disconnected: ", p->why.message()));
+  };
+  // One sender per peer at a time, so the fragments of a message stay contiguous.
+  if (p->sending) {
+    deadline = absl::Now() + options_.send_timeout;
+    auto turn = [this, p]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return !p->sending || closing_ || p->state != PeerState::kConnected;
+    };
+    if (!mu_.AwaitWithDeadline(absl::Condition(&turn), deadline)) {
+      return absl::UnavailableError(absl::StrCat("Send to ", PeerName(*p), ": another Send has ",
+                                                 "been blocked for ",
+                                                 absl::FormatDuration(options_.send_timeout)));
+    }
+    if (closing_) return ClosedError();
+  }
+  if (p->state != PeerState::kConnected) return unavailable();
+  const size_t max_payload = p->max_frame - kHeaderSize;
+  const size_t fragments = std::max<size_t>(1, (message.size() + max_payload - 1) / max_payload);
+  p->sending = true;
+  size_t offset = 0;
+  for (size_t i = 0; i < fragments;) {
+    if (closing_ || p->state != PeerState::kConnected) {
+      p->sending = false;
+      if (closing_) return ClosedError();
+      return unavailable();
+    }
+    const uint8_t flags = (i == 0 ? kFirst : 0) | (i + 1 == fragments ? kLast : 0);
+    const size_t chunk = std::min(max_payload, message.size() - offset);
+    absl::Status error;
+    PostResult r = PostFrameLocked(*p, FrameType::kData, flags, p->tx_seq,
+                                   static_cast<uint32_t>(message.size()),
+                                   message.subspan(offset, chunk), &error);
+    if (r == PostResult::kPosted) {
+      ++p->tx_seq;
+      offset += chunk;
+      ++i;
+      continue;
+    }
+    if (r == PostResult::kFailed) {
+      p->sending = false;
+      DisconnectPeerLocked(*p, error, /*say_bye=*/false, /*queue_event=*/true);
+      return unavailable();
+    }
+    // Out of send buffers, or the provider is busy: reap completions, then wait for some.
+    if (ProgressLocked() > 0) continue;
+    const absl::Time now = absl::Now();
+    if (deadline == absl::InfiniteFuture()) deadline = now + options_.send_timeout;
+    if (now >= deadline) {
+      p->sending = false;
+      absl::Status why = absl::UnavailableError(
+          absl::StrCat("Send to ", PeerName(*p), ": no send buffer for ",
+                       absl::FormatDuration(options_.send_timeout), " (peer or network stalled)"));
+      // Part of a message went out: the stream cannot continue.
+      if (i > 0) DisconnectPeerLocked(*p, why, /*say_bye=*/true, /*queue_event=*/true);
+      return why;
+    }
+    AwaitProgressLocked(r == PostResult::kAgain ? std::min(deadline, now + absl::Milliseconds(1))
+                                                : deadline);
+  }
+  p->sending = false;
+  stats_.messages_sent.Add();
+  stats_.bytes_sent.Add(message.size());
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Event> FabricTransport::Receive(absl::Time deadline) {
+  absl::MutexLock l(&mu_);
+  bool polled = false;
+  while (true) {
+    if (closing_) return ClosedError();
+    if (!events_.empty()) {
+      Event e = std::move(events_.front());
+      events_.pop_front();
+      return e;
+    }
+    if (res_ == nullptr) {
+      // Not bound yet: nothing can arrive until Listen()/Connect() on another thread.
+      auto ready = [this]()
+                       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return closing_ || res_ != nullptr; };
+      if (!mu_.AwaitWithDeadline(absl::Condition(&ready), deadline)) {
+        return absl::DeadlineExceededError("Receive: no event before the deadline (not bound)");
+      }
+      continue;
+    }
+    if (absl::Now() >= deadline) {
+      if (!polled) {
+        polled = true;
+        if (!poller_active_) ProgressLocked();
+        continue;
+      }
+      return absl::DeadlineExceededError("Receive: no event before the deadline");
+    }
+    polled = true;
+    AwaitProgressLocked(deadline);
+  }
+}
+
+absl::Status FabricTransport::Disconnect(PeerId peer) {
+  absl::MutexLock l(&mu_);
+  if (closing_) return ClosedError();
+  Peer* p = FindPeerLocked(peer.value());
+  if (p == nullptr || p->state != PeerState::kConnected) {
+    return absl::NotFoundError(absl::StrCat("Disconnect: no connected peer ", peer.value()));
+  }
+  DisconnectPeerLocked(*p, absl::CancelledError("disconnected locally"), /*say_bye=*/true,
+                       /*queue_event=*/false);
+  return absl::OkStatus();
+}
+
+void FabricTransport::Close() {
+  std::thread background;
+  {
+    absl::MutexLock l(&mu_);
+    if (closing_) {
+      mu_.Await(absl::Condition(&closed_));
+      return;
+    }
+    closing_ = true;
+    if (res_ != nullptr) {
+      for (auto& [id, peer] : peers_) {
+        if (peer->state == PeerState::kConnected) {
+          DisconnectPeerLocked(*peer, absl::CancelledError("transport closed"),
+                               /*say_bye=*/options_.goodbye_on_close, /*queue_event=*/false);
+        } else {
+          peer->state = PeerState::kDisconnected;
+        }
+      }
+      // Let goodbyes and queued sends leave before the endpoint goes away.
+      const absl::Time flush_deadline = absl::Now() + options_.close_flush_timeout;
+      while (tx_free_.size() < tx_ctx_.size() && absl::Now() < flush_deadline) {
+        AwaitProgressLocked(flush_deadline);
+      }
+    }
+    closed_ = true;
+    events_.clear();
+    if (poller_blocked_) KickPollerLocked();
+    auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !poller_active_; };
+    mu_.Await(absl::Condition(&idle));
+    background = std::move(background_);
+  }
+  if (background.joinable()) background.join();
+  absl::MutexLock l(&mu_);
+  CHECK_EQ(live_regions_, 0) << backend_ << " transport " << local_text_
+                             << " closed while memory regions are registered";
+  res_.reset();  // closes mr, ep, cq, av, domain, eq, fabric in that order
+  rma_ops_.clear();
+  wake_fd_.reset();
+  cq_fd_ = -1;
+}
+
+// ---- RMA ----------------------------------------------------------------------------------
+
+absl::StatusOr<std::unique_ptr<MemoryRegion>> FabricTransport::RegisterMemory(void* address,
+                                                                              size_t length,
+                                                                              uint32_t access) {
+  if (address == nullptr || length == 0) {
+    return absl::InvalidArgumentError("RegisterMemory: empty range");
+  }
+  absl::MutexLock l(&mu_);
+  if (closing_) return ClosedError();
+  if (res_ == nullptr) {
+    return absl::FailedPreconditionError("RegisterMemory: Listen or Connect first");
+  }
+  uint64_t fi_access = FI_READ | FI_WRITE;
+  if (access & kRemoteRead) fi_access |= FI_REMOTE_READ;
+  if (access & kRemoteWrite) fi_access |= FI_REMOTE_WRITE;
+  fid_mr* mr = nullptr;
+  int rc = fi_mr_reg(res_->domain.get(), address, length, fi_access, 0,
+                     prov_key_ ? 0 : next_mr_key_++, 0, &mr, nullptr);
+  if (rc != 0) {
+    return FiStatus(rc, absl::StrCat("fi_mr_reg of ", length, " bytes at 0x",
+                                     absl::Hex(reinterpret_cast<uintptr_t>(address))));
+  }
+  ++live_regions_;
+  // With FI_MR_PROV_KEY the provider chose the key; without it, fi_mr_key returns ours.
+  return std::unique_ptr<MemoryRegion>(new FabricRegion(this, address, length, mr, fi_mr_key(mr)));
+}
+
+void FabricTransport::ReleaseRegion(fid_mr* mr) {
+  absl::MutexLock l(&mu_);
+  int rc = fi_close(&mr->fid);
+  if (rc != 0) LOG(ERROR) << local_text_ << ": fi_close(mr): " << fi_strerror(-rc);
+  --live_regions_;
+}
+
+absl::Status FabricTransport::Rma(bool write, PeerId peer, const MemoryRegion& local,
+                                  size_t local_offset, const RemoteBuffer& remote,
+                                  uint64_t remote_offset, size_t length, absl::Time deadline) {
+  const char* op = write ? "RMA write" : "RMA read";
+  STRETCH_RETURN_IF_ERROR(CheckRmaRanges(local, local_offset, remote, remote_offset, length));
+  auto* region = dynamic_cast<const FabricRegion*>(&local);
+  if (region == nullptr || region->owner() != this) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(op, ": the local region is not registered with this transport"));
+  }
+  absl::MutexLock l(&mu_);
+  if (closing_) return ClosedError();
+  Peer* p = FindPeerLocked(peer.value());
+  if (p == nullptr || p->state == PeerState::kConnecting) {
+    return absl::NotFoundError(absl::StrCat(op, ": unknown peer ", peer.value()));
+  }
+  auto owned = std::make_unique<OpContext>();
+  OpContext* ctx = owned.get();
+  ctx->kind = OpContext::Kind::kRma;
+  ctx->peer = peer.value();
+  rma_ops_.emplace(ctx, std::move(owned));
+  uint8_t* buf = static_cast<uint8_t*>(local.address()) + local_offset;
+  void* desc = region->desc();
+  // FI_MR_VIRT_ADDR: the target address is virtual; otherwise an offset into the region.
+  const uint64_t target = virt_addr_ ? remote.address + remote_offset : remote_offset;
+  auto fail = [&](absl::Status s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (ctx->done || !ctx->abandoned) rma_ops_.erase(ctx);
+    return s;
+  };
+  bool posted = false;
+  while (true) {
+    if (closing_) {
+      ctx->abandoned = true;
+      return ClosedError();
+    }
+    if (p->state != PeerState::kConnected) {
+      if (posted && !ctx->done) {
+        ctx->abandoned = true;
+        return absl::UnavailableError(absl::StrCat(op, " at ", PeerName(*p), ": disconnected"));
+      }
+      return fail(absl::UnavailableError(
+          absl::StrCat(op, " at ", PeerName(*p), ": disconnected: ", p->why.message())));
+    }
+    if (posted && ctx->done) {
+      absl::Status s =
+          ctx->status.ok()
+              ? absl::OkStatus()
+              : absl::Status(ctx->status.code(),
+                             absl::StrCat(op, " of ", length, " bytes at ", PeerName(*p), " key ",
+                                          remote.key, ": ", ctx->status.message()));
+      (write ? stats_.rma_writes : stats_.rma_reads).Add();
+      return fail(s);
+    }
+    const absl::Time now = absl::Now();
+    if (now >= deadline) {
+      absl::Status why = absl::DeadlineExceededError(absl::StrCat(
+          op, " of ", length, " bytes at ", PeerName(*p), ": no completion before the deadline"));
+      DisconnectPeerLocked(*p, why, /*say_bye=*/true, /*queue_event=*/true);
+      if (posted) {
+        ctx->abandoned = true;
+        return why;
+      }
+      return fail(why);
+    }
+    if (!posted) {
+      ssize_t rc =
+          write ? fi_write(res_->ep.get(), buf, length, desc, p->addr, target, remote.key, ctx)
+                : fi_read(res_->ep.get(), buf, length, desc, p->addr, target, remote.key, ctx);
+      if (rc == 0) {
+        posted = true;
+        continue;
+      }
+      if (rc != -FI_EAGAIN) {
+        return fail(
+            FiStatus(static_cast<int>(rc), absl::StrCat(write ? "fi_write" : "fi_read", " of ",
+                                                        length, " bytes at ", PeerName(*p))));
+      }
+      ProgressLocked();
+      AwaitProgressLocked(std::min(deadline, now + absl::Milliseconds(1)));
+      continue;
+    }
+    AwaitProgressLocked(deadline);
+  }
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Transport>> CreateFabricTransport(absl::string_view backend,
+                                                                 absl::string_view provider,
+                                                                 TransportOptions options) {
+  ConfigureLibfabricEnvironment();
+  if (std::string(backend) == "verbs") options.verbs_mr_rules = true;
+  if (options.heartbeat_interval <= absl::ZeroDuration() ||
+      options.peer_timeout <= options.heartbeat_interval) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("transport options: need 0 < heartbeat_interval (",
+                     absl::FormatDuration(options.heartbeat_interval), ") < peer_timeout (",
+                     absl::FormatDuration(options.peer_timeout), ")"));
+  }
+  // Probe now, so an unavailable provider fails at creation rather than at Listen().
+  auto info = GetInfo(provider, options.verbs_mr_rules, nullptr, nullptr, 0, FI_FORMAT_UNSPEC);
+  if (!info.ok()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(info.status().message(), ". ", ProviderAdvice(provider)));
+  }
+  fi_freeinfo(*info);
+  return std::unique_ptr<Transport>(
+      new FabricTransport(std::string(backend), std::string(provider), std::move(options)));
+}
+
+}  // namespace stretch::transport

@@ -1,0 +1,52 @@
+// The libfabric Transport: reliable datagram (FI_EP_RDM) endpoints of the rxm utility
+// provider over a connected core provider, `tcp;ofi_rxm` or `verbs;ofi_rxm`. One class serves
+// both; the provider string and the memory-registration rules are the only differences.
+//
+// Use it through CreateTransport("tcp" | "verbs", options) (transport/create_transport.h);
+// this header exists for that table and for tests that need provider details.
+//
+// Design (see fabric_transport.cc for details):
+//   * Every network message is one fragment: a 40-byte header (type, receiver's handle for
+//     the sender, sender incarnation, sequence number, lengths) and up to fragment_size - 40
+//     payload bytes, copied into a pre-posted, pre-registered buffer. Larger messages are
+//     split and reassembled, so max_msg_size of the provider never limits message size and
+//     every fragment stays within rxm's eager protocol. Fragments carry per-peer sequence
+//     numbers; the receiver delivers strictly in order.
+//   * rxm hides connections, so the transport runs its own handshake (HELLO / HELLO_ACK
+//     carrying each side's handle and incarnation) and liveness: heartbeats to idle peers,
+//     a peer_timeout on silence, send-error completions, and BYE on orderly close.
+//   * Progress is driven by whichever thread waits: a thread blocked in Receive() (or in a
+//     Send() that ran out of buffers, or in Connect()) reads the completion queue itself and
+//     sleeps in poll() on the CQ's wait fd plus an eventfd used to wake it. A background
+//     thread drives progress every progress_interval only when nobody else is waiting, so a
+//     Receive() caller gets its message with no thread hand-off.
+//   * Data progress is FI_PROGRESS_MANUAL and the domain is FI_THREAD_DOMAIN: every libfabric
+//     call runs under the transport's one mutex.
+#ifndef STRETCH_TRANSPORT_FABRIC_TRANSPORT_H_
+#define STRETCH_TRANSPORT_FABRIC_TRANSPORT_H_
+
+#include <memory>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "transport/transport.h"
+
+namespace stretch::transport {
+
+// Creates an unbound libfabric transport named `backend` ("tcp", "verbs") over `provider`
+// ("tcp;ofi_rxm", "verbs;ofi_rxm"). Fails with FailedPrecondition, and advice on what
+// `fi_info -p <provider>` should show, when libfabric does not offer the provider here.
+// Thread-safe.
+absl::StatusOr<std::unique_ptr<Transport>> CreateFabricTransport(absl::string_view backend,
+                                                                 absl::string_view provider,
+                                                                 TransportOptions options);
+
+// Sets libfabric's process-wide environment before its first use (CreateFabricTransport calls
+// it; a main() that calls fi_getinfo itself, e.g. `stretchd check`, should call it first).
+// Today: FI_MR_CACHE_MONITOR=disabled unless the user set it (see the .cc for why).
+// Thread-safe and idempotent.
+void ConfigureLibfabricEnvironment();
+
+}  // namespace stretch::transport
+
+#endif  // STRETCH_TRANSPORT_FABRIC_TRANSPORT_H_
