@@ -16,15 +16,15 @@
 namespace stretch::transport {
 
 absl::StatusOr<InetAddress> InetAddress::FromSockaddr(const void* addr, size_t length) {
-  InetAddress a;
-  if (length == sizeof(sockaddr_in) &&
-      reinterpret_cast<const sockaddr_in*>(addr)->sin_family == AF_INET) {
-  } else if (length == sizeof(sockaddr_in6) &&
-             reinterpret_cast<const sockaddr_in6*>(addr)->sin6_family == AF_INET6) {
-  } else {
+  // `addr` may be unaligned (e.g. inside an EndpointAddress blob): copy, never dereference.
+  sa_family_t family = AF_UNSPEC;
+  if (length >= sizeof family) memcpy(&family, addr, sizeof family);
+  if (!((length == sizeof(sockaddr_in) && family == AF_INET) ||
+        (length == sizeof(sockaddr_in6) && family == AF_INET6))) {
     return absl::InvalidArgumentError(
         absl::StrCat("not an IPv4 or IPv6 socket address (", length, " bytes)"));
   }
+  InetAddress a;
   std::memcpy(&a.storage_, addr, length);
   a.length_ = static_cast<socklen_t>(length);
   return a;
@@ -93,7 +93,6 @@ absl::StatusOr<InetAddress> ParseInetAddress(absl::string_view text, PortPolicy 
   }
   if (port == 0 && policy == kRequirePort) return bad("port 0 (a peer needs a real port)");
   std::string host_str(host);
-  InetAddress a;
   if (v6) {
     sockaddr_in6 sa{};
     sa.sin6_family = AF_INET6;
