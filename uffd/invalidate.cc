@@ -488,6 +488,31 @@ absl::Status InvalidationHelper::Remove(RemoteThread& thread, absl::Time deadlin
 absl::Status InvalidateByInjection(RemoteThread& thread, absl::Span<const uintptr_t> pages) {
   std::vector<std::pair<uintptr_t, size_t>> ranges;
   ToRanges(pages, &ranges);
+  if (ranges.size() > 1) {
+    // One injected process_madvise(PIDFD_SELF) with the iovecs written below the thread's
+    // stack pointer (past the red zone; the thread is stopped, nothing else uses it there).
+    std::vector<struct iovec> iov;
+    uint64_t bytes = 0;
+    for (const auto& [start, len] : ranges) {
+      iov.push_back({reinterpret_cast<void*>(start), len});
+      bytes += len;
+    }
+    const size_t size = iov.size() * sizeof(struct iovec);
+    const uintptr_t at = (thread.saved_regs().rsp - 128 - size) & ~uintptr_t{15};
+    RemoteMemory mem(thread.tgid());
+    if (size <= 16 * 1024 && mem.Write({{at, iov.data(), size}}).ok()) {
+      STRETCH_ASSIGN_OR_RETURN(
+          int64_t r,
+          thread.Syscall(SYS_process_madvise, {static_cast<uint64_t>(PIDFD_SELF_THREAD_GROUP), at,
+                                               iov.size(), MADV_DONTNEED, 0}));
+      if (r == static_cast<int64_t>(bytes)) return absl::OkStatus();
+      if (r >= 0 || (r != -EINVAL && r != -EBADF)) {
+        return r < 0 ? ErrnoStatus(static_cast<int>(-r), "process_madvise in the target")
+                     : absl::InternalError("process_madvise in the target: partial");
+      }
+      // EINVAL/EBADF: no PIDFD_SELF on this kernel; one madvise per range below.
+    }
+  }
   for (const auto& [start, len] : ranges) {
     STRETCH_RETURN_IF_ERROR(
         thread.SyscallOrError("madvise(MADV_DONTNEED)", SYS_madvise, {start, len, MADV_DONTNEED})

@@ -130,8 +130,10 @@ class InvalidationHelper {
 };
 
 // Makes pages missing by injecting madvise(MADV_DONTNEED) through ptrace into `thread` (in a
-// ptrace-stop of the calling thread), one injected call per run of adjacent pages. Slower
-// than the helper (a ptrace round trip per call) but needs nothing in the target.
+// ptrace-stop of the calling thread): one injected process_madvise(PIDFD_SELF) for a batch
+// (its iovecs written just below the stopped thread's stack pointer), or one madvise per run
+// of adjacent pages where that is not possible. Slower than the helper (a ptrace round trip
+// and a stop of the thread) but needs nothing in the target.
 absl::Status InvalidateByInjection(RemoteThread& thread, absl::Span<const uintptr_t> pages);
 
 // Drops [offset, offset+len) of a shmem file (a memfd the agent holds a descriptor of) with
