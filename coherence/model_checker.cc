@@ -380,7 +380,7 @@ class Codec {
 
 class Sim {
  public:
-  Sim(const ModelOptions& o, World* w) : o_(o), w_(*w), e_(o.nodes + 1), ch_(o) {}
+  Sim(const ModelOptions& o, World* w) : o_(o), w_(*w), ch_(o) {}
 
   // The first violation of this transition ("" if none).
   const std::string& violation() const { return violation_; }
@@ -712,7 +712,6 @@ class Sim {
 
   const ModelOptions& o_;
   World& w_;
-  const int e_;
   const Channels ch_;
   std::string violation_;
   std::vector<int> cells_;
@@ -723,7 +722,7 @@ class Sim {
 
 class Checker {
  public:
-  explicit Checker(const ModelOptions& o) : o_(o), e_(o.nodes + 1), codec_(o) {
+  explicit Checker(const ModelOptions& o) : o_(o), codec_(o) {
     CHECK(o.nodes >= 1 && o.nodes <= kMaxModelNodes) << "nodes must be 1.." << kMaxModelNodes;
     CHECK(o.pages >= 1 && o.pages <= kMaxModelPages) << "pages must be 1.." << kMaxModelPages;
     CHECK(o.threads >= 1) << "threads must be >= 1";
@@ -869,7 +868,9 @@ class Checker {
     for (int c = 0; c < static_cast<int>(w.chan.size()); ++c) {
       if (!w.chan[c].empty()) busy.push_back(c);
     }
-    for (auto [n, t] : ready) {
+    for (const auto& [node, thread] : ready) {
+      const int n = node;
+      const int t = thread;
       for (LocalOp op : kinds_) {
         for (int p = 0; p < o_.pages; ++p) {
           const char* opname = op == LocalOp::kLoad    ? "Load"
@@ -979,7 +980,6 @@ class Checker {
   }
 
   const ModelOptions& o_;
-  const int e_;
   Codec codec_;
   std::vector<LocalOp> kinds_;
   StateStore store_;
