@@ -27,6 +27,9 @@ DEFINE_bool(symmetry, true,
 DEFINE_bool(per_page_channels, true,
             "one FIFO channel per (source, destination, page); false: one per (source, "
             "destination), i.e. messages about different pages stay in order too");
+DEFINE_bool(late_faults, false,
+            "also let an access the copy allows fault anyway (a fault read after a racing "
+            "install)");
 DEFINE_uint64(max_states, 0, "stop after this many states (0: no limit)");
 DEFINE_int32(max_reports, 3, "violations to describe with a trace");
 DEFINE_bool(coverage, false, "list the transition-table cells the search exercised");
@@ -84,6 +87,7 @@ int main(int argc, char** argv) {
   o.evicts = FLAGS_op_kinds.find('e') != std::string::npos;
   o.symmetry = FLAGS_symmetry;
   o.per_page_channels = FLAGS_per_page_channels;
+  o.late_faults = FLAGS_late_faults;
   o.max_states = FLAGS_max_states;
   o.max_reports = FLAGS_max_reports;
   const auto start = std::chrono::steady_clock::now();

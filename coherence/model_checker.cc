@@ -389,32 +389,25 @@ class Sim {
   const std::vector<int>& cells() const { return cells_; }
 
   // Thread t of node n starts operation `op` on page p.
-  void RunOp(int n, int t, LocalOp op, int p) {
+  // Whether node n's copy of page p lets `op` go ahead without a fault.
+  bool Allows(int n, int p, LocalOp op) {
+    return op == LocalOp::kLoad ? mem(n, p).present : mem(n, p).writable;
+  }
+
+  // Thread t of node n starts operation `op` on page p. With `late_fault` the access faults
+  // although the copy allows it: the fault was taken just before a racing install and the
+  // agent reads it afterwards.
+  void RunOp(int n, int t, LocalOp op, int p, bool late_fault = false) {
     Thread& th = w_.thread[n * o_.threads + t];
-    const Mem& m = mem(n, p);
-    switch (op) {
-      case LocalOp::kLoad:
-        if (m.present) {
-          Perform(n, t, op, p);
-        } else {
-          th.page = static_cast<int8_t>(p);
-          th.op = op;
-          Raise(n, p, op, 0);
-        }
-        break;
-      case LocalOp::kStore:
-        if (m.writable) {
-          Perform(n, t, op, p);
-        } else {
-          th.page = static_cast<int8_t>(p);
-          th.op = op;
-          Raise(n, p, op, 0);
-        }
-        break;
-      case LocalOp::kEvict:
-        ++th.pc;
-        Raise(n, p, op, 0);
-        break;
+    if (op == LocalOp::kEvict) {
+      ++th.pc;
+      Raise(n, p, op, 0);
+    } else if (Allows(n, p, op) && !late_fault) {
+      Perform(n, t, op, p);
+    } else {
+      th.page = static_cast<int8_t>(p);
+      th.op = op;
+      Raise(n, p, op, 0);
     }
   }
 
@@ -854,8 +847,9 @@ class Checker {
         out->buf += scratch_;
       }
     };
-    codec_.Decode(state, &w_);
-    World& w = w_;
+    // The parent, read while w_ holds each successor in turn.
+    codec_.Decode(state, &parent_);
+    World& w = parent_;
     // Thread operations.
     std::vector<std::pair<int, int>> ready;
     for (int n = 0; n < o_.nodes; ++n) {
@@ -878,14 +872,19 @@ class Checker {
                                                        : "Evict";
           emit(labels ? absl::StrFormat("n%d.t%d %s(p%d)", n, t, opname, p) : std::string(),
                [&](Sim& sim) { sim.RunOp(n, t, op, p); });
+          if (o_.late_faults && op != LocalOp::kEvict && Sim(o_, &w).Allows(n, p, op)) {
+            emit(labels ? absl::StrFormat("n%d.t%d %s(p%d), late fault", n, t, opname, p)
+                        : std::string(),
+                 [&](Sim& sim) { sim.RunOp(n, t, op, p, /*late_fault=*/true); });
+          }
         }
       }
     }
     for (int c : busy) {
       std::string label;
       if (labels) {
-        const Msg& m = w_.chan[c].front();
-        Sim names(o_, &w_);
+        const Msg& m = w.chan[c].front();
+        Sim names(o_, &w);
         label = absl::StrFormat(
             "deliver %s -> %s: %s%s p%d v%d%s", names.EndpointName(Channels(o_).Src(c)),
             names.EndpointName(Channels(o_).Dst(c)), wire::Name(m.op),
@@ -987,6 +986,7 @@ class Checker {
   size_t depth_ = 0;
   absl::flat_hash_set<uint64_t> on_path_;
   World w_;
+  World parent_;
   std::string scratch_;
   ModelResult result_;
   std::vector<bool> cells_ = std::vector<bool>(kNodeCells + kDirCells);

@@ -58,6 +58,9 @@ struct ModelOptions {
   // Treat worlds that differ only by a renaming of the nodes as one state (sound: nodes are
   // interchangeable). Off: traces name the nodes literally.
   bool symmetry = true;
+  // Also let an access that the copy allows fault anyway (the agent reads a fault taken just
+  // before a racing install), which exercises the lines' answers to such late faults.
+  bool late_faults = false;
   uint64_t max_states = 0;  // stop after this many states (0: no limit); result incomplete
   int max_reports = 3;      // violations described in full (with a trace)
   // Called every `progress_every` new states (0: never) with the number of states so far.

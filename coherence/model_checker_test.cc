@@ -68,6 +68,18 @@ TEST(ModelCheckerTest, TwoThreadsPerNodeMergeConcurrentFaults) {
   }
 }
 
+TEST(ModelCheckerTest, LateFaultsAreAnsweredByAWake) {
+  // A second thread is needed to fault while the first one's upgrade is in flight.
+  ModelOptions o = Config(2, 1, 2);
+  o.threads = 2;
+  o.late_faults = true;
+  const ModelResult r = RunModelCheck(o);
+  ExpectClean(r);
+  for (const char* cell : {"S+Load", "M+Load", "M+Store", "SM_AD+Load", "M_A+Load"}) {
+    EXPECT_TRUE(Has(r.node_cells, cell)) << cell;
+  }
+}
+
 TEST(ModelCheckerTest, StopsAtMaxStates) {
   ModelOptions o = Config(3, 2, 2);
   o.max_states = 1000;
