@@ -165,6 +165,8 @@ void FaultLoop::Run() {
       continue;
     }
     if (stopping_.load(std::memory_order_acquire)) break;
+    // Everything read so far is dispatched: drop announcements whose events never came.
+    if (has_forgets_.load(std::memory_order_acquire)) ApplyForgottenRemoves();
     if (read_first) {
       // After dispatching, read once more before sleeping in poll(): under load the next
       // fault is usually there already, and this saves a poll() per fault on the hot path.
@@ -229,6 +231,7 @@ int FaultLoop::ReadBatch(struct uffd_msg* out, int capacity) {
 }
 
 void FaultLoop::Dispatch(struct uffd_msg* msgs, int n) {
+  DCHECK(OnLoopThread());
   Stats& stats = uffd_->stats();
   const int64_t now = MonotonicNs();
   // Pass 1, under one lock: mark every faulting page pending; a page that already was (from an
@@ -293,13 +296,21 @@ void FaultLoop::HandleEvent(const struct uffd_msg& msg) {
       ev.new_start = msg.arg.remap.to;
       ForgetRange(ev.start, ev.end);
       break;
-    case UFFD_EVENT_REMOVE:
+    case UFFD_EVENT_REMOVE: {
       stats.events_remove.Add();
       ev.kind = UffdEvent::kRemove;
       ev.start = msg.arg.remove.start;
       ev.end = msg.arg.remove.end;
       ForgetRange(ev.start, ev.end);
+      absl::MutexLock l(&mu_);
+      auto it = expected_removes_.find({ev.start, ev.end});
+      if (it != expected_removes_.end()) {
+        if (--it->second == 0) expected_removes_.erase(it);
+        stats.events_remove_own.Add();
+        return;  // The agent's own invalidation.
+      }
       break;
+    }
     case UFFD_EVENT_UNMAP:
       stats.events_unmap.Add();
       ev.kind = UffdEvent::kUnmap;
@@ -332,6 +343,32 @@ void FaultLoop::ForgetRange(uintptr_t start, uintptr_t end) {
     }
   }
   if (end > start) uffd_->Wake(PageDown(start), PageUp(end) - PageDown(start));
+}
+
+void FaultLoop::ExpectRemoves(absl::Span<const std::pair<uintptr_t, size_t>> ranges) {
+  absl::MutexLock l(&mu_);
+  for (const auto& [start, len] : ranges) ++expected_removes_[{start, start + len}];
+}
+
+void FaultLoop::ForgetExpectedRemoves(absl::Span<const std::pair<uintptr_t, size_t>> ranges) {
+  absl::MutexLock l(&mu_);
+  for (const auto& [start, len] : ranges) forget_removes_.emplace_back(start, start + len);
+  has_forgets_.store(true, std::memory_order_release);
+  if (!running()) ApplyForgottenRemovesLocked();
+}
+
+void FaultLoop::ApplyForgottenRemoves() {
+  absl::MutexLock l(&mu_);
+  ApplyForgottenRemovesLocked();
+}
+
+void FaultLoop::ApplyForgottenRemovesLocked() {
+  for (const auto& range : forget_removes_) {
+    auto it = expected_removes_.find(range);
+    if (it != expected_removes_.end() && --it->second == 0) expected_removes_.erase(it);
+  }
+  forget_removes_.clear();
+  has_forgets_.store(false, std::memory_order_relaxed);
 }
 
 int64_t FaultLoop::TakePending(uintptr_t page) {

@@ -30,7 +30,10 @@
 //              as zeros) — the node agent must take it or kill the child.
 //   kRemap   — mremap moved [start, end) to new_start (a kUnmap of the old range follows).
 //   kRemove  — madvise(DONTNEED/REMOVE) dropped [start, end): those pages read as zeros now
-//              in the program's view (the DSM must not refetch old contents).
+//              in the program's view (the DSM must not refetch old contents). The agent's
+//              own invalidations (InvalidationHelper's madvise) raise the same event; ranges
+//              announced with ExpectRemoves() are not delivered (they count as
+//              events_remove_own), so the handler sees only the program's own discards.
 //   kUnmap   — munmap (or mmap over) of [start, end).
 //   For these three the loop first forgets pending faults in the old range and wakes it:
 //   threads blocked there retry, fault again where memory still is, and get the native
@@ -51,6 +54,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -58,6 +62,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/types/span.h"
 #include "core/unique_fd.h"
 #include "uffd/userfaultfd.h"
 
@@ -147,6 +152,16 @@ class FaultLoop {
   // Copy, say). Call it BEFORE the operation that wakes the waiters.
   void Release(uintptr_t page);
 
+  // The agent is about to madvise(DONTNEED) these [start, start+len) ranges of the target
+  // itself: each matching kRemove event is consumed instead of delivered. Events carry no
+  // sender, so exactness is by count: with the program discarding the very same range at the
+  // same moment, one of the two events is delivered, which is the right net effect.
+  // ForgetExpectedRemoves() drops announcements whose event never came (the madvise failed);
+  // the loop applies it only after dispatching every message it had read by then, so an
+  // event that did come is still recognised.
+  void ExpectRemoves(absl::Span<const std::pair<uintptr_t, size_t>> ranges);
+  void ForgetExpectedRemoves(absl::Span<const std::pair<uintptr_t, size_t>> ranges);
+
   // Pages with a fault delivered and not yet resolved.
   size_t pending_count() const;
   Userfaultfd& uffd() const { return *uffd_; }
@@ -163,6 +178,8 @@ class FaultLoop {
   void Dispatch(struct uffd_msg* msgs, int n);
   void HandleEvent(const struct uffd_msg& msg);
   void ForgetRange(uintptr_t start, uintptr_t end);
+  void ApplyForgottenRemoves();
+  void ApplyForgottenRemovesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // On kAgain on the loop thread: reads what is queued (so the pending event is
   // acknowledged), parks the messages for Run() and retries `op` until it stops saying kAgain.
   template <typename Op>
@@ -181,6 +198,7 @@ class FaultLoop {
   std::atomic<bool> running_thread_{false};  // loop_thread_ is set
   std::atomic<bool> running_{true};
   std::atomic<bool> stopping_{false};
+  std::atomic<bool> has_forgets_{false};  // forget_removes_ is not empty
 
   // Loop thread only (DCHECKed through OnLoopThread() where it matters): the read buffer;
   // messages read while a callback waits out an EAGAIN, to be dispatched after it returns;
@@ -195,6 +213,10 @@ class FaultLoop {
   mutable absl::Mutex mu_;
   // Pages with a delivered, unresolved fault -> when the first fault on it was read (ns).
   absl::flat_hash_map<uintptr_t, int64_t> pending_ ABSL_GUARDED_BY(mu_);
+  // Announced own-discard ranges (start, end) -> how many events to consume.
+  absl::flat_hash_map<std::pair<uintptr_t, uintptr_t>, int> expected_removes_ ABSL_GUARDED_BY(mu_);
+  // Announcements to drop, applied by the loop thread before it reads again.
+  std::vector<std::pair<uintptr_t, uintptr_t>> forget_removes_ ABSL_GUARDED_BY(mu_);
   absl::Status status_ ABSL_GUARDED_BY(mu_);
 };
 

@@ -416,6 +416,14 @@ absl::Status InvalidationHelper::RunCommand(uint32_t op, uint32_t count, uint64_
 }
 
 absl::Status InvalidationHelper::SendRanges(absl::Span<const std::pair<uintptr_t, size_t>> ranges) {
+  FaultLoop* const loop = options_.loop;
+  const bool announce = loop != nullptr && loop->uffd().has_feature(UFFD_FEATURE_EVENT_REMOVE);
+  if (announce && loop->OnLoopThread()) {
+    return absl::FailedPreconditionError(
+        "Invalidate() on the fault-loop thread of a uffd with EVENT_REMOVE: the helper's "
+        "madvise would wait for this very thread to read the event; call it from another "
+        "thread");
+  }
   for (size_t i = 0; i < ranges.size(); i += kMaxRanges) {
     const size_t n = std::min(kMaxRanges, ranges.size() - i);
     uint64_t bytes = 0;
@@ -424,7 +432,13 @@ absl::Status InvalidationHelper::SendRanges(absl::Span<const std::pair<uintptr_t
       control_->iov[j].iov_len = ranges[i + j].second;
       bytes += ranges[i + j].second;
     }
-    STRETCH_RETURN_IF_ERROR(RunCommand(kOpDontneed, static_cast<uint32_t>(n), bytes));
+    const auto chunk = ranges.subspan(i, n);
+    if (announce) loop->ExpectRemoves(chunk);
+    absl::Status s = RunCommand(kOpDontneed, static_cast<uint32_t>(n), bytes);
+    if (!s.ok()) {
+      if (announce) loop->ForgetExpectedRemoves(chunk);
+      return s;
+    }
   }
   return absl::OkStatus();
 }

@@ -47,6 +47,7 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "core/unique_fd.h"
+#include "uffd/fault_loop.h"
 #include "uffd/inject.h"
 #include "uffd/process.h"
 #include "uffd/stats.h"
@@ -71,6 +72,12 @@ class InvalidationHelper {
     absl::Duration timeout = absl::Seconds(1);
     // Counters to update; nullptr means this object's own.
     Stats* stats = nullptr;
+    // The loop reading the target's uffd, if any. When that uffd has EVENT_REMOVE (CRIU's
+    // does), every madvise of the helper raises a REMOVE event and waits until the loop has
+    // read it: the helper announces its ranges (FaultLoop::ExpectRemoves) so the handler does
+    // not take them for the program's own discards, and Invalidate() refuses to run on the
+    // loop thread, where it would wait for itself. Not owned.
+    FaultLoop* loop = nullptr;
   };
 
   // Places a helper thread in the process of `thread`, which must be in a ptrace-stop of the

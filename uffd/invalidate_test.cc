@@ -276,15 +276,56 @@ TEST_F(InvalidateTest, UnmappedPageIsNotFound) {
 }
 
 // With EVENT_REMOVE (as CRIU's uffd has), the helper's madvise raises a REMOVE event and waits
-// until the fault loop has read it; the loop does, and the invalidation completes.
+// until the fault loop has read it; the loop does, and the invalidation completes. Without
+// the loop in the options the handler sees the event as if the program had discarded the
+// page; with it, the event is recognised as the agent's own and not delivered.
 TEST_F(InvalidateTest, WorksWithEventRemoveOnTheUffd) {
   StartTarget(UFFD_FEATURE_EVENT_REMOVE);
   ReadPage(3);
-  auto helper = InjectHelper();
+  auto unaware = InjectHelper();
   server_.version = 5;
-  ASSERT_TRUE(helper->Invalidate({page(3)}).ok());
+  ASSERT_TRUE(unaware->Invalidate({page(3)}).ok());
   EXPECT_EQ(ReadPage(3), 5);
   EXPECT_EQ(server_.removes.load(), 1);
+  unaware.reset();
+
+  InvalidationHelper::Options o;
+  o.loop = loop_.get();
+  auto aware = InjectHelper(o);
+  server_.version = 6;
+  ASSERT_TRUE(aware->Invalidate({page(3), page(7), page(8)}).ok());
+  EXPECT_EQ(ReadPage(3), 6);
+  EXPECT_EQ(ReadPage(8), 6);
+  EXPECT_EQ(server_.removes.load(), 1);                    // Still only the first one.
+  EXPECT_EQ(uffd_->stats().Snap().events_remove_own, 2u);  // Two ranges: [3], [7, 9).
+  // A failed command (an unmapped range) leaves no announcement behind.
+  EXPECT_FALSE(aware->Invalidate({0x1000}).ok());
+  EXPECT_EQ(uffd_->stats().Snap().events_remove_own, 2u);
+}
+
+// Invalidating from the loop thread itself with EVENT_REMOVE would wait for itself.
+TEST_F(InvalidateTest, RefusesToRunOnTheLoopThreadWithEventRemove) {
+  StartTarget(UFFD_FEATURE_EVENT_REMOVE);
+  loop_->Stop();
+  class OnLoop : public FaultHandler {
+   public:
+    void OnFault(FaultLoop& loop, const Fault& f) override {
+      status = helper->Invalidate({f.page});
+      char page[kPageSize] = {};
+      loop.ResolveCopy(f.page, page);
+    }
+    InvalidationHelper* helper = nullptr;
+    absl::Status status;
+  } handler;
+  auto loop = FaultLoop::Start(uffd_.get(), &handler, {});
+  ASSERT_TRUE(loop.ok());
+  InvalidationHelper::Options o;
+  o.loop = loop->get();
+  auto helper = InjectHelper(o);
+  handler.helper = helper.get();
+  ReadPage(10);
+  (*loop)->Stop();
+  EXPECT_EQ(handler.status.code(), absl::StatusCode::kFailedPrecondition) << handler.status;
 }
 
 TEST_F(InvalidateTest, InjectionFallbackInvalidatesToo) {

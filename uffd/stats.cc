@@ -13,6 +13,7 @@ Stats::Snapshot Stats::Snap() const {
   s.events_remap = events_remap.Get();
   s.events_remove = events_remove.Get();
   s.events_unmap = events_unmap.Get();
+  s.events_remove_own = events_remove_own.Get();
   s.reads = reads.Get();
   s.messages = messages.Get();
   s.copies = copies.Get();
@@ -43,6 +44,7 @@ void Stats::Snapshot::WriteJson(JsonWriter& w) const {
   w.Field("events_remap", events_remap);
   w.Field("events_remove", events_remove);
   w.Field("events_unmap", events_unmap);
+  w.Field("events_remove_own", events_remove_own);
   w.Field("reads", reads);
   w.Field("messages", messages);
   w.Field("copies", copies);

@@ -31,6 +31,8 @@ struct Stats {
   Counter events_remap;
   Counter events_remove;
   Counter events_unmap;
+  // REMOVE events caused by the agent's own invalidations (announced, not delivered).
+  Counter events_remove_own;
   // read() calls that returned at least one message, and the messages they returned.
   Counter reads;
   Counter messages;
@@ -61,6 +63,7 @@ struct Stats {
   struct Snapshot {
     uint64_t faults_missing = 0, faults_wp = 0, faults_minor = 0, faults_merged = 0;
     uint64_t events_fork = 0, events_remap = 0, events_remove = 0, events_unmap = 0;
+    uint64_t events_remove_own = 0;
     uint64_t reads = 0, messages = 0;
     uint64_t copies = 0, zeropages = 0, continues = 0, moves = 0, wakes = 0;
     uint64_t protects = 0, unprotects = 0;
