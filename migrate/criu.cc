@@ -1,6 +1,7 @@
 #include "migrate/criu.h"
 
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -11,6 +12,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
 #include "core/status.h"
+#include "core/unique_fd.h"
 
 namespace stretch {
 namespace {
@@ -38,9 +40,12 @@ std::string SummarizeCriuLog(const std::string& log_path, int max_lines) {
     absl::string_view l = absl::StripAsciiWhitespace(line);
     if (l.empty()) continue;
     last = std::string(l);
-    // Lines look like "(00.012345) Error (criu/files.c:123): message".
+    // Lines look like "(00.012345) Error (criu/files.c:123): message". CRIU logs a failed
+    // attempt to raise its own fd limit as an error although it carries on; skip it.
     size_t pos = l.find("Error (");
-    if (pos != absl::string_view::npos && static_cast<int>(errors.size()) < max_lines) {
+    if (pos != absl::string_view::npos &&
+        l.find("RLIMIT_NOFILE for self") == absl::string_view::npos &&
+        static_cast<int>(errors.size()) < max_lines) {
       errors.emplace_back(l.substr(pos));
     }
   }
@@ -50,6 +55,11 @@ std::string SummarizeCriuLog(const std::string& log_path, int max_lines) {
 
 absl::Status Criu::Dump(pid_t pid, const std::string& images_dir, const DumpOptions& dump) {
   STRETCH_RETURN_IF_ERROR(MakeDir(images_dir));
+  // Concurrent dumps on one machine collide in CRIU's parasite (it creates a fixed-name
+  // directory: "Can't create a directory (-17)"); take a machine-wide lock.
+  UniqueFd lock(open(options_.dump_lock.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600));
+  if (!lock.valid()) return ErrnoStatus(errno, absl::StrCat("open ", options_.dump_lock));
+  if (flock(lock.get(), LOCK_EX) != 0) return ErrnoStatus(errno, "flock CRIU dump lock");
   std::string log = absl::StrCat(images_dir, "/dump.log");
   SubprocessOptions o;
   o.argv = {options_.binary,

@@ -36,6 +36,8 @@ struct CriuOptions {
   int log_level = 4;
   // How long a dump or a restore may take before it is killed.
   absl::Duration timeout = absl::Minutes(5);
+  // File locked around every dump on this machine (CRIU dumps cannot run concurrently).
+  std::string dump_lock = "/tmp/stretch-criu-dump.lock";
 };
 
 struct DumpOptions {

@@ -38,31 +38,6 @@ std::string TestProgram() {
 
 uint8_t Pattern(size_t i) { return static_cast<uint8_t>((i * 2654435761u) >> 13); }
 
-// Serves MISSING faults of one uffd from the checkpoint until `stop` is signalled.
-void ServeFromCheckpoint(int uffd, int stop, const CheckpointMemory* mem, std::atomic<int>* copied,
-                         std::atomic<int>* zeroed) {
-  for (;;) {
-    struct pollfd pfds[2] = {{uffd, POLLIN, 0}, {stop, POLLIN, 0}};
-    if (poll(pfds, 2, 60000) <= 0) return;
-    if (pfds[1].revents) return;
-    struct uffd_msg msgs[16];
-    ssize_t n = read(uffd, msgs, sizeof(msgs));
-    if (n <= 0) continue;
-    for (ssize_t i = 0; i < n / static_cast<ssize_t>(sizeof(uffd_msg)); ++i) {
-      if (msgs[i].event != UFFD_EVENT_PAGEFAULT) continue;
-      uintptr_t page = PageDown(msgs[i].arg.pagefault.address);
-      if (auto content = mem->Find(page)) {
-        struct uffdio_copy c = {page, reinterpret_cast<uintptr_t>(content->data()), kPageSize, 0,
-                                0};
-        if (ioctl(uffd, UFFDIO_COPY, &c) == 0) copied->fetch_add(1);
-      } else {
-        struct uffdio_zeropage z = {{page, kPageSize}, 0, 0};
-        if (ioctl(uffd, UFFDIO_ZEROPAGE, &z) == 0) zeroed->fetch_add(1);
-      }
-    }
-  }
-}
-
 class CriuTest : public ::testing::Test {
  protected:
   void SetUp() override { ASSERT_EQ(prctl(PR_SET_CHILD_SUBREAPER, 1), 0); }
@@ -125,7 +100,7 @@ TEST_F(CriuTest, DumpThenLazyRestoreServedFromTheCheckpoint) {
   const absl::Time deadline = absl::Now() + absl::Seconds(60);
   ASSERT_TRUE(listener->Accept(deadline).ok());
 
-  std::atomic<int> copied{0}, zeroed{0};
+  std::atomic<int> copied{0};
   UniqueFd stop(eventfd(0, EFD_CLOEXEC));
   std::vector<std::thread> servers;
   std::vector<UniqueFd> uffds;
@@ -137,8 +112,9 @@ TEST_F(CriuTest, DumpThenLazyRestoreServedFromTheCheckpoint) {
       case LazyPagesListener::Event::kTask: {
         EXPECT_EQ(ev->pid, 1);
         uffds.push_back(std::move(ev->uffd));
-        servers.emplace_back(ServeFromCheckpoint, uffds.back().get(), stop.get(), &*mem, &copied,
-                             &zeroed);
+        servers.emplace_back([fd = uffds.back().get(), s = stop.get(), m = &*mem, &copied] {
+          copied += testing::ServeFromCheckpoint(fd, s, *m);
+        });
         break;
       }
       case LazyPagesListener::Event::kZombie:

@@ -15,6 +15,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "core/status.h"
 
 extern char** environ;
@@ -37,6 +38,13 @@ void CloseOtherFds(int keep) {
 }
 
 }  // namespace
+
+ExitStatus ExitStatus::FromWaitStatus(int status) {
+  ExitStatus st;
+  st.signaled = WIFSIGNALED(status);
+  st.code = st.signaled ? WTERMSIG(status) : WEXITSTATUS(status);
+  return st;
+}
 
 std::string ExitStatus::ToString() const {
   if (signaled) return absl::StrCat("killed by signal ", code, " (", strsignal(code), ")");
@@ -62,6 +70,24 @@ absl::StatusOr<Subprocess> Subprocess::Start(const SubprocessOptions& o) {
   for (auto& e : env_store) envp.push_back(e.data());
   envp.push_back(nullptr);
 
+  std::string program = o.argv[0];
+  if (o.gate_before_exec && program.find('/') == std::string::npos) {
+    const char* path = getenv("PATH");
+    std::string found;
+    for (absl::string_view dir : absl::StrSplit(path ? path : "/usr/bin:/bin", ':')) {
+      std::string candidate = absl::StrCat(dir.empty() ? "." : dir, "/", program);
+      if (access(candidate.c_str(), X_OK) == 0) {
+        found = candidate;
+        break;
+      }
+    }
+    program = found;
+  }
+  if (o.gate_before_exec && access(program.c_str(), X_OK) != 0) {
+    return absl::NotFoundError(absl::StrCat("'", o.argv[0], "' is not an executable program"));
+  }
+  int gate[2] = {-1, -1};
+  if (o.gate_before_exec && pipe2(gate, O_CLOEXEC) != 0) return ErrnoStatus(errno, "pipe2");
   int errpipe[2];
   if (pipe2(errpipe, O_CLOEXEC) != 0) return ErrnoStatus(errno, "pipe2");
   const pid_t parent = getpid();
@@ -99,21 +125,36 @@ absl::StatusOr<Subprocess> Subprocess::Start(const SubprocessOptions& o) {
       dup2(f, fd);
       if (f != fd) close(f);
     }
+    if (o.gate_before_exec) {
+      // Wait for the gate before closing the other descriptors (it is one of them).
+      close(gate[1]);
+      char go;
+      while (read(gate[0], &go, 1) < 0 && errno == EINTR) {
+      }
+      close(gate[0]);
+    }
     CloseOtherFds(report);
     if (!o.cwd.empty() && chdir(o.cwd.c_str()) != 0) ChildFail(report, errno);
     if (o.new_pid_namespace) setsid();
-    execvpe(argv[0], argv.data(), envp.data());
+    execvpe(o.gate_before_exec ? program.c_str() : argv[0], argv.data(), envp.data());
     ChildFail(report, errno);
   }
   close(errpipe[1]);
+  Subprocess p;
+  p.pid_ = pid;
+  p.pidfd_.reset(static_cast<int>(syscall(SYS_pidfd_open, pid, 0)));
+  if (o.gate_before_exec) {
+    close(gate[0]);
+    close(errpipe[0]);
+    p.gate_.reset(gate[1]);
+    if (!p.pidfd_.valid()) return ErrnoStatus(errno, "pidfd_open");
+    return p;
+  }
   int child_errno = 0;
   ssize_t n;
   while ((n = read(errpipe[0], &child_errno, sizeof(child_errno))) < 0 && errno == EINTR) {
   }
   close(errpipe[0]);
-  Subprocess p;
-  p.pid_ = pid;
-  p.pidfd_.reset(static_cast<int>(syscall(SYS_pidfd_open, pid, 0)));
   if (n == sizeof(child_errno)) {
     p.Wait(absl::InfiniteFuture()).IgnoreError();
     return ErrnoStatus(child_errno, absl::StrCat("starting '", absl::StrJoin(o.argv, " "), "'"));
@@ -125,6 +166,7 @@ absl::StatusOr<Subprocess> Subprocess::Start(const SubprocessOptions& o) {
 Subprocess::Subprocess(Subprocess&& other) noexcept
     : pid_(std::exchange(other.pid_, -1)),
       pidfd_(std::move(other.pidfd_)),
+      gate_(std::move(other.gate_)),
       reaped_(std::exchange(other.reaped_, false)) {}
 
 Subprocess& Subprocess::operator=(Subprocess&& other) noexcept {
@@ -154,6 +196,13 @@ void Subprocess::Kill(int sig) {
   }
 }
 
+absl::Status Subprocess::OpenGate() {
+  if (!gate_.valid()) return absl::FailedPreconditionError("Subprocess: no gate to open");
+  if (write(gate_.get(), "g", 1) != 1) return ErrnoStatus(errno, "opening the exec gate");
+  gate_.reset();
+  return absl::OkStatus();
+}
+
 pid_t Subprocess::Release() {
   pidfd_.reset();
   reaped_ = true;
@@ -168,10 +217,7 @@ absl::StatusOr<ExitStatus> Subprocess::Wait(absl::Time deadline) {
     if (r < 0 && errno != EINTR) return ErrnoStatus(errno, absl::StrCat("waitpid ", pid_));
     if (r == pid_) {
       reaped_ = true;
-      ExitStatus st;
-      st.signaled = WIFSIGNALED(status);
-      st.code = st.signaled ? WTERMSIG(status) : WEXITSTATUS(status);
-      return st;
+      return ExitStatus::FromWaitStatus(status);
     }
     absl::Duration left = deadline - absl::Now();
     if (left <= absl::ZeroDuration()) {

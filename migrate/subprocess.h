@@ -37,6 +37,10 @@ struct SubprocessOptions {
   // so a checkpoint can be restored several times at once). pid() is then the init's pid as
   // seen from the caller's namespace.
   bool new_pid_namespace = false;
+  // The child waits just before exec until OpenGate() is called (so a tracer can attach
+  // before the program runs any instruction). Start() then cannot report exec failures, so it
+  // resolves argv[0] in PATH first and fails with NotFound if it is not executable.
+  bool gate_before_exec = false;
   // Kill the child if the creating thread exits (PR_SET_PDEATHSIG). Off for a program that
   // will be checkpointed: CRIU restores the setting and the restored tree's parent, CRIU
   // itself, exits right after the restore, which would kill the replica.
@@ -47,6 +51,8 @@ struct ExitStatus {
   bool signaled = false;
   int code = 0;  // exit code, or the signal number
   std::string ToString() const;
+  // From a waitpid() status.
+  static ExitStatus FromWaitStatus(int status);
 };
 
 class Subprocess {
@@ -64,11 +70,14 @@ class Subprocess {
   void Kill(int sig);
   // Stops owning the child: it will not be killed or reaped by this object.
   pid_t Release();
+  // Lets a child started with gate_before_exec go on to exec.
+  absl::Status OpenGate();
 
  private:
   Subprocess() = default;
   pid_t pid_ = -1;
   UniqueFd pidfd_;
+  UniqueFd gate_;
   bool reaped_ = false;
 };
 

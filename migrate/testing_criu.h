@@ -6,6 +6,10 @@
 
 #include "absl/time/time.h"
 
+namespace stretch {
+class CheckpointMemory;
+}
+
 namespace stretch::testing {
 
 // The CRIU binary for tests: $STRETCH_CRIU, else tools/setup's /usr/local/sbin/criu, else
@@ -22,6 +26,12 @@ class TempDir {
  private:
   std::string path_;
 };
+
+// Serves MISSING faults on `uffd` from `mem` (zero pages where the checkpoint has nothing)
+// until `stop_fd` is readable. Retries a copy that fails with EAGAIN (the address space is
+// changing; the non-cooperative event must be read first), wakes on EEXIST. Returns the number
+// of pages copied. For tests that restore a checkpoint without the DSM.
+int ServeFromCheckpoint(int uffd, int stop_fd, const stretch::CheckpointMemory& mem);
 
 // Reads a whole file ("" if missing).
 std::string ReadFileOrEmpty(const std::string& path);

@@ -403,6 +403,11 @@ class ThreadSupervisor::Impl {
         break;
       }
       case PTRACE_EVENT_EXEC:
+        if (options_.allow_first_exec && !exec_seen_) {
+          exec_seen_ = true;
+          OnStopped(tid, t);
+          break;
+        }
         LOG(ERROR) << "replica " << pid_ << " called exec, which Stretch does not support; "
                    << "killing it";
         kill(pid_, SIGKILL);
@@ -486,6 +491,7 @@ class ThreadSupervisor::Impl {
   std::shared_ptr<Command> attach_ ABSL_GUARDED_BY(state_mu_);
   std::shared_ptr<Command> detach_ ABSL_GUARDED_BY(state_mu_);
   bool leader_gone_ ABSL_GUARDED_BY(state_mu_) = false;
+  bool exec_seen_ ABSL_GUARDED_BY(state_mu_) = false;
 };
 
 ThreadSupervisor::ThreadSupervisor(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}

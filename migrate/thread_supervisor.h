@@ -40,6 +40,9 @@ struct SupervisorOptions {
   bool run_all_at_attach = false;
   // Kill the replica if the supervisor dies (PTRACE_O_EXITKILL).
   bool kill_on_exit = true;
+  // Let the first exec through (attaching to a launcher's child before it execs the program);
+  // any other exec kills the replica.
+  bool allow_first_exec = false;
 };
 
 // What a syscall hook decides at a traced thread's syscall entry.

@@ -1,0 +1,152 @@
+// RunOrigin on real programs: the migration point is found, the checkpoint holds every
+// thread, and a restore of it finishes the computation with the native output.
+#include "migrate/origin.h"
+
+#include <linux/userfaultfd.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/eventfd.h>
+#include <sys/ioctl.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "migrate/criu_images.h"
+#include "migrate/lazy_pages.h"
+#include "migrate/testing_criu.h"
+#include "migrate/thread_supervisor.h"
+
+namespace stretch {
+namespace {
+
+using ::testing::HasSubstr;
+
+std::string Workload(const std::string& name) {
+  const char* srcdir = getenv("TEST_SRCDIR");
+  const char* ws = getenv("TEST_WORKSPACE");
+  std::string base = srcdir && ws ? absl::StrCat(srcdir, "/", ws, "/") : "";
+  return absl::StrCat(base, "experiments/workloads/", name);
+}
+
+std::string NativeOutput(const std::vector<std::string>& argv, const std::string& dir) {
+  SubprocessOptions o;
+  o.argv = argv;
+  o.stdout_path = dir + "/native.out";
+  auto st = RunToCompletion(o, absl::Now() + absl::Seconds(60));
+  EXPECT_TRUE(st.ok() && !st->signaled && st->code == 0);
+  return testing::ReadFileOrEmpty(o.stdout_path);
+}
+
+class OriginTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    BlockSigchldInThisThread();
+    ASSERT_EQ(prctl(PR_SET_CHILD_SUBREAPER, 1), 0);
+  }
+  OriginOptions Options(std::vector<std::string> argv) {
+    OriginOptions o;
+    o.program.argv = std::move(argv);
+    o.program.stdout_path = dir_.path() + "/out";
+    o.program.stderr_path = dir_.path() + "/err";
+    o.images_dir = dir_.path() + "/images";
+    o.criu.binary = testing::CriuBinary();
+    o.timeout = absl::Seconds(60);
+    return o;
+  }
+  testing::TempDir dir_;
+};
+
+// Restores `images` without laziness problems: every fault served from the checkpoint.
+ExitStatus RestoreAndRun(const std::string& images, const std::string& work) {
+  auto mem = CheckpointMemory::Open(images, 1);
+  EXPECT_TRUE(mem.ok()) << mem.status();
+  mkdir(work.c_str(), 0700);
+  auto listener = LazyPagesListener::Listen(work);
+  EXPECT_TRUE(listener.ok());
+  Criu criu(CriuOptions{.binary = testing::CriuBinary()});
+  auto pending = criu.StartRestore({.images_dir = images, .work_dir = work, .lazy_pages = true});
+  EXPECT_TRUE(pending.ok());
+  absl::Time deadline = absl::Now() + absl::Seconds(60);
+  EXPECT_TRUE(listener->Accept(deadline).ok());
+  UniqueFd stop(eventfd(0, EFD_CLOEXEC));
+  std::vector<UniqueFd> uffds;
+  std::vector<std::thread> servers;
+  for (;;) {
+    auto ev = listener->Next(deadline);
+    EXPECT_TRUE(ev.ok()) << ev.status();
+    if (!ev.ok() || ev->kind == LazyPagesListener::Event::kRestoreFinished) break;
+    if (ev->kind != LazyPagesListener::Event::kTask) continue;
+    uffds.push_back(std::move(ev->uffd));
+    servers.emplace_back([fd = uffds.back().get(), s = stop.get(), m = &*mem] {
+      testing::ServeFromCheckpoint(fd, s, *m);
+    });
+  }
+  auto root = pending->Wait(deadline);
+  EXPECT_TRUE(root.ok()) << root.status();
+  int status = 0;
+  // The origin was stopped for the dump, so the replica comes back stopped (the agents'
+  // ThreadSupervisor continues it; here we do).
+  if (root.ok()) kill(*root, SIGCONT);
+  if (root.ok()) waitpid(*root, &status, 0);
+  uint64_t one = 1;
+  (void)!write(stop.get(), &one, 8);
+  for (auto& t : servers) t.join();
+  ExitStatus st;
+  st.signaled = WIFSIGNALED(status);
+  st.code = st.signaled ? WTERMSIG(status) : WEXITSTATUS(status);
+  return st;
+}
+
+TEST_F(OriginTest, ExplicitThreadCountThenRestoreGivesTheNativeResult) {
+  std::vector<std::string> argv = {Workload("matrix_multiply"), "--threads=3", "--size=200"};
+  std::string native = NativeOutput(argv, dir_.path());
+  auto o = Options(argv);
+  o.migrate_at_threads = 4;
+  auto r = RunOrigin(o);
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_FALSE(r->exited) << r->status.ToString();
+  // main + 3 workers, named by their tids in the program's PID namespace.
+  ASSERT_EQ(r->threads.size(), 4u);
+  EXPECT_EQ(r->threads[0], 1);
+  // Nothing printed yet: the result comes after the computation.
+  EXPECT_EQ(testing::ReadFileOrEmpty(dir_.path() + "/out"), "");
+  ExitStatus st = RestoreAndRun(r->images_dir, dir_.path() + "/work");
+  EXPECT_FALSE(st.signaled);
+  EXPECT_EQ(st.code, 0);
+  EXPECT_EQ(testing::ReadFileOrEmpty(dir_.path() + "/out"), native);
+}
+
+// The default policy waits for the main thread to block; here it joins workers that need
+// 20001 barrier phases, so it blocks in pthread_join long before they finish.
+TEST_F(OriginTest, DefaultPolicyMigratesWhenMainBlocks) {
+  auto o = Options({Workload("sync_torture"), "--test=barrier", "--threads=4", "--rounds=200000"});
+  auto r = RunOrigin(o);
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_FALSE(r->exited);
+  EXPECT_EQ(r->threads.size(), 5u);
+  ExitStatus st = RestoreAndRun(r->images_dir, dir_.path() + "/work");
+  EXPECT_EQ(st.code, 0) << testing::ReadFileOrEmpty(dir_.path() + "/err");
+  EXPECT_THAT(testing::ReadFileOrEmpty(dir_.path() + "/out"), HasSubstr("barrier: phases=20001"));
+}
+
+TEST_F(OriginTest, ProgramThatNeverCreatesThreadsJustRuns) {
+  auto r = RunOrigin(Options({"/bin/sh", "-c", "echo single; exit 5"}));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(r->exited);
+  EXPECT_EQ(r->status.code, 5);
+  EXPECT_EQ(testing::ReadFileOrEmpty(dir_.path() + "/out"), "single\n");
+}
+
+TEST_F(OriginTest, MissingProgramIsAClearError) {
+  auto r = RunOrigin(Options({"no-such-program-xyz"}));
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(r.status().message(), HasSubstr("'no-such-program-xyz' is not an executable"));
+}
+
+}  // namespace
+}  // namespace stretch
