@@ -197,6 +197,25 @@ TEST(UserfaultfdTest, CopyZeroPageAndExistingPages) {
   EXPECT_EQ(m.base()[7 * kPageSize], 0);  // Unregistered: an ordinary zero-fill fault.
 }
 
+TEST(UserfaultfdTest, StatsAreSharedAndPrintAsJson) {
+  Stats stats;
+  Userfaultfd::Options o;
+  o.stats = &stats;
+  auto u = Userfaultfd::Open(o);
+  ASSERT_TRUE(u.ok());
+  EXPECT_EQ(&(*u)->stats(), &stats);
+  Mapping m(1);
+  ASSERT_TRUE((*u)->Register(m.addr(), m.len(), kRegisterMissing).ok());
+  char src[kPageSize] = {};
+  ASSERT_TRUE((*u)->Copy(m.addr(), src, kPageSize).ok());
+  stats.fault_latency.Record(1500);
+  JsonWriter w;
+  stats.Snap().WriteJson(w);
+  EXPECT_THAT(w.str(), HasSubstr("\"copies\":1,"));
+  EXPECT_THAT(w.str(), HasSubstr("\"fault_latency\":{\"count\":1,"));
+  EXPECT_THAT(w.str(), HasSubstr("\"events_remove_own\":0"));
+}
+
 TEST(UserfaultfdTest, WriteProtectSetsAndClearsTheUffdWpBit) {
   auto u = OpenOrDie(UFFD_FEATURE_PAGEFAULT_FLAG_WP);
   Mapping m(2);
