@@ -147,7 +147,14 @@ TEST(FaultLoopTest, FaultStormOnOnePageIsMergedIntoOneResolution) {
   } handler;
   auto loop = FaultLoop::Start(s.uffd.get(), &handler, {});
   ASSERT_TRUE(loop.ok()) << loop.status();
-  WaitUntil([&] { return s.uffd->stats().Snap().faults_missing == kThreads; }, "all faults");
+  // Every thread's fault has been read (the count is taken before callbacks run) and the
+  // first callback has run.
+  WaitUntil(
+      [&] {
+        absl::MutexLock l(&handler.mu);
+        return s.uffd->stats().Snap().faults_missing == kThreads && !handler.faults.empty();
+      },
+      "all faults");
   std::vector<Fault> faults;
   {
     absl::MutexLock l(&handler.mu);
@@ -165,6 +172,10 @@ TEST(FaultLoopTest, FaultStormOnOnePageIsMergedIntoOneResolution) {
   });
   resolver.join();
   EXPECT_EQ(s.child.WaitExitCode(), 0);
+  {
+    absl::MutexLock l(&handler.mu);
+    EXPECT_EQ(handler.faults.size(), 1u);  // Still one: nothing was delivered twice.
+  }
   auto st = s.uffd->stats().Snap();
   EXPECT_EQ(st.faults_merged, kThreads - 1u);
   EXPECT_EQ(st.copies, 1u);
