@@ -261,34 +261,49 @@ void ToRanges(absl::Span<const uintptr_t> pages, std::vector<std::pair<uintptr_t
 
 absl::StatusOr<std::unique_ptr<InvalidationHelper>> InvalidationHelper::Inject(
     RemoteThread& thread, const Options& options) {
-  const size_t code_len = stretch_helper_end - stretch_helper_begin;
-  CHECK_LE(code_len, kPageSize);
+  CHECK_LE(static_cast<size_t>(stretch_helper_end - stretch_helper_begin), kPageSize);
   STRETCH_ASSIGN_OR_RETURN(Pidfd target, Pidfd::Open(thread.tgid()));
   std::unique_ptr<InvalidationHelper> h(new InvalidationHelper(options, std::move(target)));
+  absl::Status placed = h->Place(thread);
+  if (!placed.ok()) {
+    // Leave nothing behind in the target (best effort: the target may be what failed).
+    if (h->remote_code_ != 0) (void)thread.Syscall(SYS_munmap, {h->remote_code_, kCodeMapping});
+    if (h->remote_control_ != 0) {
+      (void)thread.Syscall(SYS_munmap, {h->remote_control_, kPageSize});
+    }
+    absl::MutexLock l(&h->mu_);
+    h->removed_ = true;
+    return placed;
+  }
+  return h;
+}
+
+absl::Status InvalidationHelper::Place(RemoteThread& thread) {
+  const size_t code_len = stretch_helper_end - stretch_helper_begin;
   const pid_t pid = thread.tgid();
   RemoteMemory mem(pid);
 
   // 1. Code and stack: an anonymous mapping, written from here, then made read+exec.
-  STRETCH_ASSIGN_OR_RETURN(h->remote_code_,
+  STRETCH_ASSIGN_OR_RETURN(remote_code_,
                            thread.SyscallOrError("mmap (invalidation helper code)", SYS_mmap,
                                                  {0, kCodeMapping, PROT_READ | PROT_WRITE,
                                                   MAP_PRIVATE | MAP_ANONYMOUS, ~uint64_t{0}, 0}));
   std::vector<char> code(kPageSize, '\xcc');  // int3 around the code
   memcpy(code.data(), stretch_helper_begin, code_len);
-  STRETCH_RETURN_IF_ERROR(mem.WritePages({h->remote_code_}, code.data()));
+  STRETCH_RETURN_IF_ERROR(mem.WritePages({remote_code_}, code.data()));
   STRETCH_RETURN_IF_ERROR(thread
                               .SyscallOrError("mprotect (invalidation helper code)", SYS_mprotect,
-                                              {h->remote_code_, kPageSize, PROT_READ | PROT_EXEC})
+                                              {remote_code_, kPageSize, PROT_READ | PROT_EXEC})
                               .status());
 
   // 2. The control page: a memfd the target creates (so CRIU-like tools see an ordinary
   // memfd) and maps shared; the agent takes a duplicate and maps it too. The name is the
   // string at the end of the code.
-  const uintptr_t name = h->remote_code_ + code_len - sizeof("stretch-inval");
+  const uintptr_t name = remote_code_ + code_len - sizeof("stretch-inval");
   STRETCH_ASSIGN_OR_RETURN(
       uint64_t remote_fd,
       thread.SyscallOrError("memfd_create", SYS_memfd_create, {name, MFD_CLOEXEC}));
-  absl::StatusOr<UniqueFd> memfd = h->target_.GetFd(static_cast<int>(remote_fd));
+  absl::StatusOr<UniqueFd> memfd = target_.GetFd(static_cast<int>(remote_fd));
   absl::StatusOr<uint64_t> control = absl::UnknownError("not mapped");
   if (memfd.ok() && ftruncate(memfd->get(), kPageSize) == 0) {
     control =
@@ -301,28 +316,28 @@ absl::StatusOr<std::unique_ptr<InvalidationHelper>> InvalidationHelper::Inject(
   }
   STRETCH_RETURN_IF_ERROR(thread.SyscallOrError("close", SYS_close, {remote_fd}).status());
   STRETCH_RETURN_IF_ERROR(control.status());
-  h->remote_control_ = *control;
-  h->memfd_ = *std::move(memfd);
-  void* local = mmap(nullptr, kPageSize, PROT_READ | PROT_WRITE, MAP_SHARED, h->memfd_.get(), 0);
+  remote_control_ = *control;
+  memfd_ = *std::move(memfd);
+  void* local = mmap(nullptr, kPageSize, PROT_READ | PROT_WRITE, MAP_SHARED, memfd_.get(), 0);
   if (local == MAP_FAILED) return ErrnoStatus(errno, "mmap of the helper's control page");
-  h->control_ = static_cast<HelperControl*>(local);
-  h->control_->spin = options.helper_spin;
+  control_ = static_cast<HelperControl*>(local);
+  control_->spin = options_.helper_spin;
 
   // 3. The thread.
   struct user_regs_struct regs = thread.saved_regs();
-  regs.rip = h->remote_code_ + (stretch_helper_setup - stretch_helper_begin);
-  regs.r12 = h->remote_control_;
-  regs.r13 = h->remote_code_ + kCodeMapping - 64;  // 16-byte aligned stack top
-  regs.r14 = h->remote_code_ + kCodeMapping - 8;   // saved signal mask slot
+  regs.rip = remote_code_ + (stretch_helper_setup - stretch_helper_begin);
+  regs.r12 = remote_control_;
+  regs.r13 = remote_code_ + kCodeMapping - 64;  // 16-byte aligned stack top
+  regs.r14 = remote_code_ + kCodeMapping - 8;   // saved signal mask slot
   regs.r15 = kCloneFlags;
   STRETCH_ASSIGN_OR_RETURN(struct user_regs_struct out, thread.RunUntilTrap(regs));
   const int64_t tid = static_cast<int64_t>(out.rax);
   if (tid <= 0) return ErrnoStatus(static_cast<int>(-tid), absl::StrCat("clone in pid ", pid));
   // CLONE_CHILD_SETTID writes helper_tid when the thread first runs; it may not have yet.
-  h->control_->helper_tid.store(static_cast<int32_t>(tid));
+  control_->helper_tid.store(static_cast<int32_t>(tid));
   LOG(INFO) << "invalidation helper " << tid << " placed in pid " << pid
-            << absl::StrFormat(" (code 0x%x, control 0x%x)", h->remote_code_, h->remote_control_);
-  return h;
+            << absl::StrFormat(" (code 0x%x, control 0x%x)", remote_code_, remote_control_);
+  return absl::OkStatus();
 }
 
 InvalidationHelper::InvalidationHelper(const Options& options, Pidfd target)

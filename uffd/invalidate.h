@@ -114,6 +114,8 @@ class InvalidationHelper {
 
  private:
   InvalidationHelper(const Options& options, Pidfd target);
+  // Inject's work; on failure Inject unmaps what was mapped.
+  absl::Status Place(RemoteThread& thread);
   absl::Status RunCommand(uint32_t op, uint32_t count, uint64_t expect_bytes)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status SendRanges(absl::Span<const std::pair<uintptr_t, size_t>> ranges)

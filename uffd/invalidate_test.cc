@@ -1,8 +1,12 @@
 #include "uffd/invalidate.h"
 
 #include <dirent.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
 #include <signal.h>
+#include <stddef.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/ptrace.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -341,6 +345,39 @@ TEST_F(InvalidateTest, InjectionFallbackInvalidatesToo) {
   EXPECT_EQ(ReadPage(4), 6);
   EXPECT_EQ(ReadPage(5), 6);
   EXPECT_EQ(ReadPage(9), 6);
+}
+
+// If placing the helper fails half-way (here: memfd_create is forbidden in the target), what
+// was already mapped there is removed again.
+TEST(InvalidationHelperTest, AFailedInjectionLeavesNothingBehind) {
+  ChildProcess child = ChildProcess::Start([](Channel& ch) {
+    struct sock_filter filter[] = {
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_memfd_create, 0, 1),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | EPERM),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+    };
+    struct sock_fprog prog = {sizeof(filter) / sizeof(filter[0]), filter};
+    if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) return 2;
+    if (prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog) != 0) return 3;
+    ch.Send(1);
+    ch.Receive();
+    return 0;
+  });
+  child.channel().Receive();
+  auto maps = [&] {
+    std::ifstream in("/proc/" + std::to_string(child.pid()) + "/maps");
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  const std::string before = maps();
+  auto t = RemoteThread::Seize(child.pid(), absl::Seconds(5));
+  ASSERT_TRUE(t.ok());
+  auto h = InvalidationHelper::Inject(**t, {});
+  EXPECT_EQ(h.status().code(), absl::StatusCode::kPermissionDenied) << h.status();
+  t->reset();
+  EXPECT_EQ(maps(), before);
+  child.channel().Send(0);
+  EXPECT_EQ(child.WaitExitCode(), 0);
 }
 
 // Shmem: the agent punches a hole into the memfd; the target's MAP_SHARED mapping faults again.
