@@ -30,6 +30,9 @@ DEFINE_bool(per_page_channels, true,
 DEFINE_bool(late_faults, false,
             "also let an access the copy allows fault anyway (a fault read after a racing "
             "install)");
+DEFINE_bool(hash_compaction, false,
+            "store a 128-bit fingerprint per state instead of the state (16 bytes a state, "
+            "table sized by --max_states; collision chance below states^2 / 2^129)");
 DEFINE_uint64(max_states, 0, "stop after this many states (0: no limit)");
 DEFINE_int32(max_reports, 3, "violations to describe with a trace");
 DEFINE_bool(coverage, false, "list the transition-table cells the search exercised");
@@ -73,6 +76,9 @@ int main(int argc, char** argv) {
   if (FLAGS_pages < 1 || FLAGS_pages > 4) return usage_error("--pages must be 1..4");
   if (FLAGS_ops < 0 || FLAGS_ops > 200) return usage_error("--ops must be 0..200");
   if (FLAGS_threads < 1 || FLAGS_threads > 8) return usage_error("--threads must be 1..8");
+  if (FLAGS_hash_compaction && FLAGS_max_states == 0) {
+    return usage_error("--hash_compaction needs --max_states (it sizes the table)");
+  }
   if (FLAGS_op_kinds.empty() || FLAGS_op_kinds.find_first_not_of("lse") != std::string::npos) {
     return usage_error("--op_kinds must be a non-empty subset of 'lse'");
   }
@@ -88,6 +94,7 @@ int main(int argc, char** argv) {
   o.symmetry = FLAGS_symmetry;
   o.per_page_channels = FLAGS_per_page_channels;
   o.late_faults = FLAGS_late_faults;
+  o.hash_compaction = FLAGS_hash_compaction;
   o.max_states = FLAGS_max_states;
   o.max_reports = FLAGS_max_reports;
   const auto start = std::chrono::steady_clock::now();
@@ -101,10 +108,11 @@ int main(int argc, char** argv) {
   };
   std::printf(
       "model_check: %d nodes x %d pages x %d ops per thread, %d thread(s) per node, "
-      "ops '%s'%s%s\n",
+      "ops '%s'%s%s%s\n",
       o.nodes, o.pages, o.ops, o.threads, FLAGS_op_kinds.c_str(),
       o.symmetry ? ", node symmetry" : "",
-      o.per_page_channels ? ", FIFO per page" : ", FIFO per endpoint pair");
+      o.per_page_channels ? ", FIFO per page" : ", FIFO per endpoint pair",
+      o.hash_compaction ? ", hash compaction" : "");
   std::fflush(stdout);
 
   stretch::coherence::ModelResult r = stretch::coherence::RunModelCheck(o);

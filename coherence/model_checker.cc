@@ -1,6 +1,8 @@
 #include "coherence/model_checker.h"
 
 #include <algorithm>
+#include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <optional>
 #include <string_view>
@@ -8,6 +10,7 @@
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/hash/hash.h"
+#include "absl/numeric/int128.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -93,6 +96,51 @@ class StateStore {
   std::vector<std::unique_ptr<char[]>> chunks_;
   uint64_t used_ = 0;
   absl::flat_hash_set<uint64_t, Hasher, Equal> set_;
+};
+
+// Hash compaction (ModelOptions::hash_compaction): only a 128-bit fingerprint of each state is
+// kept, in a fixed open-addressing table sized for max_states. Two distinct states share a
+// fingerprint with probability about 2^-128 per pair, so the chance that the search skips a
+// state is below n^2 / 2^129 (under 10^-20 for 10^9 states).
+class FingerprintTable {
+ public:
+  explicit FingerprintTable(uint64_t max_states) {
+    capacity_ = uint64_t{1} << 20;
+    while (capacity_ < max_states + max_states / 8) capacity_ <<= 1;
+    // calloc: the kernel hands out zero pages lazily, so an untouched table costs nothing.
+    slots_.reset(static_cast<absl::uint128*>(std::calloc(capacity_, sizeof(absl::uint128))));
+    CHECK(slots_ != nullptr) << "cannot allocate " << capacity_ * 16 << " bytes";
+  }
+
+  static absl::uint128 Fingerprint(std::string_view bytes) {
+    const uint64_t lo = absl::Hash<std::string_view>()(bytes) | 1;  // 0 marks an empty slot
+    const uint64_t hi =
+        absl::Hash<std::pair<std::string_view, uint64_t>>()({bytes, 0x9e3779b97f4a7c15u});
+    return absl::MakeUint128(hi, lo);
+  }
+
+  // Returns whether `fp` was new. CHECK-fails when the table is full (max_states exceeded by
+  // far: the caller stops at max_states).
+  bool Insert(absl::uint128 fp) {
+    const uint64_t mask = capacity_ - 1;
+    for (uint64_t i = absl::Uint128Low64(fp) & mask;; i = (i + 1) & mask) {
+      if (slots_[i] == fp) return false;
+      if (slots_[i] == 0) {
+        slots_[i] = fp;
+        CHECK_LT(++size_, capacity_ - capacity_ / 32) << "fingerprint table full";
+        return true;
+      }
+    }
+  }
+  uint64_t size() const { return size_; }
+
+ private:
+  struct Free {
+    void operator()(absl::uint128* p) const { std::free(p); }
+  };
+  uint64_t capacity_ = 0;
+  uint64_t size_ = 0;
+  std::unique_ptr<absl::uint128[], Free> slots_;
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -726,6 +774,10 @@ class Checker {
     if (o.loads) kinds_.push_back(LocalOp::kLoad);
     if (o.stores) kinds_.push_back(LocalOp::kStore);
     if (o.evicts) kinds_.push_back(LocalOp::kEvict);
+    if (o.hash_compaction) {
+      CHECK_GT(o.max_states, 0u) << "hash compaction needs max_states to size its table";
+      prints_ = std::make_unique<FingerprintTable>(o.max_states);
+    }
   }
 
   ModelResult Run() {
@@ -738,13 +790,12 @@ class Checker {
     init.chan.resize(Channels(o_).count());
     std::string bytes;
     codec_.Encode(init, &bytes);
-    const uint64_t root = store_.Insert(bytes).first;
-    Push(root);
+    Push(Visit(bytes).first, bytes);
 
     while (depth_ > 0) {
       Frame& f = frames_[depth_ - 1];
       if (f.next == f.succ.size()) {
-        on_path_.erase(f.id);
+        on_path_.erase(f.key);
         --depth_;
         continue;
       }
@@ -754,21 +805,22 @@ class Checker {
         Report(f.succ.violation[i], i);
         continue;
       }
-      const auto [id, fresh] = store_.Insert(f.succ.Bytes(i));
+      const std::string_view next = f.succ.Bytes(i);
+      const auto [key, fresh] = Visit(next);
       if (fresh) {
-        if (o_.max_states != 0 && store_.size() > o_.max_states) {
+        if (o_.max_states != 0 && states() > o_.max_states) {
           result_.complete = false;
           break;
         }
-        if (o_.progress_every != 0 && store_.size() % o_.progress_every == 0 && o_.progress) {
-          o_.progress(store_.size());
+        if (o_.progress_every != 0 && states() % o_.progress_every == 0 && o_.progress) {
+          o_.progress(states());
         }
-        Push(id);
-      } else if (on_path_.contains(id)) {
+        Push(key, next);
+      } else if (on_path_.contains(key)) {
         Report("cycle: a transition returns to a state on the current path (possible livelock)", i);
       }
     }
-    result_.states = store_.size();
+    result_.states = states();
     for (int s = 0; s < kNumNodeStates; ++s) {
       for (int e = 0; e < kNumNodeEvents; ++e) {
         if (cells_[s * kNumNodeEvents + e]) {
@@ -810,22 +862,35 @@ class Checker {
   };
 
   struct Frame {
-    uint64_t id = 0;
+    absl::uint128 key = 0;  // the state's id in the visited set
+    std::string state;
     size_t next = 0;
     Successors succ;
   };
 
-  void Push(uint64_t id) {
+  // Marks `bytes` visited; returns its key and whether it was new.
+  std::pair<absl::uint128, bool> Visit(std::string_view bytes) {
+    if (prints_ != nullptr) {
+      const absl::uint128 fp = FingerprintTable::Fingerprint(bytes);
+      return {fp, prints_->Insert(fp)};
+    }
+    const auto [id, fresh] = store_.Insert(bytes);
+    return {absl::uint128(id), fresh};
+  }
+  uint64_t states() const { return prints_ != nullptr ? prints_->size() : store_.size(); }
+
+  void Push(absl::uint128 key, std::string_view bytes) {
     if (frames_.size() == depth_) frames_.emplace_back();
     Frame& f = frames_[depth_++];
-    f.id = id;
+    f.key = key;
+    f.state.assign(bytes.data(), bytes.size());
     f.next = 0;
-    on_path_.insert(id);
+    on_path_.insert(key);
     result_.max_depth = std::max<uint64_t>(result_.max_depth, depth_);
-    Expand(store_.Get(id), &f.succ, /*labels=*/false);
+    Expand(f.state, &f.succ, /*labels=*/false);
     if (f.succ.size() == 0) {
       ++result_.final_states;
-      std::string why = Unfinished(store_.Get(id));
+      std::string why = Unfinished(f.state);
       if (!why.empty()) Report(absl::StrCat("deadlock: no transition left, but ", why), -1);
     }
   }
@@ -966,15 +1031,14 @@ class Checker {
                                  o_.symmetry ? " (node names are canonical per step)" : "", ":\n");
     Successors s;
     for (size_t d = 0; d + 1 < depth_; ++d) {
-      Expand(store_.Get(frames_[d].id), &s, /*labels=*/true);
+      Expand(frames_[d].state, &s, /*labels=*/true);
       absl::StrAppend(&r, "    ", s.label[frames_[d].next - 1], "\n");
     }
     if (succ_index >= 0) {
-      Expand(store_.Get(frames_[depth_ - 1].id), &s, /*labels=*/true);
+      Expand(frames_[depth_ - 1].state, &s, /*labels=*/true);
       absl::StrAppend(&r, "    ", s.label[succ_index], "   <-- here\n");
     }
-    absl::StrAppend(&r, "  state before the last step:\n",
-                    Describe(store_.Get(frames_[depth_ - 1].id)));
+    absl::StrAppend(&r, "  state before the last step:\n", Describe(frames_[depth_ - 1].state));
     result_.reports.push_back(std::move(r));
   }
 
@@ -982,9 +1046,10 @@ class Checker {
   Codec codec_;
   std::vector<LocalOp> kinds_;
   StateStore store_;
+  std::unique_ptr<FingerprintTable> prints_;  // set in hash-compaction mode
   std::vector<Frame> frames_;
   size_t depth_ = 0;
-  absl::flat_hash_set<uint64_t> on_path_;
+  absl::flat_hash_set<absl::uint128> on_path_;
   World w_;
   World parent_;
   std::string scratch_;

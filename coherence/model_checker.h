@@ -61,6 +61,10 @@ struct ModelOptions {
   // Also let an access that the copy allows fault anyway (the agent reads a fault taken just
   // before a racing install), which exercises the lines' answers to such late faults.
   bool late_faults = false;
+  // Keep a 128-bit fingerprint per state instead of the state (16 bytes a state in a table
+  // sized for max_states, which must be set). The chance of skipping a state through a
+  // fingerprint collision is below n^2 / 2^129. For runs too large to store in full.
+  bool hash_compaction = false;
   uint64_t max_states = 0;  // stop after this many states (0: no limit); result incomplete
   int max_reports = 3;      // violations described in full (with a trace)
   // Called every `progress_every` new states (0: never) with the number of states so far.

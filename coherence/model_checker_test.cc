@@ -80,6 +80,17 @@ TEST(ModelCheckerTest, LateFaultsAreAnsweredByAWake) {
   }
 }
 
+TEST(ModelCheckerTest, HashCompactionFindsTheSameStates) {
+  ModelOptions o = Config(3, 1, 2);
+  const ModelResult full = RunModelCheck(o);
+  o.hash_compaction = true;
+  o.max_states = 10000000;
+  const ModelResult compact = RunModelCheck(o);
+  ExpectClean(compact);
+  EXPECT_EQ(compact.states, full.states);
+  EXPECT_EQ(compact.transitions, full.transitions);
+}
+
 TEST(ModelCheckerTest, StopsAtMaxStates) {
   ModelOptions o = Config(3, 2, 2);
   o.max_states = 1000;
