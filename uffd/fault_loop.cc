@@ -137,6 +137,8 @@ void FaultLoop::End(absl::Status status) {
     status_ = std::move(status);
     pending_.clear();
   }
+  // The thread ends now; its pthread_t may be reused by a thread that is not the loop.
+  running_thread_.store(false, std::memory_order_release);
   running_.store(false, std::memory_order_release);
 }
 
