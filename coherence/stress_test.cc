@@ -47,7 +47,6 @@ using transport::Transport;
 constexpr int kNodes = 4;
 constexpr int kThreadsPerNode = 2;
 constexpr int kPages = 64;
-constexpr int kOpsPerThread = 125000;  // 4 x 2 x 125000 = 10^6 operations
 constexpr uint64_t kBasePage = 0x7f0000000;
 // Words of the page that hold the value (the rest stays zero).
 constexpr int kValueWords[] = {0, 1, 255, 256, 511};
@@ -540,6 +539,8 @@ StressResult RunStress(int ops_per_thread, bool fatal) {
 }
 
 #ifndef STRETCH_COHERENCE_MUTATIONS
+
+constexpr int kOpsPerThread = 125000;  // 4 x 2 x 125000 = 10^6 operations
 
 TEST(StressTest, MillionOperationsOverLoopbackWithoutStaleReads) {
   const StressResult r = RunStress(kOpsPerThread, /*fatal=*/false);
