@@ -45,6 +45,8 @@ const char* Name(MessageType t) {
       return "Error";
     case MessageType::kExit:
       return "Exit";
+    case MessageType::kPeers:
+      return "Peers";
   }
   return nullptr;
 }
@@ -253,6 +255,16 @@ void Fields(V& v, M& m) requires std::is_same_v<std::remove_const_t<M>, Exit> {
   v(m.status, "status");
 }
 
+template <typename V, typename M>
+void Fields(V& v, M& m) requires std::is_same_v<std::remove_const_t<M>, PeerEntry> {
+  v(m.node, "node");
+  v(m.address, "address");
+}
+template <typename V, typename M>
+void Fields(V& v, M& m) requires std::is_same_v<std::remove_const_t<M>, Peers> {
+  v(m.entries, "entries");
+}
+
 template <typename T>
 constexpr MessageType kTypeOf = [] {
   if constexpr (std::is_same_v<T, Hello>) return MessageType::kHello;
@@ -271,6 +283,7 @@ constexpr MessageType kTypeOf = [] {
   if constexpr (std::is_same_v<T, Heartbeat>) return MessageType::kHeartbeat;
   if constexpr (std::is_same_v<T, Error>) return MessageType::kError;
   if constexpr (std::is_same_v<T, Exit>) return MessageType::kExit;
+  if constexpr (std::is_same_v<T, Peers>) return MessageType::kPeers;
 }();
 
 // Counts payload bytes.
@@ -292,6 +305,11 @@ class Sizer {
   void operator()(const std::string& s, const char*) { size_ += 4 + s.size(); }
   void operator()(const std::array<uint8_t, 32>&, const char*) { size_ += 32; }
   void PageData(absl::Span<const uint8_t>, const char*) { size_ += kPageSize; }
+  template <typename T>
+  void operator()(const std::vector<T>& list, const char*) {
+    size_ += 4;
+    for (const T& e : list) Fields(*this, e);
+  }
   size_t size() const { return size_; }
 
  private:
@@ -325,6 +343,11 @@ class Writer {
   void PageData(absl::Span<const uint8_t> d, const char*) {
     DCHECK_EQ(d.size(), kPageSize);
     Raw(d.data(), kPageSize);
+  }
+  template <typename T>
+  void operator()(const std::vector<T>& list, const char* name) {
+    (*this)(static_cast<uint32_t>(list.size()), name);
+    for (const T& e : list) Fields(*this, e);
   }
 
  private:
@@ -393,6 +416,26 @@ class Reader {
     }
     d = in_.subspan(pos_, kPageSize);
     pos_ += kPageSize;
+  }
+
+  template <typename T>
+  void operator()(std::vector<T>& list, const char* name) {
+    uint32_t count = 0;
+    if (!Raw(&count, 4, name)) return;
+    if (count > kMaxListEntries) {
+      return Fail(absl::StrFormat("field '%s' has %u entries, more than the limit %u", name, count,
+                                  kMaxListEntries));
+    }
+    // Every entry takes at least one byte: a count beyond the remaining bytes is a lie.
+    if (count > remaining()) {
+      return Fail(
+          absl::StrFormat("field '%s' claims %u entries in %u bytes", name, count, remaining()));
+    }
+    list.resize(count);
+    for (T& e : list) {
+      Fields(*this, e);
+      if (!ok()) return;
+    }
   }
 
   bool ok() const { return status_.ok(); }
@@ -531,6 +574,22 @@ absl::Status Validate(const Error& m) {
   }
   return absl::OkStatus();
 }
+absl::Status Validate(const Peers& m) {
+  if (m.entries.size() > kMaxNodes) {
+    return Invalid("Peers",
+                   absl::StrFormat("%u entries for at most %u nodes", m.entries.size(), kMaxNodes));
+  }
+  for (const PeerEntry& e : m.entries) {
+    if (!IsValidNode(e.node)) {
+      return Invalid("Peers", absl::StrFormat("entry for node %u, not a node", e.node.value()));
+    }
+    if (e.address.empty() || e.address.size() > 256) {
+      return Invalid("Peers",
+                     absl::StrFormat("address of node %u is empty or too long", e.node.value()));
+    }
+  }
+  return absl::OkStatus();
+}
 absl::Status Validate(const Exit& m) {
   if (m.signaled && (m.status <= 0 || m.status > 64)) {
     return Invalid("Exit", absl::StrFormat("signal %d out of range", m.status));
@@ -663,6 +722,8 @@ absl::StatusOr<Message> Decode(absl::Span<const uint8_t> frame) {
       return DecodeAs<Error>(payload);
     case MessageType::kExit:
       return DecodeAs<Exit>(payload);
+    case MessageType::kPeers:
+      return DecodeAs<Peers>(payload);
   }
   return absl::InvalidArgumentError(
       absl::StrFormat("wire: unknown message type %d", static_cast<int>(frame[5])));

@@ -64,6 +64,7 @@ enum class MessageType : uint8_t {
   kHeartbeat = 14,
   kError = 15,
   kExit = 16,
+  kPeers = 17,
 };
 // Name of a value, or nullptr if it is not a MessageType (used to validate input).
 const char* Name(MessageType t);
@@ -243,9 +244,21 @@ struct Exit {
   int32_t status = 0;  // exit code, or signal number when signaled
 };
 
+// Where each node's agent listens, for node-to-node messages (the owner sends a page straight
+// to the requester). A node sends its own entry to the server; the server sends the whole list
+// to every node whenever it changes.
+struct PeerEntry {
+  NodeId node;
+  std::string address;  // the transport's text form, e.g. "10.77.0.2:7001"
+};
+inline constexpr uint32_t kMaxListEntries = 1024;
+struct Peers {
+  std::vector<PeerEntry> entries;
+};
+
 using Message = std::variant<Hello, HelloReply, AuthProof, CoherenceMsg, RegionAttach,
                              RegionAttachReply, RegionAnnounce, ThreadControl, Futex, FutexReply,
-                             AddressSpace, StatsRequest, StatsReply, Heartbeat, Error, Exit>;
+                             AddressSpace, StatsRequest, StatsReply, Heartbeat, Error, Exit, Peers>;
 
 MessageType TypeOf(const Message& m);
 

@@ -46,7 +46,8 @@ std::vector<std::vector<uint8_t>> Seeds() {
                                StatsReply{4, "{\"a\":1}"},
                                Heartbeat{1, 2},
                                Error{2, "x"},
-                               Exit{true, 9}};
+                               Exit{true, 9},
+                               Peers{{{NodeId(1), "10.0.0.1:1"}, {NodeId(2), "a"}}}};
   std::vector<std::vector<uint8_t>> out;
   for (const auto& m : msgs) out.push_back(Encode(m));
   return out;

@@ -253,6 +253,35 @@ TEST(WireTest, RejectsBadStringsBooleansAndRanges) {
   EXPECT_THAT(DecodeStatus(ff).message(), HasSubstr("not an aligned user address"));
 }
 
+TEST(WireTest, PeersRoundTripAndLimits) {
+  Peers p;
+  p.entries = {{NodeId(0), "10.77.0.1:7001"}, {NodeId(5), "10.77.0.6:7001"}};
+  auto out = Decode(Encode(p));
+  ASSERT_TRUE(out.ok()) << out.status();
+  const auto& q = std::get<Peers>(*out);
+  ASSERT_EQ(q.entries.size(), 2u);
+  EXPECT_EQ(q.entries[1].node, NodeId(5));
+  EXPECT_EQ(q.entries[1].address, "10.77.0.6:7001");
+
+  // A count larger than the bytes that follow is rejected before anything is allocated.
+  auto lie = Encode(p);
+  uint32_t huge = 1000;
+  std::memcpy(lie.data() + kHeaderSize, &huge, 4);
+  EXPECT_THAT(DecodeStatus(lie).message(), HasSubstr("claims 1000 entries"));
+  uint32_t over = kMaxListEntries + 1;
+  std::memcpy(lie.data() + kHeaderSize, &over, 4);
+  EXPECT_THAT(DecodeStatus(lie).message(), HasSubstr("more than the limit"));
+  // Entries must name nodes.
+  auto bad_node = Encode(p);
+  bad_node[kHeaderSize + 4] = 200;
+  EXPECT_THAT(DecodeStatus(bad_node).message(), HasSubstr("not a node"));
+  Peers empty_addr;
+  empty_addr.entries = {{NodeId(1), "x"}};
+  auto e = Encode(empty_addr);
+  e[kHeaderSize + 8] = 0;  // address length 0, one trailing byte
+  EXPECT_FALSE(Decode(Reframe(std::vector<uint8_t>(e.begin(), e.end() - 1))).ok());
+}
+
 TEST(WireTest, EveryTruncationIsRejected) {
   std::vector<uint8_t> page = PageOf(1);
   CoherenceMsg c;
@@ -275,8 +304,8 @@ TEST(WireTest, EveryTruncationIsRejected) {
 }
 
 TEST(WireTest, NamesCoverEveryValue) {
-  for (int i = 1; i <= 16; ++i) EXPECT_NE(Name(static_cast<MessageType>(i)), nullptr) << i;
-  EXPECT_EQ(Name(static_cast<MessageType>(17)), nullptr);
+  for (int i = 1; i <= 17; ++i) EXPECT_NE(Name(static_cast<MessageType>(i)), nullptr) << i;
+  EXPECT_EQ(Name(static_cast<MessageType>(18)), nullptr);
   for (int i = 1; i <= 13; ++i) EXPECT_NE(Name(static_cast<CohOp>(i)), nullptr) << i;
   EXPECT_EQ(Name(static_cast<CohOp>(0)), nullptr);
 }
