@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <deque>
 #include <map>
@@ -107,6 +108,9 @@ constexpr size_t kMaxHeldFrames = 4096;
 constexpr absl::Duration kHelloResend = absl::Milliseconds(250);
 constexpr absl::Duration kHelloMaxBackoff = absl::Milliseconds(200);
 constexpr int kCqBatch = 16;
+constexpr int kMaxProgressRounds = 256;
+constexpr absl::Duration kMinSendBackoff = absl::Microseconds(50);
+constexpr absl::Duration kMaxSendBackoff = absl::Milliseconds(5);
 
 const char* FrameName(uint8_t type) {
   switch (static_cast<FrameType>(type)) {
@@ -219,7 +223,8 @@ class Slab {
 };
 
 absl::StatusOr<fi_info*> GetInfo(absl::string_view provider, bool verbs_rules, const char* node,
-                                 const char* service, uint64_t flags, uint32_t addr_format) {
+                                 const char* service, uint64_t flags, uint32_t addr_format,
+                                 size_t inject_size = 0) {
   FiInfoPtr hints(fi_allocinfo());
   if (!hints) return absl::ResourceExhaustedError("fi_allocinfo");
   hints->caps = FI_MSG | FI_RMA;
@@ -236,6 +241,7 @@ absl::StatusOr<fi_info*> GetInfo(absl::string_view provider, bool verbs_rules, c
   if (verbs_rules) hints->domain_attr->mr_mode |= FI_MR_LOCAL;
   hints->tx_attr->msg_order = FI_ORDER_SAS;
   hints->rx_attr->msg_order = FI_ORDER_SAS;
+  hints->tx_attr->inject_size = inject_size;
   fi_info* info = nullptr;
   int rc = fi_getinfo(kFiVersion, node, service, flags, hints.get(), &info);
   if (rc != 0) {
@@ -392,7 +398,10 @@ class FabricTransport final : public Transport {
   void RepostRecvLocked(int index) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // Reads and handles completions without blocking; returns how many.
-  int ProgressLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Reads and handles completions without blocking until the CQ is empty (bounded), or, with
+  // `until_event`, until an event is queued for a waiting caller (saves the final empty read
+  // on the latency path). Returns how many completions it handled.
+  int ProgressLocked(bool until_event = false) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void HandleCompletionLocked(OpContext* ctx, size_t len) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void HandleCqErrorLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void HandleFrameLocked(const uint8_t* data, size_t len) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -439,6 +448,8 @@ class FabricTransport final : public Transport {
   bool register_local_ ABSL_GUARDED_BY(mu_) = false;  // verbs rules or FI_MR_LOCAL
   bool virt_addr_ ABSL_GUARDED_BY(mu_) = false;       // RMA addresses are virtual
   bool prov_key_ ABSL_GUARDED_BY(mu_) = false;        // the provider picks MR keys
+  size_t inject_limit_ ABSL_GUARDED_BY(mu_) = 0;      // largest frame sent with fi_inject
+  std::vector<uint8_t> inject_buf_ ABSL_GUARDED_BY(mu_);
   uint64_t next_mr_key_ ABSL_GUARDED_BY(mu_) = 1;
   void* rx_desc_ ABSL_GUARDED_BY(mu_) = nullptr;
   void* tx_desc_ ABSL_GUARDED_BY(mu_) = nullptr;
@@ -464,6 +475,14 @@ class FabricTransport final : public Transport {
   bool closing_ ABSL_GUARDED_BY(mu_) = false;  // Close() started: new calls fail
   bool closed_ ABSL_GUARDED_BY(mu_) = false;   // blocked calls must return
   std::thread background_ ABSL_GUARDED_BY(mu_);
+
+  // When a thread last sent or started waiting (Unix ns): the background thread leaves the
+  // transport alone while this is recent.
+  std::atomic<int64_t> last_activity_ns_{0};
+
+  // The background thread's sleep (never held together with mu_ by that thread).
+  absl::Mutex background_mu_ ABSL_ACQUIRED_AFTER(mu_);
+  bool background_stop_ ABSL_GUARDED_BY(background_mu_) = false;
 };
 
 FabricRegion::~FabricRegion() { owner_->ReleaseRegion(mr_); }
@@ -530,8 +549,19 @@ absl::Status FabricTransport::OpenLocked(const InetAddress& bind) {
   const std::string port = absl::StrCat(bind.port());
   const std::string where = absl::StrCat(provider_, " at ", bind.ToString());
   {
-    auto info = GetInfo(provider_, options_.verbs_mr_rules, host.c_str(), port.c_str(), FI_SOURCE,
-                        bind.family() == AF_INET6 ? FI_SOCKADDR_IN6 : FI_SOCKADDR_IN);
+    const uint32_t format = bind.family() == AF_INET6 ? FI_SOCKADDR_IN6 : FI_SOCKADDR_IN;
+    // Ask for inject up to a whole fragment (rxm copies such sends into its own buffers at
+    // once and reports no completion: fewer system calls per message). Not under the verbs
+    // rules, whose point is the registered-buffer path. Fall back if refused.
+    absl::StatusOr<fi_info*> info = absl::UnavailableError("not tried");
+    if (!options_.verbs_mr_rules) {
+      info = GetInfo(provider_, false, host.c_str(), port.c_str(), FI_SOURCE, format,
+                     options_.fragment_size);
+    }
+    if (!info.ok()) {
+      info = GetInfo(provider_, options_.verbs_mr_rules, host.c_str(), port.c_str(), FI_SOURCE,
+                     format);
+    }
     if (!info.ok()) {
       if (info.status().code() == absl::StatusCode::kFailedPrecondition) {
         return absl::FailedPreconditionError(
@@ -549,6 +579,8 @@ absl::Status FabricTransport::OpenLocked(const InetAddress& bind) {
   prov_key_ = (mr_mode & FI_MR_PROV_KEY) != 0;
   fragment_size_ = options_.fragment_size;
   if (info->ep_attr->max_msg_size < fragment_size_) fragment_size_ = info->ep_attr->max_msg_size;
+  inject_limit_ = options_.verbs_mr_rules ? 0 : info->tx_attr->inject_size;
+  inject_buf_.resize(fragment_size_);
   if (fragment_size_ < kMinFrame || options_.receive_buffers < 1 || options_.send_buffers < 4) {
     return absl::InvalidArgumentError(
         absl::StrCat("transport options: fragment_size ", fragment_size_, " (min ", kMinFrame,
@@ -635,7 +667,8 @@ absl::Status FabricTransport::OpenLocked(const InetAddress& bind) {
   }
   VLOG(1) << backend_ << " transport bound to " << local_text_ << " (provider "
           << info->fabric_attr->prov_name << ", mr_mode 0x" << std::hex << mr_mode << std::dec
-          << ", fragment " << fragment_size_ << " B, register_local " << register_local_ << ")";
+          << ", fragment " << fragment_size_ << " B, inject " << inject_limit_
+          << " B, register_local " << register_local_ << ")";
   background_ = std::thread([this] { BackgroundLoop(); });
   return absl::OkStatus();
 }
@@ -687,9 +720,16 @@ FabricTransport::PostResult FabricTransport::PostFrameLocked(Peer& p, FrameType 
                                                              absl::Span<const uint8_t> body,
                                                              absl::Status* error) {
   DCHECK_LE(body.size() + kHeaderSize, p.max_frame == 0 ? fragment_size_ : p.max_frame);
-  if (tx_free_.empty()) return PostResult::kNoBuffer;
-  const int index = tx_free_.back();
-  uint8_t* buf = res_->tx_slab.base() + static_cast<size_t>(index) * fragment_size_;
+  // Data frames that fit are injected: the provider copies them before fi_inject returns and
+  // reports no completion. Everything else (and everything under the verbs rules) goes from a
+  // registered send buffer with a completion, so send errors on control frames (heartbeats
+  // in particular) still reveal a dead peer.
+  const bool inject = type == FrameType::kData && kHeaderSize + body.size() <= inject_limit_;
+  if (!inject && tx_free_.empty()) return PostResult::kNoBuffer;
+  const absl::Time now = absl::Now();
+  const int index = inject ? -1 : tx_free_.back();
+  uint8_t* buf = inject ? inject_buf_.data()
+                        : res_->tx_slab.base() + static_cast<size_t>(index) * fragment_size_;
   FrameHeader h{};
   h.magic = kFrameMagic;
   h.version = kFrameVersion;
@@ -702,13 +742,19 @@ FabricTransport::PostResult FabricTransport::PostFrameLocked(Peer& p, FrameType 
   h.length = static_cast<uint32_t>(body.size());
   memcpy(buf, &h, kHeaderSize);
   if (!body.empty()) memcpy(buf + kHeaderSize, body.data(), body.size());
-  OpContext& ctx = tx_ctx_[index];
-  ctx.frame = type;
-  ctx.peer = p.id.value();
-  ssize_t rc = fi_send(res_->ep.get(), buf, kHeaderSize + body.size(), tx_desc_, p.addr, &ctx);
+  ssize_t rc;
+  if (inject) {
+    rc = fi_inject(res_->ep.get(), buf, kHeaderSize + body.size(), p.addr);
+  } else {
+    OpContext& ctx = tx_ctx_[index];
+    ctx.frame = type;
+    ctx.peer = p.id.value();
+    rc = fi_send(res_->ep.get(), buf, kHeaderSize + body.size(), tx_desc_, p.addr, &ctx);
+  }
   if (rc == 0) {
-    tx_free_.pop_back();
-    p.last_sent = absl::Now();
+    if (!inject) tx_free_.pop_back();
+    p.last_sent = now;
+    last_activity_ns_.store(absl::ToUnixNanos(now), std::memory_order_relaxed);
     stats_.fragments_sent.Add();
     return PostResult::kPosted;
   }
@@ -746,18 +792,20 @@ bool FabricTransport::SendControlLocked(Peer& p, FrameType type) {
 
 // ---- Progress ---------------------------------------------------------------------------
 
-int FabricTransport::ProgressLocked() {
+int FabricTransport::ProgressLocked(bool until_event) {
   if (res_ == nullptr) return 0;
   fi_cq_msg_entry entries[kCqBatch];
   int handled = 0;
-  for (int round = 0; round < 8; ++round) {
+  // rxm handles one core completion per fi_cq_read (FI_OFI_RXM_COMP_PER_PROGRESS), so
+  // draining a busy endpoint takes many reads; the bound keeps one call's latency in check.
+  for (int round = 0; round < kMaxProgressRounds; ++round) {
     ssize_t n = fi_cq_read(res_->cq.get(), entries, kCqBatch);
     if (n > 0) {
       for (ssize_t i = 0; i < n; ++i) {
         HandleCompletionLocked(static_cast<OpContext*>(entries[i].op_context), entries[i].len);
       }
       handled += static_cast<int>(n);
-      if (n < kCqBatch) break;
+      if (until_event && !events_.empty()) break;
       continue;
     }
     if (n == -FI_EAGAIN) break;
@@ -1136,14 +1184,14 @@ void FabricTransport::AwaitProgressLocked(absl::Time until) {
     mu_.AwaitWithDeadline(absl::Condition(&changed), until);
     return;
   }
+  // No fi_cq_read first: fi_trywait fails if completions are queued, and data already
+  // waiting in a socket makes ppoll() return at once, so a read here would only add a
+  // system call to every blocking receive.
   poller_active_ = true;
-  if (ProgressLocked() > 0) {
-    poller_active_ = false;
-    return;
-  }
   absl::Time now = absl::Now();
+  last_activity_ns_.store(absl::ToUnixNanos(now), std::memory_order_relaxed);
   MaybeHousekeepLocked(now);
-  if (!events_.empty() || now >= until || closing_) {
+  if (!events_.empty() || now >= until) {
     poller_active_ = false;
     return;
   }
@@ -1168,18 +1216,35 @@ void FabricTransport::AwaitProgressLocked(absl::Time until) {
   } else if (rc != -FI_EAGAIN) {
     LOG_EVERY_N(ERROR, 100) << local_text_ << ": fi_trywait: " << fi_strerror(-rc);
   }
-  ProgressLocked();
+  ProgressLocked(/*until_event=*/true);
   poller_active_ = false;
 }
 
 void FabricTransport::BackgroundLoop() {
-  absl::MutexLock l(&mu_);
-  while (!closed_) {
-    mu_.AwaitWithTimeout(absl::Condition(&closed_), options_.progress_interval);
-    if (closed_) break;
-    if (poller_active_ || res_ == nullptr) continue;  // a waiting thread drives progress
-    ProgressLocked();
-    MaybeHousekeepLocked(absl::Now());
+  // Sleeps on its own mutex: a waiter with a Condition on mu_ would make every unlock of mu_
+  // on the hot path evaluate it.
+  while (true) {
+    {
+      absl::MutexLock l(&background_mu_);
+      background_mu_.AwaitWithTimeout(absl::Condition(&background_stop_),
+                                      options_.progress_interval);
+      if (background_stop_) return;
+    }
+    // Stay off mu_ while the transport is busy: a waiting thread drives progress then, and
+    // contending for mu_ would cost the hot path a futex wake and a context switch.
+    const int64_t now_ns = absl::GetCurrentTimeNanos();
+    if (now_ns - last_activity_ns_.load(std::memory_order_relaxed) <
+        absl::ToInt64Nanoseconds(options_.progress_interval)) {
+      continue;
+    }
+    if (!mu_.TryLock()) continue;
+    if (!closed_ && !poller_active_ && res_ != nullptr) {
+      ProgressLocked();
+      MaybeHousekeepLocked(absl::Now());
+    }
+    const bool closed = closed_;
+    mu_.Unlock();
+    if (closed) return;
   }
 }
 
@@ -1285,6 +1350,7 @@ absl::Status FabricTransport::Send(PeerId peer, absl::Span<const uint8_t> messag
   const size_t fragments = std::max<size_t>(1, (message.size() + max_payload - 1) / max_payload);
   p->sending = true;
   size_t offset = 0;
+  absl::Duration backoff = kMinSendBackoff;
   for (size_t i = 0; i < fragments;) {
     if (closing_ || p->state != PeerState::kConnected) {
       p->sending = false;
@@ -1301,6 +1367,7 @@ absl::Status FabricTransport::Send(PeerId peer, absl::Span<const uint8_t> messag
       ++p->tx_seq;
       offset += chunk;
       ++i;
+      backoff = kMinSendBackoff;
       continue;
     }
     if (r == PostResult::kFailed) {
@@ -1321,8 +1388,10 @@ absl::Status FabricTransport::Send(PeerId peer, absl::Span<const uint8_t> messag
       if (i > 0) DisconnectPeerLocked(*p, why, /*say_bye=*/true, /*queue_event=*/true);
       return why;
     }
-    AwaitProgressLocked(r == PostResult::kAgain ? std::min(deadline, now + absl::Milliseconds(1))
-                                                : deadline);
+    // The CQ's wait fd reports arriving data, not a socket becoming writable again, so a
+    // sender blocked on flow control polls progress with a growing backoff.
+    AwaitProgressLocked(std::min(deadline, now + backoff));
+    backoff = std::min(backoff * 2, kMaxSendBackoff);
   }
   p->sending = false;
   stats_.messages_sent.Add();
@@ -1352,7 +1421,7 @@ absl::StatusOr<Event> FabricTransport::Receive(absl::Time deadline) {
     if (absl::Now() >= deadline) {
       if (!polled) {
         polled = true;
-        if (!poller_active_) ProgressLocked();
+        if (!poller_active_) ProgressLocked(/*until_event=*/true);
         continue;
       }
       return absl::DeadlineExceededError("Receive: no event before the deadline");
@@ -1383,6 +1452,7 @@ void FabricTransport::Close() {
       return;
     }
     closing_ = true;
+    if (poller_blocked_) KickPollerLocked();  // a Receive() in ppoll returns Cancelled
     if (res_ != nullptr) {
       for (auto& [id, peer] : peers_) {
         if (peer->state == PeerState::kConnected) {
@@ -1394,12 +1464,17 @@ void FabricTransport::Close() {
       }
       // Let goodbyes and queued sends leave before the endpoint goes away.
       const absl::Time flush_deadline = absl::Now() + options_.close_flush_timeout;
+      ProgressLocked();
       while (tx_free_.size() < tx_ctx_.size() && absl::Now() < flush_deadline) {
         AwaitProgressLocked(flush_deadline);
       }
     }
     closed_ = true;
     events_.clear();
+    {
+      absl::MutexLock b(&background_mu_);
+      background_stop_ = true;
+    }
     if (poller_blocked_) KickPollerLocked();
     auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !poller_active_; };
     mu_.Await(absl::Condition(&idle));
