@@ -36,6 +36,8 @@
 #include "core/status.h"
 #include "core/unique_fd.h"
 #include "glog/logging.h"
+#include "transport/fabric_frame.h"
+#include "transport/fabric_util.h"
 #include "transport/inet_address.h"
 
 namespace stretch::transport {
@@ -57,52 +59,24 @@ void ConfigureLibfabricEnvironment() {
 
 namespace {
 
-constexpr uint32_t kFiVersion = FI_VERSION(1, 17);
-
-// ---- Frames ---------------------------------------------------------------------------------
-// Every network message is a FrameHeader followed by `length` bytes. Integers are in host
-// order: rxm itself requires peers of the same endianness.
-enum class FrameType : uint8_t {
-  kHello = 1,      // connector -> listener: HelloBody; dst_peer 0
-  kHelloAck = 2,   // listener -> connector: AckBody
-  kData = 3,       // one fragment of a message (sequenced)
-  kHeartbeat = 4,  // liveness only (not sequenced)
-  kBye = 5,        // orderly disconnect (sequenced: after all data)
-};
-constexpr uint8_t kFirst = 1;
-constexpr uint8_t kLast = 2;
-constexpr uint32_t kFrameMagic = 0x46525453;  // "STRF"
-constexpr uint8_t kFrameVersion = 1;
-
-struct FrameHeader {
-  uint32_t magic;
-  uint8_t version;
-  uint8_t type;
-  uint8_t flags;
-  uint8_t reserved;
-  uint64_t dst_peer;         // the receiver's PeerId for the sender (0 in HELLO)
-  uint64_t src_incarnation;  // random per transport instance
-  uint64_t seq;              // per-peer sequence of kData/kBye frames, from 1
-  uint32_t total_length;     // message length (kData with kFirst)
-  uint32_t length;           // bytes after the header
-};
-static_assert(sizeof(FrameHeader) == 40);
-constexpr size_t kHeaderSize = sizeof(FrameHeader);
-
-struct HelloBody {
-  uint64_t src_peer;  // the connector's PeerId for the listener
-  uint32_t rx_size;   // the connector's receive buffer size (largest frame it accepts)
-  uint8_t addr_len;
-  uint8_t reserved[3];
-  uint8_t addr[EndpointAddress::kMaxSize];  // the connector's listening address
-};
-struct AckBody {
-  uint64_t src_peer;  // the listener's PeerId for the connector
-  uint32_t rx_size;
-  uint32_t reserved;
-};
-
-constexpr size_t kMinFrame = 256;
+using fabric::AckBody;
+using fabric::FiCode;
+using fabric::Fid;
+using fabric::FiInfoPtr;
+using fabric::FiStatus;
+using fabric::FrameHeader;
+using fabric::FrameName;
+using fabric::FrameType;
+using fabric::GetInfo;
+using fabric::HelloBody;
+using fabric::kFirst;
+using fabric::kFrameMagic;
+using fabric::kFrameVersion;
+using fabric::kHeaderSize;
+using fabric::kLast;
+using fabric::kMinFrame;
+using fabric::ProviderAdvice;
+using fabric::Slab;
 // Frames that may wait for a missing earlier one (providers may complete out of order).
 constexpr size_t kMaxHeldFrames = 4096;
 constexpr absl::Duration kHelloResend = absl::Milliseconds(250);
@@ -111,155 +85,6 @@ constexpr int kCqBatch = 16;
 constexpr int kMaxProgressRounds = 256;
 constexpr absl::Duration kMinSendBackoff = absl::Microseconds(50);
 constexpr absl::Duration kMaxSendBackoff = absl::Milliseconds(5);
-
-const char* FrameName(uint8_t type) {
-  switch (static_cast<FrameType>(type)) {
-    case FrameType::kHello:
-      return "HELLO";
-    case FrameType::kHelloAck:
-      return "HELLO_ACK";
-    case FrameType::kData:
-      return "DATA";
-    case FrameType::kHeartbeat:
-      return "HEARTBEAT";
-    case FrameType::kBye:
-      return "BYE";
-  }
-  return "unknown";
-}
-
-absl::StatusCode FiCode(int err) {
-  switch (err) {
-    case FI_EAGAIN:
-    case FI_ECONNREFUSED:
-    case FI_ECONNRESET:
-    case FI_ECONNABORTED:
-    case FI_ENOTCONN:
-    case FI_EHOSTUNREACH:
-    case FI_ESHUTDOWN:
-    case FI_ETIMEDOUT:
-      return absl::StatusCode::kUnavailable;
-    case FI_ENODATA:
-    case FI_ENOSYS:
-    case FI_EOPNOTSUPP:
-      return absl::StatusCode::kFailedPrecondition;
-    case FI_EINVAL:
-    case FI_EBADFLAGS:
-    case FI_EMSGSIZE:
-      return absl::StatusCode::kInvalidArgument;
-    case FI_ENOMEM:
-    case FI_ENOSPC:
-      return absl::StatusCode::kResourceExhausted;
-    case FI_EACCES:
-    case FI_EPERM:
-      return absl::StatusCode::kPermissionDenied;
-    case FI_ECANCELED:
-      return absl::StatusCode::kCancelled;
-    default:
-      return absl::StatusCode::kInternal;
-  }
-}
-
-// "<context>: <fi_strerror> (-<n>)" for a libfabric return value rc < 0.
-absl::Status FiStatus(int rc, absl::string_view context) {
-  int err = rc < 0 ? -rc : rc;
-  return absl::Status(FiCode(err), absl::StrCat(context, ": ", fi_strerror(err), " (-", err, ")"));
-}
-
-// Owns one libfabric object and fi_close()s it.
-template <typename T>
-class Fid {
- public:
-  Fid() = default;
-  Fid(const Fid&) = delete;
-  Fid& operator=(const Fid&) = delete;
-  ~Fid() { reset(); }
-
-  T* get() const { return p_; }
-  T** out() {
-    reset();
-    return &p_;
-  }
-  explicit operator bool() const { return p_ != nullptr; }
-  void reset() {
-    if (p_ == nullptr) return;
-    int rc = fi_close(&p_->fid);
-    if (rc != 0) LOG(ERROR) << "fi_close: " << fi_strerror(-rc);
-    p_ = nullptr;
-  }
-
- private:
-  T* p_ = nullptr;
-};
-
-struct FiInfoDeleter {
-  void operator()(fi_info* info) const { fi_freeinfo(info); }
-};
-using FiInfoPtr = std::unique_ptr<fi_info, FiInfoDeleter>;
-
-// Anonymous private memory (page-aligned, populated: FI_MR_ALLOCATED).
-class Slab {
- public:
-  Slab() = default;
-  Slab(const Slab&) = delete;
-  Slab& operator=(const Slab&) = delete;
-  ~Slab() {
-    if (base_ != nullptr) munmap(base_, size_);
-  }
-  absl::Status Allocate(size_t size) {
-    void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE,
-                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
-    if (p == MAP_FAILED) return ErrnoStatus(errno, absl::StrCat("mmap of ", size, " bytes"));
-    base_ = static_cast<uint8_t*>(p);
-    size_ = size;
-    return absl::OkStatus();
-  }
-  uint8_t* base() const { return base_; }
-  size_t size() const { return size_; }
-
- private:
-  uint8_t* base_ = nullptr;
-  size_t size_ = 0;
-};
-
-absl::StatusOr<fi_info*> GetInfo(absl::string_view provider, bool verbs_rules, const char* node,
-                                 const char* service, uint64_t flags, uint32_t addr_format,
-                                 size_t inject_size = 0) {
-  FiInfoPtr hints(fi_allocinfo());
-  if (!hints) return absl::ResourceExhaustedError("fi_allocinfo");
-  hints->caps = FI_MSG | FI_RMA;
-  hints->mode = FI_CONTEXT | FI_CONTEXT2;
-  hints->addr_format = addr_format;
-  hints->ep_attr->type = FI_EP_RDM;
-  hints->fabric_attr->prov_name = strdup(std::string(provider).c_str());
-  hints->domain_attr->threading = FI_THREAD_DOMAIN;
-  hints->domain_attr->data_progress = FI_PROGRESS_MANUAL;
-  hints->domain_attr->resource_mgmt = FI_RM_ENABLED;
-  hints->domain_attr->av_type = FI_AV_TABLE;
-  // The modes this code supports; the provider answers with the ones it requires.
-  hints->domain_attr->mr_mode = FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY;
-  if (verbs_rules) hints->domain_attr->mr_mode |= FI_MR_LOCAL;
-  hints->tx_attr->msg_order = FI_ORDER_SAS;
-  hints->rx_attr->msg_order = FI_ORDER_SAS;
-  hints->tx_attr->inject_size = inject_size;
-  fi_info* info = nullptr;
-  int rc = fi_getinfo(kFiVersion, node, service, flags, hints.get(), &info);
-  if (rc != 0) {
-    return FiStatus(
-        rc, absl::StrCat("fi_getinfo(provider ", provider, node ? " node " : "", node ? node : "",
-                         service ? " service " : "", service ? service : "", ")"));
-  }
-  return info;
-}
-
-std::string ProviderAdvice(absl::string_view provider) {
-  std::string core(provider.substr(0, provider.find(';')));
-  return absl::StrCat(
-      "libfabric provider \"", provider, "\" is not available on this machine. `fi_info -p ", core,
-      "` must list it (and `fi_info -p \"", provider, "\" -t FI_EP_RDM` an RDM endpoint)",
-      core == "verbs" ? "; verbs needs an RDMA device (ibv_devices lists none here)"
-                      : "; install libfabric1 (tools/setup)");
-}
 
 // ---- The transport ----------------------------------------------------------------------
 

@@ -216,7 +216,9 @@ TEST(FaultInjectingTransportTest, InjectDisconnectOnDemand) {
   for (auto [c, i] : seen) {
     if (c == 0) ++zero;
     if (c == 1 && i == -1) disconnected = true;
-    if (c == 1) EXPECT_TRUE(i == 0 || i == -1);
+    if (c == 1) {
+      EXPECT_TRUE(i == 0 || i == -1);
+    }
   }
   EXPECT_EQ(zero, 3);
   EXPECT_TRUE(disconnected);
