@@ -79,7 +79,12 @@ absl::StatusOr<int> NetnsCluster::RemoveStale() {
     pid_t owner = OwnerOf(n);
     if (owner == 0 || owner == getpid()) continue;
     if (kill(owner, 0) == 0 || errno != ESRCH) continue;  // alive (or not ours to judge)
-    STRETCH_RETURN_IF_ERROR(Ip({"netns", "del", n}));
+    absl::Status s = Ip({"netns", "del", n});
+    if (!s.ok()) {
+      // Another process cleaning up at the same time may have removed it first.
+      if (access(absl::StrCat(kNetnsDir, "/", n).c_str(), F_OK) != 0) continue;
+      return s;
+    }
     LOG(INFO) << "removed stale network namespace " << n << " (pid " << owner << " is gone)";
     ++removed;
   }

@@ -129,8 +129,7 @@ TEST(NetnsClusterTest, RemovesNamespacesOfDeadProcesses) {
   ASSERT_TRUE(Exists(stale));
   auto removed = NetnsCluster::RemoveStale();
   ASSERT_TRUE(removed.ok()) << removed.status();
-  EXPECT_GE(*removed, 1);
-  EXPECT_FALSE(Exists(stale));
+  EXPECT_FALSE(Exists(stale));  // by us, or by a concurrent test process
   // Ours (alive) survive.
   auto c = NetnsCluster::Create({});
   ASSERT_TRUE(c.ok());
@@ -161,10 +160,11 @@ TEST(NetnsClusterTest, CrashedOwnerIsCleanedUpByTheNextCluster) {
   ASSERT_TRUE(Exists(name));
   ASSERT_TRUE(child->Kill(SIGKILL).ok());
   ASSERT_TRUE(child->Wait(absl::Now() + kStep).ok());
-  EXPECT_TRUE(Exists(name));  // nobody cleaned up...
+  // The killed owner left its namespaces behind; the next cluster created anywhere on this
+  // machine (here, or a concurrent test process) removes them.
   auto c = NetnsCluster::Create({});
   ASSERT_TRUE(c.ok());
-  EXPECT_FALSE(Exists(name));  // ...until the next cluster was created
+  EXPECT_FALSE(Exists(name));
 }
 
 // Not a test on its own: the child of CrashedOwnerIsCleanedUpByTheNextCluster.

@@ -392,6 +392,28 @@ TEST_P(ConformanceTest, KilledPeerProcessIsReportedWithinTheTimeout) {
   EXPECT_FALSE(e.status.ok());
 }
 
+TEST_P(ConformanceTest, IdlePeersStayConnected) {
+  if (IsLoopback()) GTEST_SKIP() << "loopback has no liveness protocol to exercise";
+  std::string address;
+  auto server = MakeServer(&address);
+  auto client = Make();
+  ASSERT_TRUE(server && client);
+  PeerId to_server, to_client;
+  ConnectPair(*server, *client, address, &to_server, &to_client);
+  // Nothing is sent for 2.5 peer timeouts: heartbeats (from the server's waiting thread and
+  // the client's background thread) must keep both sides connected.
+  auto e = server->Receive(absl::Now() + absl::Milliseconds(1500));
+  EXPECT_EQ(e.status().code(), absl::StatusCode::kDeadlineExceeded)
+      << (e.ok() ? Name(e->kind) : "") << (e.ok() ? e->status.ToString() : "");
+  auto c = client->Receive(absl::InfinitePast());
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_GT(client->stats().Snap().heartbeats_sent, 0u);
+  EXPECT_GT(server->stats().Snap().heartbeats_received, 0u);
+  ASSERT_OK(client->Send(to_server, Tagged(4, 4, 8)));
+  ASSERT_OK_AND_ASSIGN(Event m, Next(*server));
+  EXPECT_EQ(m.kind, Event::Kind::kMessage);
+}
+
 TEST_P(ConformanceTest, DisconnectIsReportedToTheOtherSide) {
   std::string address;
   auto server = MakeServer(&address);
@@ -647,6 +669,17 @@ TEST(CreateTransportTest, UnavailableProviderGivesAdvice) {
   if (t.ok()) GTEST_SKIP() << "this machine has an RDMA device";
   EXPECT_EQ(t.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_TRUE(absl::StrContains(t.status().message(), "fi_info -p verbs")) << t.status();
+}
+
+TEST(CreateTransportTest, DisablesLibfabricsMrCacheMonitor) {
+  const char* before = getenv("FI_MR_CACHE_MONITOR");
+  if (before != nullptr && std::string(before) != "disabled") {
+    GTEST_SKIP() << "FI_MR_CACHE_MONITOR set by the user: " << before;
+  }
+  ASSERT_TRUE(CreateTransport("tcp", {}).ok());
+  const char* after = getenv("FI_MR_CACHE_MONITOR");
+  ASSERT_NE(after, nullptr);
+  EXPECT_EQ(std::string(after), "disabled");
 }
 
 TEST(CreateTransportTest, BadLivenessOptionsAreRejected) {
