@@ -6,12 +6,16 @@
 // this header exists for that table and for tests that need provider details.
 //
 // Design (see fabric_transport.cc for details):
-//   * Every network message is one fragment: a 40-byte header (type, receiver's handle for
-//     the sender, sender incarnation, sequence number, lengths) and up to fragment_size - 40
-//     payload bytes, copied into a pre-posted, pre-registered buffer. Larger messages are
-//     split and reassembled, so max_msg_size of the provider never limits message size and
-//     every fragment stays within rxm's eager protocol. Fragments carry per-peer sequence
-//     numbers; the receiver delivers strictly in order.
+//   * Every network message is one frame (fabric_frame.h): a 40-byte header (type,
+//     receiver's handle for the sender, sender incarnation, sequence number, lengths) and up
+//     to fragment_size - 40 payload bytes. Larger messages are split and reassembled, so the
+//     provider's max_msg_size never limits message size and every frame stays within rxm's
+//     eager protocol. Frames carry per-peer sequence numbers; the receiver delivers strictly
+//     in order, holds early frames, and drops the peer if a gap outlives peer_timeout.
+//   * Receives land in pre-posted buffers. Data frames within rxm's inject size (asked to be
+//     a whole fragment) are sent with fi_inject: no completion, no send buffer. Control
+//     frames, and everything under the verbs rules, go from registered send buffers (with
+//     descriptors) and report completions, so a failed heartbeat reveals a dead peer.
 //   * rxm hides connections, so the transport runs its own handshake (HELLO / HELLO_ACK
 //     carrying each side's handle and incarnation) and liveness: heartbeats to idle peers,
 //     a peer_timeout on silence, send-error completions, and BYE on orderly close.
