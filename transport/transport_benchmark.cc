@@ -2,7 +2,12 @@
 // transports, each beside its floor measured in the same run: a plain blocking TCP socket
 // ping-pong / stream written here, over the same path.
 //
-//   bazel run -c opt //transport:transport_benchmark
+//   bazel run -c opt //transport:transport_benchmark -- [--realtime] [--paths=tcp,veth]
+//
+// --realtime runs client and servers under SCHED_FIFO (root) so that other work on a shared
+// machine does not delay wakeups; floors and transports get the same treatment. --paths
+// limits the paths (loopback, tcp, veth). Google Benchmark flags work as usual; by default
+// every benchmark runs 9 repetitions, randomly interleaved, and the medians are compared.
 //
 // Paths: loopback (in-process), tcp over 127.0.0.1 (server in another process), tcp across a
 // veth pair (server in another process in another network namespace; needs root, skipped
@@ -70,6 +75,24 @@ void PinThread(int cpu) {
   CPU_ZERO(&set);
   CPU_SET(cpu, &set);
   pthread_setaffinity_np(pthread_self(), sizeof set, &set);
+}
+
+// --realtime: run this process's threads (and the servers) under SCHED_FIFO, so the other
+// work on a shared machine cannot delay a wakeup. Floors and transports get it alike.
+bool HasFlag(int argc, char** argv, const char* flag) {
+  for (int i = 1; i < argc; ++i) {
+    if (strcmp(argv[i], flag) == 0) return true;
+  }
+  return false;
+}
+
+void MaybeRealtime(bool realtime) {
+  if (!realtime) return;
+  sched_param p{};
+  p.sched_priority = 10;
+  if (sched_setscheduler(0, SCHED_FIFO, &p) != 0) {
+    Die(absl::StrCat("--realtime: sched_setscheduler(SCHED_FIFO): ", strerror(errno)));
+  }
 }
 
 bool ReadFull(int fd, void* buf, size_t n) {
@@ -319,9 +342,13 @@ bool WantPath(int argc, char** argv, const std::string& name) {
 
 int RunClient(int argc, char** argv) {
   const bool pin = std::thread::hardware_concurrency() >= 2;
+  const bool realtime = HasFlag(argc, argv, "--realtime");
   PinThread(0);  // before any thread exists, so transport threads inherit it
+  MaybeRealtime(realtime);
   printf("pinning: %s\n", pin ? "client (this process, all threads) on CPU 0, servers on CPU 1"
                               : "none (fewer than 2 CPUs)");
+  printf("scheduling: %s\n", realtime ? "SCHED_FIFO (--realtime) for client and servers"
+                                      : "default (SCHED_OTHER); --realtime isolates from load");
   testing::SpawnOptions on_cpu1;
   if (pin) on_cpu1.cpus = {1};
   char self[4096];
@@ -329,6 +356,11 @@ int RunClient(int argc, char** argv) {
   if (n <= 0) Die("readlink /proc/self/exe");
   self[n] = '\0';
 
+  auto server_argv = [&](const std::string& ip) {
+    std::vector<std::string> argv = {self, "--server", "--listen_ip=" + ip};
+    if (realtime) argv.push_back("--realtime");
+    return argv;
+  };
   std::vector<std::unique_ptr<Path>> paths;
   // Loopback: the server is a thread of this process on CPU 1.
   LoopbackTransport loop_server(TransportOptions{}), loop_client(TransportOptions{});
@@ -370,11 +402,12 @@ int RunClient(int argc, char** argv) {
     paths.push_back(std::move(p));
   };
   if (WantPath(argc, argv, "tcp")) {
-    add_remote(
-        "tcp", "127.0.0.1",
-        Check(testing::Subprocess::Spawn({self, "--server", "--listen_ip=127.0.0.1"}, on_cpu1),
-              "spawn tcp server"),
-        "");
+    add_remote("tcp", "127.0.0.1",
+               Check(testing::Subprocess::Spawn(
+                         {self, "--server", "--listen_ip=127.0.0.1", realtime ? "--realtime" : ""},
+                         on_cpu1),
+                     "spawn tcp server"),
+               "");
   }
   std::unique_ptr<testing::NetnsCluster> cluster;
   if (!WantPath(argc, argv, "veth")) {
@@ -386,8 +419,7 @@ int RunClient(int argc, char** argv) {
     if (c.ok()) {
       cluster = *std::move(c);
       add_remote("veth", cluster->address(0),
-                 Check(cluster->Spawn(1, {self, "--server", "--listen_ip=" + cluster->address(1)}),
-                       "spawn veth server"),
+                 Check(cluster->Spawn(1, server_argv(cluster->address(1))), "spawn veth server"),
                  cluster->path(0));
     } else {
       printf("veth path skipped: %s\n", c.status().ToString().c_str());
@@ -482,6 +514,7 @@ int main(int argc, char** argv) {
       for (int j = 1; j < argc; ++j) {
         if (absl::StartsWith(argv[j], "--listen_ip=")) ip = argv[j] + strlen("--listen_ip=");
       }
+      stretch::transport::MaybeRealtime(stretch::transport::HasFlag(argc, argv, "--realtime"));
       return stretch::transport::RunServer(ip);
     }
   }
