@@ -382,8 +382,8 @@ UffdResult Userfaultfd::WriteProtect(uintptr_t start, size_t len, bool protect, 
   struct uffdio_writeprotect wp = {};
   wp.range.start = start;
   wp.range.len = len;
-  wp.mode =
-      (protect ? UFFDIO_WRITEPROTECT_MODE_WP : 0) | (wake ? 0 : UFFDIO_WRITEPROTECT_MODE_DONTWAKE);
+  // The kernel refuses MODE_WP with MODE_DONTWAKE (EINVAL): protecting wakes nobody anyway.
+  wp.mode = protect ? UFFDIO_WRITEPROTECT_MODE_WP : (wake ? 0 : UFFDIO_WRITEPROTECT_MODE_DONTWAKE);
   for (int retries = 0;; ++retries) {
     if (ioctl(fd_.get(), UFFDIO_WRITEPROTECT, &wp) == 0) {
       (protect ? stats_->protects : stats_->unprotects).Add();

@@ -141,7 +141,7 @@ class Userfaultfd {
   // Installs zero pages (the shared zero page for reads; kExists as for Copy).
   UffdResult ZeroPage(uintptr_t dst, size_t len, bool wake = true);
   // Sets (protect) or clears write protection on [start, start+len). Clearing wakes threads
-  // waiting on a WP fault there unless `wake` is false.
+  // waiting on a WP fault there unless `wake` is false; `wake` means nothing when protecting.
   UffdResult WriteProtect(uintptr_t start, size_t len, bool protect, bool wake = true);
   // Wakes threads waiting on faults in [start, start+len) without changing memory.
   UffdResult Wake(uintptr_t start, size_t len);
