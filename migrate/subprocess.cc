@@ -212,12 +212,20 @@ pid_t Subprocess::Release() {
 absl::StatusOr<ExitStatus> Subprocess::Wait(absl::Time deadline) {
   if (pid_ <= 0 || reaped_) return absl::FailedPreconditionError("Subprocess: already waited");
   for (;;) {
-    int status = 0;
-    pid_t r = waitpid(pid_, &status, WNOHANG);
-    if (r < 0 && errno != EINTR) return ErrnoStatus(errno, absl::StrCat("waitpid ", pid_));
-    if (r == pid_) {
-      reaped_ = true;
-      return ExitStatus::FromWaitStatus(status);
+    // Peek before reaping: if this process also traces the child (a node agent serving its own
+    // child), waitpid() would consume the tracer's ptrace-stop notifications. Only an exit is
+    // ours to take.
+    siginfo_t info = {};
+    int r = waitid(P_PID, pid_, &info, WEXITED | WNOHANG | WNOWAIT);
+    if (r < 0 && errno != EINTR) return ErrnoStatus(errno, absl::StrCat("waitid ", pid_));
+    if (r == 0 && info.si_pid == pid_ &&
+        (info.si_code == CLD_EXITED || info.si_code == CLD_KILLED || info.si_code == CLD_DUMPED)) {
+      int status = 0;
+      if (waitpid(pid_, &status, WNOHANG | __WALL) == pid_ &&
+          (WIFEXITED(status) || WIFSIGNALED(status))) {
+        reaped_ = true;
+        return ExitStatus::FromWaitStatus(status);
+      }
     }
     absl::Duration left = deadline - absl::Now();
     if (left <= absl::ZeroDuration()) {
