@@ -136,7 +136,10 @@ struct CoherenceMsg {
 
 // Application process -> local agent (Unix socket; the uffd travels as SCM_RIGHTS).
 inline constexpr uint32_t kRegionManual = 1 << 0;  // manual mode: MAP_SHARED region
-inline constexpr uint32_t kRegionFlagsMask = 0x1;
+// Detach instead of attach: the agent gives up every copy the process holds (modified pages go
+// home) and stops serving the region; the process must not touch it afterwards.
+inline constexpr uint32_t kRegionDetach = 1 << 1;
+inline constexpr uint32_t kRegionFlagsMask = 0x3;
 struct RegionAttach {
   RegionId region;
   uint64_t base = 0;    // page-aligned, identical on every node

@@ -21,11 +21,11 @@ expect 2 "usage: stretchd check" err check --bogus=1
 expect 2 "does not apply to 'version'" err version --json
 expect 2 "unexpected argument 'extra'" err check extra
 expect 0 "subcommands:" out --help
-for sc in check server node run version; do expect 0 "  $sc" out --help; done
+for sc in check server node run stats version; do expect 0 "  $sc" out --help; done
 expect 0 "--json" out check --help
 expect 0 "usage: stretchd run" out help run
 expect 0 "wire protocol 1" out version
-expect 1 "not yet available" err server
+expect 2 "--node must be 0..63" err node
 expect 1 "not yet available" err run -- /bin/true
 out=$("$bin" check --json --criu=/nonexistent/criu 2>/dev/null); rc=$?
 [ "$rc" = 1 ] || { echo "FAIL: check with missing CRIU exited $rc, want 1"; fail=1; }

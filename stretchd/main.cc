@@ -5,10 +5,13 @@
 //   run      run an unmodified pthread program across nodes
 //   version  print the version
 // gflags are defined only here; libraries take Options structs.
+#include <signal.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -16,12 +19,29 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "core/wire.h"
+#include "engine/node_agent.h"
+#include "engine/server.h"
 #include "gflags/gflags.h"
 #include "glog/logging.h"
 #include "stretchd/check.h"
+#include "transport/create_transport.h"
+#include "transport/fabric_transport.h"
 
 DEFINE_bool(json, false, "check: print the report as one JSON object instead of text");
 DEFINE_string(criu, "criu", "check: the CRIU binary to probe (a name in PATH or a path)");
+DEFINE_string(listen, "",
+              "server: address to listen on (default 127.0.0.1:7000); node: address other nodes "
+              "reach this one at (default 127.0.0.1:0, port 0 picks one)");
+DEFINE_string(server, "127.0.0.1:7000", "node, stats: the directory server's address");
+DEFINE_string(transport, "tcp", "server, node: transport backend (tcp, verbs, loopback)");
+DEFINE_int32(node, -1, "node: this node's id (0..63), unique in the cluster");
+DEFINE_string(attach_socket, "",
+              "node: AF_UNIX socket where processes attach memory (default "
+              "/run/stretch/node<N>.sock)");
+DEFINE_string(checkpoint_images, "",
+              "server: take initial page contents from this CRIU image directory");
+DEFINE_int32(fault_cpu, -1, "node: pin the fault loop threads to this CPU (-1: no pinning)");
+DEFINE_string(stats_json, "", "server, node: write statistics as JSON to this file at exit");
 
 namespace stretch {
 namespace {
@@ -43,6 +63,9 @@ const std::vector<std::string> kCommonFlags = {
 
 int RunCheck(const std::vector<std::string>& args);
 int RunVersion(const std::vector<std::string>& args);
+int RunServer(const std::vector<std::string>& args);
+int RunNode(const std::vector<std::string>& args);
+int RunStats(const std::vector<std::string>& args);
 int NotYetAvailable(const std::vector<std::string>& args);
 
 const std::vector<Subcommand>& Subcommands() {
@@ -54,17 +77,24 @@ const std::vector<Subcommand>& Subcommands() {
        {"json", "criu"},
        RunCheck},
       {"server",
-       "Run the directory server: per-page MSI state, home copies, the cluster futex table and "
-       "statistics (not yet available).",
-       "",
-       {},
-       NotYetAvailable},
+       "Run the directory server: per-page MSI state and home copies for every node; runs "
+       "until SIGINT/SIGTERM.",
+       "[--listen=IP:PORT] [--transport=tcp] [--checkpoint_images=DIR] [--stats_json=FILE]",
+       {"listen", "transport", "checkpoint_images", "stats_json"},
+       RunServer},
       {"node",
-       "Run the node agent of this machine: it serves page faults of local replicas and talks "
-       "to the server (not yet available).",
-       "",
-       {},
-       NotYetAvailable},
+       "Run the node agent of this machine: processes attach memory to it and it keeps that "
+       "memory coherent with the other nodes through the server; runs until SIGINT/SIGTERM or "
+       "until the cluster fails.",
+       "--node=N [--server=IP:PORT] [--listen=IP:PORT] [--attach_socket=PATH] [--transport=tcp] "
+       "[--fault_cpu=C] [--stats_json=FILE]",
+       {"node", "server", "listen", "attach_socket", "transport", "fault_cpu", "stats_json"},
+       RunNode},
+      {"stats",
+       "Print the server's statistics (per node and totals) as JSON.",
+       "[--server=IP:PORT] [--transport=tcp]",
+       {"server", "transport"},
+       RunStats},
       {"run",
        "Run an unmodified pthread program with its threads spread over several nodes "
        "(not yet available).",
@@ -180,12 +210,156 @@ int RunVersion(const std::vector<std::string>& args) {
   return 0;
 }
 
+// Blocks SIGINT and SIGTERM (so they can be waited for) and SIGCHLD (ptrace stops are read
+// through a signalfd); done before any thread exists, so every thread inherits the mask.
+void BlockSignals() {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGTERM);
+  sigaddset(&set, SIGCHLD);
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+}
+
+// Waits for SIGINT/SIGTERM, or until `failed` returns a non-OK status (checked every 200 ms).
+absl::Status WaitForStop(const std::function<absl::Status()>& failed) {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGTERM);
+  for (;;) {
+    struct timespec ts = {0, 200 * 1000 * 1000};
+    int sig = sigtimedwait(&set, nullptr, &ts);
+    if (sig == SIGINT || sig == SIGTERM) {
+      LOG(INFO) << "stretchd: " << strsignal(sig) << ", stopping";
+      return absl::OkStatus();
+    }
+    if (absl::Status s = failed(); !s.ok()) return s;
+  }
+}
+
+bool WriteFile(const std::string& path, const std::string& text) {
+  FILE* f = std::fopen(path.c_str(), "w");
+  if (f == nullptr) {
+    std::fprintf(stderr, "stretchd: cannot write %s: %s\n", path.c_str(), strerror(errno));
+    return false;
+  }
+  std::fwrite(text.data(), 1, text.size(), f);
+  std::fputc('\n', f);
+  std::fclose(f);
+  return true;
+}
+
+int RunServer(const std::vector<std::string>& args) {
+  if (!args.empty()) {
+    std::fprintf(stderr, "stretchd server: unexpected argument '%s'\n", args[0].c_str());
+    return 2;
+  }
+  engine::ServerOptions o;
+  o.transport = FLAGS_transport;
+  o.listen = FLAGS_listen.empty() ? "127.0.0.1:7000" : FLAGS_listen;
+  o.checkpoint_images = FLAGS_checkpoint_images;
+  auto server = engine::DirectoryServer::Start(o);
+  if (!server.ok()) {
+    std::fprintf(stderr, "stretchd server: %s\n", std::string(server.status().message()).c_str());
+    return 1;
+  }
+  std::printf("stretchd server: listening on %s\n", (*server)->address().c_str());
+  std::fflush(stdout);
+  (void)WaitForStop([] { return absl::OkStatus(); });
+  std::string stats = (*server)->StatsJson();
+  (*server)->Stop();
+  if (!FLAGS_stats_json.empty() && !WriteFile(FLAGS_stats_json, stats)) return 1;
+  return 0;
+}
+
+int RunNode(const std::vector<std::string>& args) {
+  if (!args.empty()) {
+    std::fprintf(stderr, "stretchd node: unexpected argument '%s'\n", args[0].c_str());
+    return 2;
+  }
+  if (FLAGS_node < 0 || FLAGS_node >= static_cast<int>(kMaxNodes)) {
+    std::fprintf(stderr, "stretchd node: --node must be 0..%u (got %d)\n", kMaxNodes - 1,
+                 FLAGS_node);
+    return 2;
+  }
+  engine::NodeOptions o;
+  o.node = NodeId(static_cast<uint32_t>(FLAGS_node));
+  o.server = FLAGS_server;
+  o.listen = FLAGS_listen.empty() ? "127.0.0.1:0" : FLAGS_listen;
+  o.transport = FLAGS_transport;
+  o.fault_cpu = FLAGS_fault_cpu;
+  o.attach_socket = FLAGS_attach_socket.empty()
+                        ? absl::StrCat("/run/stretch/node", FLAGS_node, ".sock")
+                        : FLAGS_attach_socket;
+  if (FLAGS_attach_socket.empty()) mkdir("/run/stretch", 0755);
+  auto agent = engine::NodeAgent::Start(o);
+  if (!agent.ok()) {
+    std::fprintf(stderr, "stretchd node: %s\n", std::string(agent.status().message()).c_str());
+    return 1;
+  }
+  std::printf("stretchd node %d: up, attach socket %s, listening on %s\n", FLAGS_node,
+              o.attach_socket.c_str(), (*agent)->address().c_str());
+  std::fflush(stdout);
+  absl::Status end = WaitForStop([&] { return (*agent)->health(); });
+  std::string stats = (*agent)->StatsJson();
+  (*agent)->Stop();
+  if (!FLAGS_stats_json.empty() && !WriteFile(FLAGS_stats_json, stats)) return 1;
+  if (!end.ok()) {
+    std::fprintf(stderr, "stretchd node %d: %s\n", FLAGS_node, std::string(end.message()).c_str());
+    return 1;
+  }
+  return 0;
+}
+
+int RunStats(const std::vector<std::string>& args) {
+  if (!args.empty()) {
+    std::fprintf(stderr, "stretchd stats: unexpected argument '%s'\n", args[0].c_str());
+    return 2;
+  }
+  auto fail = [](const absl::Status& s) {
+    std::fprintf(stderr, "stretchd stats: %s\n", std::string(s.message()).c_str());
+    return 1;
+  };
+  auto t = transport::CreateTransport(FLAGS_transport, {});
+  if (!t.ok()) return fail(t.status());
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  auto peer = (*t)->Connect(FLAGS_server, deadline);
+  if (!peer.ok()) return fail(peer.status());
+  wire::Hello hello;
+  hello.role = wire::Role::kLauncher;
+  hello.node = wire::kServerEndpoint;
+  hello.name = "stretchd stats";
+  if (absl::Status s = (*t)->Send(*peer, wire::Encode(hello)); !s.ok()) return fail(s);
+  if (absl::Status s = (*t)->Send(*peer, wire::Encode(wire::StatsRequest{1})); !s.ok()) {
+    return fail(s);
+  }
+  for (;;) {
+    auto ev = (*t)->Receive(deadline);
+    if (!ev.ok()) return fail(ev.status());
+    if (ev->kind == transport::Event::Kind::kDisconnected) {
+      return fail(absl::UnavailableError("the server closed the connection"));
+    }
+    if (ev->kind != transport::Event::Kind::kMessage) continue;
+    auto m = wire::Decode(ev->data);
+    if (!m.ok()) return fail(m.status());
+    if (auto* reply = std::get_if<wire::StatsReply>(&*m)) {
+      std::printf("%s\n", reply->json.c_str());
+      return 0;
+    }
+  }
+}
+
 int NotYetAvailable(const std::vector<std::string>& args) {
   std::fprintf(stderr, "stretchd: this subcommand is not yet available in this build\n");
   return 1;
 }
 
 int Main(int argc, char** argv) {
+  // Before any thread exists: libfabric reads its environment once, and every thread must
+  // inherit the signal mask.
+  transport::ConfigureLibfabricEnvironment();
+  BlockSignals();
   if (argc < 2) {
     std::fputs(Usage().c_str(), stderr);
     return 2;

@@ -1,0 +1,125 @@
+// The engine end to end in one test process: a directory server and node agents (threads of
+// this process, over tcp on 127.0.0.1) serving real processes (dsm_prog) that attach one
+// shared region. The multi-namespace, multi-process version is stretchd/cluster_test.
+#include <sys/prctl.h>
+
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "engine/node_agent.h"
+#include "engine/server.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "migrate/subprocess.h"
+#include "migrate/testing_criu.h"
+
+namespace stretch::engine {
+namespace {
+
+using ::testing::HasSubstr;
+
+std::string Prog() {
+  const char* srcdir = getenv("TEST_SRCDIR");
+  const char* ws = getenv("TEST_WORKSPACE");
+  if (srcdir && ws) return absl::StrCat(srcdir, "/", ws, "/engine/dsm_prog");
+  return "engine/dsm_prog";
+}
+
+class EngineTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  void StartCluster(int nodes) {
+    ServerOptions so;
+    so.transport = GetParam();
+    so.listen = GetParam() == "loopback" ? "loop:server" : "127.0.0.1:0";
+    auto server = DirectoryServer::Start(so);
+    ASSERT_TRUE(server.ok()) << server.status();
+    server_ = std::move(*server);
+    for (int i = 0; i < nodes; ++i) {
+      NodeOptions no;
+      no.node = NodeId(i);
+      no.server = server_->address();
+      no.transport = GetParam();
+      no.listen = GetParam() == "loopback" ? absl::StrCat("loop:node", i) : "127.0.0.1:0";
+      no.attach_socket = absl::StrCat(dir_.path(), "/node", i, ".sock");
+      auto agent = NodeAgent::Start(no);
+      ASSERT_TRUE(agent.ok()) << agent.status();
+      agents_.push_back(std::move(*agent));
+    }
+    ASSERT_TRUE(server_->WaitForNodes(nodes, absl::Now() + absl::Seconds(10)));
+  }
+
+  // Runs dsm_prog on every node at once; returns each node's stdout.
+  std::vector<std::string> RunAll(const std::string& mode, const std::vector<std::string>& extra) {
+    std::vector<Subprocess> procs;
+    int n = static_cast<int>(agents_.size());
+    for (int i = 0; i < n; ++i) {
+      SubprocessOptions o;
+      o.argv = {Prog(), absl::StrCat("--socket=", dir_.path(), "/node", i, ".sock"),
+                absl::StrCat("--node=", i), absl::StrCat("--nodes=", n),
+                absl::StrCat("--mode=", mode)};
+      o.argv.insert(o.argv.end(), extra.begin(), extra.end());
+      o.stdout_path = absl::StrCat(dir_.path(), "/", mode, i, ".out");
+      o.stderr_path = absl::StrCat(dir_.path(), "/", mode, i, ".err");
+      auto p = Subprocess::Start(o);
+      EXPECT_TRUE(p.ok()) << p.status();
+      if (p.ok()) procs.push_back(std::move(*p));
+    }
+    std::vector<std::string> out;
+    for (int i = 0; i < static_cast<int>(procs.size()); ++i) {
+      auto st = procs[i].Wait(absl::Now() + absl::Seconds(60));
+      EXPECT_TRUE(st.ok()) << st.status();
+      std::string err = testing::ReadFileOrEmpty(absl::StrCat(dir_.path(), "/", mode, i, ".err"));
+      if (st.ok()) EXPECT_EQ(st->ToString(), "exit status 0") << "node " << i << ": " << err;
+      out.push_back(testing::ReadFileOrEmpty(absl::StrCat(dir_.path(), "/", mode, i, ".out")));
+    }
+    for (auto& a : agents_) EXPECT_TRUE(a->health().ok()) << a->health();
+    return out;
+  }
+
+  void TearDown() override {
+    for (auto& a : agents_) a->Stop();
+    if (server_) server_->Stop();
+  }
+
+  testing::TempDir dir_;
+  std::unique_ptr<DirectoryServer> server_;
+  std::vector<std::unique_ptr<NodeAgent>> agents_;
+};
+
+TEST_P(EngineTest, AtomicCounterAcrossTwoNodes) {
+  StartCluster(2);
+  auto out = RunAll("counter", {"--iters=2000"});
+  EXPECT_EQ(out[0], "counter 4000\n");
+  EXPECT_GT(agents_[1]->stats().pages_fetched.Get(), 0u);
+}
+
+TEST_P(EngineTest, FalseSharingThreeNodes) {
+  StartCluster(3);
+  auto out = RunAll("falseshare", {"--iters=3000"});
+  EXPECT_EQ(out[0], "slots 3000 3000 3000\n");
+}
+
+TEST_P(EngineTest, PingPong) {
+  StartCluster(2);
+  auto out = RunAll("pingpong", {"--iters=500"});
+  EXPECT_EQ(out[0], "pingpong 1000\n");
+}
+
+TEST_P(EngineTest, ManyPages) {
+  StartCluster(3);
+  auto out = RunAll("pages", {"--pages=300"});
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(out[i], absl::StrCat("node ", i, " pages 300 bad 0\n"));
+}
+
+TEST_P(EngineTest, StressHasNoStaleReads) {
+  StartCluster(3);
+  auto out = RunAll("stress", {"--iters=20000", "--pages=32"});
+  EXPECT_THAT(out[0], HasSubstr("stress total "));
+  for (int i = 0; i < 3; ++i) EXPECT_THAT(out[i], HasSubstr(absl::StrCat("node ", i, " stale 0")));
+}
+
+INSTANTIATE_TEST_SUITE_P(Transports, EngineTest, ::testing::Values("tcp", "loopback"));
+
+}  // namespace
+}  // namespace stretch::engine

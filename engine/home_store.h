@@ -1,0 +1,41 @@
+// HomeStore: the server's home copies of pages, the data a directory grant carries when no
+// node owns the page. A page's home copy is, in order of preference: the last copy written
+// back to the server, else its contents in the checkpoint the program was restored from (if
+// any), else zeros. Not thread-safe (the server's one thread owns it).
+#ifndef STRETCH_ENGINE_HOME_STORE_H_
+#define STRETCH_ENGINE_HOME_STORE_H_
+
+#include <memory>
+#include <optional>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/types/span.h"
+#include "core/ids.h"
+#include "migrate/criu_images.h"
+
+namespace stretch::engine {
+
+class HomeStore {
+ public:
+  HomeStore() = default;
+  // Initial contents come from `checkpoint` where it has them.
+  explicit HomeStore(CheckpointMemory checkpoint) : checkpoint_(std::move(checkpoint)) {}
+
+  // The home copy of `page` (valid until the next Store of that page).
+  absl::Span<const uint8_t> Get(PageId page) const;
+  // Replaces the home copy of `page`; `data` is one page.
+  void Store(PageId page, absl::Span<const uint8_t> data);
+
+  size_t stored_pages() const { return pages_.size(); }
+
+ private:
+  struct Page {
+    uint8_t bytes[kPageSize];
+  };
+  std::optional<CheckpointMemory> checkpoint_;
+  absl::flat_hash_map<PageId, std::unique_ptr<Page>> pages_;
+};
+
+}  // namespace stretch::engine
+
+#endif  // STRETCH_ENGINE_HOME_STORE_H_

@@ -1,0 +1,1041 @@
+#include "engine/node_agent.h"
+
+#include <poll.h>
+#include <signal.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <deque>
+#include <map>
+#include <thread>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/node_hash_map.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/synchronization/mutex.h"
+#include "coherence/node.h"
+#include "core/json.h"
+#include "core/status.h"
+#include "core/wire.h"
+#include "glog/logging.h"
+#include "transport/create_transport.h"
+#include "uffd/fault_loop.h"
+#include "uffd/inject.h"
+#include "uffd/invalidate.h"
+#include "uffd/keeper.h"
+#include "uffd/process.h"
+#include "uffd/uffd_compat.h"
+#include "uffd/userfaultfd.h"
+
+namespace stretch::engine {
+
+using coherence::Action;
+using coherence::ActionKind;
+using transport::Event;
+using transport::PeerId;
+
+namespace {
+
+int64_t NowNs() {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return ts.tv_sec * 1'000'000'000LL + ts.tv_nsec;
+}
+
+struct PageBuffer {
+  alignas(64) uint8_t bytes[kPageSize];
+};
+
+}  // namespace
+
+class NodeAgent::Impl {
+ public:
+  explicit Impl(const NodeOptions& options) : options_(options), self_(options.node) {}
+
+  ~Impl() { Stop(); }
+
+  absl::Status Init() {
+    STRETCH_ASSIGN_OR_RETURN(keeper_, uffd::Keeper::Start(absl::Seconds(5)));
+    transport::TransportOptions topts = options_.transport_options;
+    if (topts.name.empty()) topts.name = absl::StrCat("node", self_.value());
+    STRETCH_ASSIGN_OR_RETURN(transport_, transport::CreateTransport(options_.transport, topts));
+    STRETCH_ASSIGN_OR_RETURN(address_, transport_->Listen(options_.listen));
+    const absl::Time deadline = absl::Now() + options_.connect_timeout;
+    auto server = transport_->Connect(options_.server, deadline);
+    if (!server.ok()) {
+      return Annotate(
+          server.status(),
+          absl::StrCat("node ", self_.value(), ": connecting to the server at ", options_.server));
+    }
+    server_ = *server;
+    wire::Hello hello;
+    hello.role = wire::Role::kNode;
+    hello.node = self_;
+    hello.name = absl::StrCat("node", self_.value(), "@", address_);
+    STRETCH_RETURN_IF_ERROR(SendMessage(server_, hello));
+    // The reply comes before anything else the server sends us.
+    for (;;) {
+      STRETCH_ASSIGN_OR_RETURN(Event ev, transport_->Receive(deadline));
+      if (ev.kind == Event::Kind::kDisconnected && ev.peer == server_) {
+        return absl::UnavailableError(
+            absl::StrCat("the server closed the connection: ", ev.status.ToString()));
+      }
+      if (ev.kind != Event::Kind::kMessage || ev.peer != server_) continue;
+      STRETCH_ASSIGN_OR_RETURN(wire::Message m, wire::Decode(ev.data));
+      auto* reply = std::get_if<wire::HelloReply>(&m);
+      if (reply == nullptr) return absl::InternalError("server answered Hello with something else");
+      if (!reply->accepted) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("the server refused node ", self_.value(), ": ", reply->reason));
+      }
+      break;
+    }
+    STRETCH_RETURN_IF_ERROR(SendMessage(server_, wire::Peers{{{self_, address_}}}));
+    receiver_ = std::thread([this] { ReceiveLoop(); });
+    connector_ = std::thread([this] { ConnectLoop(); });
+    if (!options_.attach_socket.empty()) STRETCH_RETURN_IF_ERROR(StartAttachSocket());
+    LOG(INFO) << "node " << self_.value() << ": up, listening on " << address_ << ", server "
+              << options_.server;
+    return absl::OkStatus();
+  }
+
+  void Stop() {
+    bool expected = false;
+    if (!stopping_.compare_exchange_strong(expected, true)) return;
+    if (attach_stop_.valid()) {
+      uint64_t one = 1;
+      (void)!write(attach_stop_.get(), &one, sizeof(one));
+    }
+    if (attacher_.joinable()) attacher_.join();
+    if (transport_ && server_.value() != 0) {
+      (void)SendMessage(server_, wire::Exit{false, 0});
+    }
+    // Loops first (they call into us), then the network.
+    std::vector<std::unique_ptr<Attachment>> attachments;
+    {
+      absl::MutexLock l(&attach_mu_);
+      for (auto& [base, a] : regions_) attachments.push_back(std::move(a));
+      regions_.clear();
+    }
+    for (auto& a : attachments) {
+      if (a->loop) a->loop->Stop();
+    }
+    {
+      absl::MutexLock l(&net_mu_);  // wakes the connector
+    }
+    if (transport_) transport_->Close();
+    if (receiver_.joinable()) receiver_.join();
+    if (connector_.joinable()) connector_.join();
+    // Processes still attached cannot run without us: the keeper kills them as it goes
+    // (releasing them would let their unfetched pages read as zeros).
+    int alive = 0;
+    {
+      absl::MutexLock l(&attach_mu_);
+      for (auto& [pid, t] : targets_) alive += !t->pidfd.Exited();
+    }
+    if (alive > 0) {
+      LOG(WARNING) << "node " << self_.value() << ": stopping with " << alive
+                   << " attached process(es) still running; they are killed";
+    }
+    keeper_.reset();
+    attachments.clear();
+    {
+      absl::MutexLock l(&attach_mu_);
+      targets_.clear();
+    }
+    if (!options_.attach_socket.empty()) unlink(options_.attach_socket.c_str());
+  }
+
+  absl::Status Attach(AttachRequest req) {
+    if (!IsPageAligned(req.base) || !IsPageAligned(req.length) || req.length == 0) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("attach: region [0x%x, +0x%x) is not a non-empty page-aligned range",
+                          req.base, req.length));
+    }
+    {
+      absl::ReaderMutexLock l(&attach_mu_);
+      for (const auto& [base, a] : regions_) {
+        if (req.base < a->base + a->length && a->base < req.base + req.length) {
+          return absl::AlreadyExistsError(
+              absl::StrFormat("attach: [0x%x, +0x%x) overlaps region %d attached by pid %d",
+                              req.base, req.length, a->region.value(), a->target->pid));
+        }
+      }
+    }
+    auto att = std::make_unique<Attachment>();
+    att->agent = this;
+    att->region = req.region;
+    att->base = req.base;
+    att->length = req.length;
+    Target* target;
+    {
+      absl::MutexLock l(&attach_mu_);
+      auto& slot = targets_[req.pid];
+      if (!slot) {
+        slot = std::make_unique<Target>(req.pid);
+        STRETCH_ASSIGN_OR_RETURN(slot->pidfd, uffd::Pidfd::Open(req.pid));
+      }
+      target = slot.get();
+    }
+    att->target = target;
+
+    uffd::Userfaultfd::Options uo;
+    uo.required_features = req.registered ? 0 : UFFD_FEATURE_PAGEFAULT_FLAG_WP;
+    uo.optional_features = UFFD_FEATURE_THREAD_ID;
+    uo.pid = req.pid;
+    uo.stats = &uffd_stats_;
+    STRETCH_ASSIGN_OR_RETURN(att->uffd, uffd::Userfaultfd::Adopt(std::move(req.uffd), uo));
+    auto reg = att->uffd->Register(req.base, req.length,
+                                   UFFDIO_REGISTER_MODE_MISSING | UFFDIO_REGISTER_MODE_WP);
+    if (!reg.ok()) return Annotate(reg.status(), absl::StrCat("attach of pid ", req.pid));
+    uffd::FaultLoop::Options lo;
+    lo.cpu = options_.fault_cpu;
+    lo.target_pidfd = target->pidfd.fd();
+    lo.name = absl::StrCat("fault-", req.pid);
+    STRETCH_ASSIGN_OR_RETURN(att->loop, uffd::FaultLoop::Start(att->uffd.get(), att.get(), lo));
+
+    if (!target->helper) {
+      auto inject = [&](uffd::RemoteThread& thread) -> absl::Status {
+        uffd::InvalidationHelper::Options ho;
+        ho.stats = &uffd_stats_;
+        ho.loop = att->loop.get();
+        STRETCH_ASSIGN_OR_RETURN(target->helper, uffd::InvalidationHelper::Inject(thread, ho));
+        return absl::OkStatus();
+      };
+      absl::Status s;
+      if (req.with_thread) {
+        s = req.with_thread(inject);
+      } else {
+        auto thread = uffd::RemoteThread::Seize(req.pid, absl::Seconds(2));
+        s = thread.ok() ? inject(**thread) : thread.status();
+      }
+      if (!s.ok()) {
+        return Annotate(s, absl::StrCat("placing the invalidation helper in pid ", req.pid));
+      }
+      STRETCH_RETURN_IF_ERROR(
+          keeper_->Guard(target->pidfd, att->uffd->fd(), absl::Now() + absl::Seconds(2)));
+    }
+    wire::RegionAnnounce announce{req.region, req.base, req.length, 0};
+    STRETCH_RETURN_IF_ERROR(SendMessage(server_, announce));
+    LOG(INFO) << absl::StrFormat("node %d: pid %d attached region %d [0x%x, +0x%x)", self_.value(),
+                                 req.pid, req.region.value(), req.base, req.length);
+    absl::MutexLock l(&attach_mu_);
+    regions_[req.base] = std::move(att);
+    return absl::OkStatus();
+  }
+
+  // Gives up every copy of the region's pages (modified ones go home) and waits until the
+  // directory has taken them back.
+  absl::Status Detach(pid_t pid, RegionId region, absl::Time deadline) {
+    Attachment* att = nullptr;
+    {
+      absl::ReaderMutexLock l(&attach_mu_);
+      for (auto& [base, a] : regions_) {
+        if (a->region == region && a->target->pid == pid) att = a.get();
+      }
+    }
+    if (att == nullptr) {
+      return absl::NotFoundError(
+          absl::StrCat("detach: pid ", pid, " has no region ", region.value(), " attached"));
+    }
+    std::vector<PageId> held;
+    {
+      absl::MutexLock l(&mu_);
+      for (const auto& [page, ps] : pages_) {
+        if (page.address() >= att->base && page.address() < att->base + att->length &&
+            ps.page.line.state != coherence::NodeState::kI) {
+          held.push_back(page);
+        }
+      }
+    }
+    for (PageId page : held) HandleLocal(*att, page, LocalEvent{coherence::LocalOp::kEvict, {}}, 0);
+    absl::MutexLock l(&mu_);
+    auto all_gone = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      for (PageId page : held) {
+        if (pages_[page].page.line.state != coherence::NodeState::kI) return false;
+      }
+      return true;
+    };
+    if (!mu_.AwaitWithDeadline(absl::Condition(&all_gone), deadline)) {
+      return absl::DeadlineExceededError(
+          absl::StrCat("detach: the directory did not take back ", held.size(), " pages in time"));
+    }
+    VLOG(1) << "node " << self_.value() << ": pid " << pid << " detached region " << region.value()
+            << " (" << held.size() << " pages given back)";
+    return absl::OkStatus();
+  }
+
+  const std::string& address() const { return address_; }
+  NodeId node() const { return self_; }
+  const NodeStats& stats() const { return stats_; }
+
+  absl::Status health() const {
+    absl::MutexLock l(&health_mu_);
+    return health_;
+  }
+
+  int live_processes() const {
+    absl::ReaderMutexLock l(&attach_mu_);
+    int n = 0;
+    for (const auto& [pid, t] : targets_) n += !t->pidfd.Exited();
+    return n;
+  }
+
+  std::string StatsJson() const {
+    JsonWriter w;
+    w.BeginObject();
+    w.Field("node", self_.value());
+    w.Field("read_faults", stats_.read_faults.Get());
+    w.Field("write_faults", stats_.write_faults.Get());
+    w.Field("pages_fetched", stats_.pages_fetched.Get());
+    w.Field("upgrades", stats_.upgrades.Get());
+    w.Field("invalidations_received", stats_.invalidations_received.Get());
+    w.Field("pages_dropped", stats_.pages_dropped.Get());
+    w.Field("forwards_served", stats_.forwards_served.Get());
+    w.Field("messages_sent", stats_.messages_sent.Get());
+    w.Field("bytes_sent", stats_.bytes_sent.Get());
+    w.Field("messages_received", stats_.messages_received.Get());
+    w.Field("bytes_received", stats_.bytes_received.Get());
+    w.Key("fault_latency");
+    stats_.fault_latency.Snap().WriteJson(w);
+    w.EndObject();
+    return w.str();
+  }
+
+ private:
+  struct Target {
+    explicit Target(pid_t p) : pid(p), memory(p) {}
+    pid_t pid;
+    uffd::Pidfd pidfd;
+    uffd::RemoteMemory memory;
+    std::unique_ptr<uffd::InvalidationHelper> helper;
+  };
+
+  struct Attachment : public uffd::FaultHandler {
+    Impl* agent = nullptr;
+    Target* target = nullptr;
+    RegionId region;
+    uint64_t base = 0, length = 0;
+    std::unique_ptr<uffd::Userfaultfd> uffd;
+    std::unique_ptr<uffd::FaultLoop> loop;
+    void OnFault(uffd::FaultLoop& loop, const uffd::Fault& f) override { agent->OnFault(*this, f); }
+    void OnEvent(uffd::FaultLoop& loop, uffd::UffdEvent& e) override {
+      agent->OnUffdEvent(*this, e);
+    }
+  };
+
+  struct LocalEvent {
+    coherence::LocalOp op;
+    ThreadId thread;
+  };
+
+  // Per page engine state, guarded by mu_.
+  struct PageState {
+    coherence::NodePage page;
+    bool busy = false;               // a thread is carrying out this page's actions
+    std::deque<LocalEvent> pending;  // local events that arrived while busy
+    std::unique_ptr<PageBuffer> stash;
+    int64_t hold_until_ns = 0;   // handle no Inv/Fwd before (NowNs)
+    int64_t fault_start_ns = 0;  // first unresolved fault, for the latency histogram
+  };
+
+  // A received message and the frame its page data points into.
+  struct Incoming {
+    wire::CoherenceMsg msg;
+    std::vector<uint8_t> frame;
+  };
+
+  // ---------------------------------------------------------------- sending
+
+  absl::Status SendMessage(PeerId peer, const wire::Message& m) {
+    std::vector<uint8_t> buf;
+    wire::EncodeTo(m, &buf);
+    stats_.messages_sent.Add();
+    stats_.bytes_sent.Add(buf.size());
+    return transport_->Send(peer, buf);
+  }
+
+  // Node-to-node connections: one per pair of nodes, made by the lower-numbered one (two
+  // nodes connecting to each other at once make rxm refuse one and retry seconds later) and
+  // used in both directions, so each channel is FIFO as the protocol requires. The connector
+  // thread connects as soon as the server says where the nodes are; the higher-numbered node
+  // learns the connection from the Hello that arrives on it. Until a node's connection is
+  // known, messages for it wait in its outbox, in order (waiting for it here instead could
+  // deadlock: the receive thread may be the one that has to read that Hello).
+  void SendToNode(NodeId node, std::vector<uint8_t> frame) {
+    absl::MutexLock l(&net_mu_);
+    if (auto failed = connect_failed_.find(node); failed != connect_failed_.end()) {
+      absl::Status why = failed->second;
+      net_mu_.Unlock();
+      if (!stopping_) {
+        Fail(absl::UnavailableError(
+            absl::StrCat("cannot reach node ", node.value(), ": ", why.message())));
+      }
+      net_mu_.Lock();
+      return;
+    }
+    auto& box = outbox_[node];
+    auto it = out_peers_.find(node);
+    if (it == out_peers_.end() || !box.empty()) {
+      box.push_back(std::move(frame));
+      return;
+    }
+    SendFrameLocked(node, it->second, frame);
+  }
+
+  void SendFrameLocked(NodeId node, PeerId peer, const std::vector<uint8_t>& frame)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(net_mu_) {
+    stats_.messages_sent.Add();
+    stats_.bytes_sent.Add(frame.size());
+    absl::Status s = transport_->Send(peer, frame);
+    if (!s.ok() && !stopping_) {
+      connect_failed_[node] = s;
+      LOG(ERROR) << "node " << self_.value() << ": send to node " << node.value() << ": " << s;
+    }
+  }
+
+  // The connection to `node` is known now: send what waited for it.
+  void PeerReadyLocked(NodeId node, PeerId peer) ABSL_EXCLUSIVE_LOCKS_REQUIRED(net_mu_) {
+    out_peers_[node] = peer;
+    in_peers_[peer] = node;
+    auto& box = outbox_[node];
+    while (!box.empty()) {
+      SendFrameLocked(node, peer, box.front());
+      box.pop_front();
+    }
+  }
+
+  // Connector thread: connects to every node the server announced.
+  void ConnectLoop() {
+    for (;;) {
+      NodeId node;
+      std::string address;
+      {
+        absl::MutexLock l(&net_mu_);
+        auto work = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(net_mu_) {
+          if (stopping_) return true;
+          for (const auto& [n, a] : addresses_) {
+            if (self_ < n && !out_peers_.contains(n) && !connect_failed_.contains(n)) return true;
+          }
+          return false;
+        };
+        net_mu_.Await(absl::Condition(&work));
+        if (stopping_) return;
+        for (const auto& [n, a] : addresses_) {
+          if (self_ < n && !out_peers_.contains(n) && !connect_failed_.contains(n)) {
+            node = n;
+            address = a;
+            break;
+          }
+        }
+      }
+      absl::StatusOr<PeerId> peer =
+          transport_->Connect(address, absl::Now() + options_.connect_timeout);
+      if (peer.ok()) {
+        wire::Hello hello;
+        hello.role = wire::Role::kNode;
+        hello.node = self_;
+        hello.name = absl::StrCat("node", self_.value());
+        absl::Status s = SendMessage(*peer, hello);
+        if (!s.ok()) peer = s;
+      }
+      absl::MutexLock l(&net_mu_);
+      if (peer.ok()) {
+        PeerReadyLocked(node, *peer);
+      } else {
+        LOG(ERROR) << "node " << self_.value() << ": cannot connect to node " << node.value()
+                   << " at " << address << ": " << peer.status();
+        connect_failed_[node] = peer.status();
+      }
+    }
+  }
+
+  void SendCoherence(NodeId dst, const wire::CoherenceMsg& msg) {
+    if (dst == wire::kServerEndpoint) {
+      absl::Status s = SendMessage(server_, msg);
+      if (!s.ok() && !stopping_) {
+        Fail(absl::UnavailableError(absl::StrCat("cannot send ", wire::Name(msg.op), " for page ",
+                                                 msg.page.ToString(),
+                                                 " to the server: ", s.message())));
+      }
+      return;
+    }
+    SendToNode(dst, wire::Encode(msg));
+  }
+
+  // ---------------------------------------------------------------- the engine
+
+  Attachment* FindAttachment(uintptr_t addr) {
+    absl::ReaderMutexLock l(&attach_mu_);
+    auto it = regions_.upper_bound(addr);
+    if (it == regions_.begin()) return nullptr;
+    --it;
+    Attachment* a = it->second.get();
+    return addr < a->base + a->length ? a : nullptr;
+  }
+
+  // Carries out `actions` for `page` in order. `in` is the message being handled (install data).
+  void Execute(PageId page, Attachment& att, const std::vector<Action>& actions,
+               const Incoming* in) {
+    const uintptr_t addr = page.address();
+    for (const Action& a : actions) {
+      VLOG(2) << "node " << self_.value() << " " << page.ToString() << ": "
+              << coherence::ToString(a);
+      switch (a.kind) {
+        case ActionKind::kInstallReadOnly:
+        case ActionKind::kInstallWritable: {
+          if (in == nullptr || in->msg.data.size() != kPageSize) {
+            Fail(absl::InternalError(absl::StrCat("protocol error: a grant for ", page.ToString(),
+                                                  " without the page")));
+            return;
+          }
+          uffd::UffdResult r = att.loop->ResolveCopy(addr, in->msg.data.data(),
+                                                     a.kind == ActionKind::kInstallReadOnly);
+          VLOG(2) << "node " << self_.value() << " " << page.ToString() << ": copy -> "
+                  << uffd::Name(r.code) << " first word "
+                  << *reinterpret_cast<const uint64_t*>(in->msg.data.data());
+          if (!r.resolved() && r.code != uffd::UffdResult::kGone) {
+            LOG(ERROR) << "node " << self_.value() << ": UFFDIO_COPY at " << page.ToString() << ": "
+                       << r.ToStatus("UFFDIO_COPY", addr);
+          }
+          stats_.pages_fetched.Add();
+          Installed(page);
+          break;
+        }
+        case ActionKind::kMakeWritable:
+          att.loop->ResolveUnprotect(addr);
+          stats_.upgrades.Add();
+          Installed(page);
+          break;
+        case ActionKind::kWriteProtect: {
+          uffd::UffdResult r = att.uffd->WriteProtect(addr, kPageSize, /*protect=*/true);
+          if (!r.ok() && r.code != uffd::UffdResult::kGone) {
+            // A copy we cannot write-protect could be written behind the protocol's back.
+            KillTarget(*att.target, r.ToStatus("UFFDIO_WRITEPROTECT", addr));
+          }
+          break;
+        }
+        case ActionKind::kDropPage: {
+          absl::Status s = att.target->helper->Invalidate({addr});
+          VLOG(2) << "node " << self_.value() << " " << page.ToString() << ": drop -> " << s;
+          if (!s.ok() && !att.target->pidfd.Exited()) {
+            // The copy may still be readable: the process must not continue.
+            KillTarget(*att.target, Annotate(s, absl::StrCat("invalidating ", page.ToString())));
+          }
+          stats_.pages_dropped.Add();
+          break;
+        }
+        case ActionKind::kStashPage: {
+          // Read without mu_: the page is present (the protocol guarantees it), but a read of a
+          // missing page would fault into our own loop thread, which takes mu_.
+          auto copy = std::make_unique<PageBuffer>();
+          uintptr_t pages[1] = {addr};
+          absl::Status s = att.target->memory.ReadPages(pages, copy->bytes);
+          VLOG(2) << "node " << self_.value() << " " << page.ToString() << ": stash first word "
+                  << *reinterpret_cast<const uint64_t*>(copy->bytes);
+          if (!s.ok()) {
+            // The only copy of the page went with the process: nobody may get it.
+            LosePage(page, Annotate(s, absl::StrCat("reading ", page.ToString(), " of pid ",
+                                                    att.target->pid)));
+            return;
+          }
+          absl::MutexLock l(&mu_);
+          pages_[page].stash = std::move(copy);
+          break;
+        }
+        case ActionKind::kReleaseStash: {
+          absl::MutexLock l(&mu_);
+          pages_[page].stash.reset();
+          break;
+        }
+        case ActionKind::kWakeWaiters:
+          att.loop->ResolveWake(addr);
+          break;
+        case ActionKind::kSend: {
+          absl::Span<const uint8_t> payload;
+          if (a.msg.payload == coherence::Payload::kStash) {
+            absl::MutexLock l(&mu_);
+            PageState& ps = pages_[page];
+            CHECK(ps.stash) << "node " << self_.value() << ": send from an empty stash of "
+                            << page.ToString();
+            payload = absl::Span<const uint8_t>(ps.stash->bytes, kPageSize);
+          }
+          wire::CoherenceMsg out = coherence::ToWire(a.msg, self_, page, payload);
+          if (out.op == wire::CohOp::kData && a.msg.dst != wire::kServerEndpoint) {
+            stats_.forwards_served.Add();
+          }
+          a.msg.ForEachDestination([&](NodeId dst) { SendCoherence(dst, out); });
+          break;
+        }
+        case ActionKind::kStoreHome:
+          LOG(DFATAL) << "node: kStoreHome is a directory action";
+          break;
+      }
+    }
+  }
+
+  void Installed(PageId page) {
+    absl::MutexLock l(&mu_);
+    PageState& ps = pages_[page];
+    const int64_t now = NowNs();
+    ps.hold_until_ns = now + absl::ToInt64Nanoseconds(options_.install_hold);
+    if (ps.fault_start_ns != 0) {
+      stats_.fault_latency.Record(static_cast<uint64_t>(now - ps.fault_start_ns));
+      ps.fault_start_ns = 0;
+    }
+  }
+
+  // Handles the local events queued while the page was busy. Called with the page busy and
+  // mu_ held; returns with mu_ held and the page no longer busy.
+  void DrainLocal(PageId page, Attachment& att) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    for (;;) {
+      PageState& ps = pages_[page];
+      if (ps.pending.empty()) {
+        ps.busy = false;
+        return;
+      }
+      LocalEvent ev = ps.pending.front();
+      ps.pending.pop_front();
+      std::vector<Action> actions;
+      auto err = coherence::Step(ps.page, coherence::LocalEvent(ev.op, ev.thread), &actions);
+      CHECK(!err) << "node " << self_.value() << ": impossible local event on " << page.ToString()
+                  << " in state " << err->state << ": " << err->event;
+      mu_.Unlock();
+      Execute(page, att, actions, nullptr);
+      mu_.Lock();
+    }
+  }
+
+  // Fault loop thread.
+  void OnFault(Attachment& att, const uffd::Fault& f) {
+    const bool store = f.kind == uffd::FaultKind::kWriteProtect || f.write;
+    (store ? stats_.write_faults : stats_.read_faults).Add();
+    HandleLocal(att, PageId::Containing(f.page),
+                LocalEvent{store ? coherence::LocalOp::kStore : coherence::LocalOp::kLoad,
+                           ThreadId(static_cast<uint32_t>(f.tid))},
+                f.received_ns ? f.received_ns : NowNs());
+  }
+
+  // A local event (fault or eviction). On the fault loop thread the actions only send and
+  // wake; an eviction (kDropPage, kStashPage) must come from another thread.
+  void HandleLocal(Attachment& att, PageId page, LocalEvent ev, int64_t start_ns) {
+    absl::MutexLock l(&mu_);
+    PageState& ps = pages_[page];
+    if (ps.fault_start_ns == 0 && ev.op != coherence::LocalOp::kEvict) ps.fault_start_ns = start_ns;
+    if (ps.busy) {
+      // The network thread is carrying out this page's actions; it handles this event next.
+      ps.pending.push_back(ev);
+      return;
+    }
+    std::vector<Action> actions;
+    VLOG(2) << "node " << self_.value() << " " << page.ToString() << ": "
+            << coherence::Name(ps.page.line.state) << " + local " << static_cast<int>(ev.op);
+    auto err = coherence::Step(ps.page, coherence::LocalEvent(ev.op, ev.thread), &actions);
+    CHECK(!err) << "node " << self_.value() << ": impossible local event on " << page.ToString()
+                << " in state " << err->state << ": " << err->event;
+    ps.busy = true;
+    mu_.Unlock();
+    Execute(page, att, actions, nullptr);
+    mu_.Lock();
+    DrainLocal(page, att);
+  }
+
+  void OnUffdEvent(Attachment& att, uffd::UffdEvent& e) {
+    if (e.kind == uffd::UffdEvent::kTargetExited) {
+      LOG(INFO) << "node " << self_.value() << ": pid " << att.target->pid << " exited";
+      return;
+    }
+    VLOG(1) << "node " << self_.value() << ": uffd event " << uffd::Name(e.kind) << " in pid "
+            << att.target->pid;
+  }
+
+  // Network thread: one coherence message for a page in `att`.
+  void HandleMessage(Attachment& att, Incoming& in) {
+    const PageId page = in.msg.page;
+    absl::MutexLock l(&mu_);
+    PageState* ps = &pages_[page];
+    auto idle = [ps]() { return !ps->busy; };
+    mu_.Await(absl::Condition(&idle));
+    if (in.msg.op == wire::CohOp::kNack) {
+      mu_.Unlock();
+      KillTarget(*att.target,
+                 absl::DataLossError(absl::StrCat("page ", page.ToString(),
+                                                  " is lost: the node that held it is gone")));
+      mu_.Lock();
+      return;
+    }
+    auto ev = coherence::Classify(ps->page.line, in.msg);
+    VLOG(2) << "node " << self_.value() << " " << page.ToString() << ": "
+            << coherence::Name(ps->page.line.state) << " + " << wire::Name(in.msg.op) << " from "
+            << in.msg.src.value() << " v" << in.msg.version
+            << (ev ? absl::StrCat(" = ", coherence::ToString(*ev)) : " (no event)");
+    std::vector<Action> actions;
+    std::optional<coherence::StepError> err;
+    if (ev) {
+      if (ev->type == coherence::NodeEventType::kInv) stats_.invalidations_received.Add();
+      err = coherence::Step(ps->page, *ev, &actions);
+    }
+    if (!ev || err) {
+      std::string why = absl::StrCat("protocol error: ", wire::Name(in.msg.op), " from endpoint ",
+                                     in.msg.src.value(), " for page ", page.ToString(),
+                                     " in state ", coherence::Name(ps->page.line.state),
+                                     err ? absl::StrCat(" (", err->event, ")") : "");
+      mu_.Unlock();
+      Fail(absl::InternalError(why));
+      mu_.Lock();
+      return;
+    }
+    ps->busy = true;
+    mu_.Unlock();
+    Execute(page, att, actions, &in);
+    mu_.Lock();
+    DrainLocal(page, att);
+  }
+
+  // True if the message must wait for the page's install hold to pass.
+  bool Held(const wire::CoherenceMsg& m, int64_t* until) {
+    if (m.op != wire::CohOp::kInv && m.op != wire::CohOp::kFwdGetS &&
+        m.op != wire::CohOp::kFwdGetM) {
+      return false;
+    }
+    absl::MutexLock l(&mu_);
+    auto it = pages_.find(m.page);
+    if (it == pages_.end()) return false;
+    *until = it->second.hold_until_ns;
+    return *until > NowNs();
+  }
+
+  void ReceiveLoop() {
+    for (;;) {
+      // Messages whose hold has passed, in arrival order.
+      absl::Time deadline = absl::Now() + absl::Milliseconds(200);
+      while (!deferred_.empty()) {
+        int64_t now = NowNs();
+        Deferred& d = deferred_.front();
+        if (d.ready_ns > now) {
+          deadline = std::min(deadline, absl::Now() + absl::Nanoseconds(d.ready_ns - now));
+          break;
+        }
+        Deferred item = std::move(deferred_.front());
+        deferred_.pop_front();
+        if (--deferred_pages_[item.in.msg.page] == 0) deferred_pages_.erase(item.in.msg.page);
+        Dispatch(item.in);
+      }
+      auto ev = transport_->Receive(deadline);
+      if (!ev.ok()) {
+        if (ev.status().code() == absl::StatusCode::kCancelled) return;
+        if (ev.status().code() != absl::StatusCode::kDeadlineExceeded) {
+          LOG(WARNING) << "node " << self_.value() << ": receive: " << ev.status();
+        }
+        continue;
+      }
+      switch (ev->kind) {
+        case Event::Kind::kConnected:
+          break;
+        case Event::Kind::kDisconnected:
+          OnDisconnected(ev->peer, ev->status);
+          break;
+        case Event::Kind::kMessage:
+          stats_.messages_received.Add();
+          stats_.bytes_received.Add(ev->data.size());
+          OnFrame(ev->peer, std::move(ev->data));
+          break;
+      }
+    }
+  }
+
+  void OnDisconnected(PeerId peer, const absl::Status& why) {
+    if (peer == server_) {
+      if (!stopping_)
+        Fail(absl::UnavailableError(absl::StrCat("lost the server: ", why.message())));
+      return;
+    }
+    absl::MutexLock l(&net_mu_);
+    for (auto it = out_peers_.begin(); it != out_peers_.end(); ++it) {
+      if (it->second == peer) {
+        // A node we send to went away: anything we owe it can no longer be delivered.
+        connect_failed_[it->first] = why;
+        out_peers_.erase(it);
+        break;
+      }
+    }
+    in_peers_.erase(peer);
+  }
+
+  void OnFrame(PeerId peer, std::vector<uint8_t> frame) {
+    auto decoded = wire::Decode(frame);
+    if (!decoded.ok()) {
+      LOG(ERROR) << "node " << self_.value() << ": malformed message from peer " << peer.value()
+                 << ": " << decoded.status().message();
+      if (peer == server_) Fail(decoded.status());
+      return;
+    }
+    if (auto* hello = std::get_if<wire::Hello>(&*decoded)) {
+      if (hello->role == wire::Role::kNode && IsValidNode(hello->node)) {
+        absl::MutexLock l(&net_mu_);
+        in_peers_[peer] = hello->node;
+        // A lower-numbered node connected to us: that connection is also how we reach it.
+        if (hello->node < self_) PeerReadyLocked(hello->node, peer);
+      }
+      return;
+    }
+    if (auto* peers = std::get_if<wire::Peers>(&*decoded)) {
+      if (peer != server_) return;
+      absl::MutexLock l(&net_mu_);
+      for (const auto& e : peers->entries) addresses_[e.node] = e.address;
+      return;
+    }
+    if (auto* error = std::get_if<wire::Error>(&*decoded)) {
+      Fail(absl::Status(static_cast<absl::StatusCode>(error->code),
+                        absl::StrCat("from the server: ", error->message)));
+      return;
+    }
+    auto* msg = std::get_if<wire::CoherenceMsg>(&*decoded);
+    if (msg == nullptr) {
+      VLOG(1) << "node " << self_.value() << ": ignoring " << wire::Name(wire::TypeOf(*decoded));
+      return;
+    }
+    // The sender must be who it says it is.
+    NodeId from = wire::kServerEndpoint;
+    if (peer != server_) {
+      absl::MutexLock l(&net_mu_);
+      auto it = in_peers_.find(peer);
+      if (it == in_peers_.end()) {
+        LOG(ERROR) << "node " << self_.value() << ": coherence message from an unknown peer";
+        return;
+      }
+      from = it->second;
+    }
+    const bool for_another = msg->op == wire::CohOp::kInv || msg->op == wire::CohOp::kFwdGetS ||
+                             msg->op == wire::CohOp::kFwdGetM;
+    if (msg->src != from || (msg->requester != self_ && !for_another)) {
+      LOG(ERROR) << "node " << self_.value() << ": rejected " << wire::Name(msg->op)
+                 << " claiming to come from endpoint " << msg->src.value() << " for node "
+                 << msg->requester.value();
+      return;
+    }
+    Incoming in{*msg, std::move(frame)};
+    // msg->data points into `frame`, whose buffer moved with it.
+    if (deferred_pages_.count(in.msg.page)) {
+      Defer(std::move(in), 0);
+      return;
+    }
+    int64_t until;
+    if (Held(in.msg, &until)) {
+      Defer(std::move(in), until);
+      return;
+    }
+    Dispatch(in);
+  }
+
+  void Defer(Incoming in, int64_t ready_ns) {
+    if (!deferred_.empty()) ready_ns = std::max(ready_ns, deferred_.back().ready_ns);
+    ++deferred_pages_[in.msg.page];
+    deferred_.push_back(Deferred{ready_ns, std::move(in)});
+  }
+
+  void Dispatch(Incoming& in) {
+    Attachment* att = FindAttachment(in.msg.page.address());
+    if (att == nullptr) {
+      LOG(ERROR) << "node " << self_.value() << ": " << wire::Name(in.msg.op) << " for page "
+                 << in.msg.page.ToString() << " outside every attached region";
+      return;
+    }
+    HandleMessage(*att, in);
+  }
+
+  // ---------------------------------------------------------------- failures
+
+  // The page's only copy is gone: the program cannot go on anywhere.
+  void LosePage(PageId page, const absl::Status& why) {
+    std::string msg =
+        absl::StrCat("node ", self_.value(), " lost page ", page.ToString(), ": ", why.message());
+    (void)SendMessage(server_,
+                      wire::Error{static_cast<uint32_t>(absl::StatusCode::kDataLoss), msg});
+    Fail(absl::DataLossError(msg));
+  }
+
+  void KillTarget(Target& t, const absl::Status& why) {
+    LOG(ERROR) << "node " << self_.value() << ": stopping pid " << t.pid << ": " << why;
+    (void)t.pidfd.Signal(SIGKILL);
+    absl::MutexLock l(&health_mu_);
+    if (health_.ok()) health_ = why;
+  }
+
+  void Fail(const absl::Status& why) {
+    {
+      absl::MutexLock l(&health_mu_);
+      if (!health_.ok()) return;
+      health_ = why;
+    }
+    LOG(ERROR) << "node " << self_.value() << ": " << why.message()
+               << "; stopping every attached process";
+    absl::ReaderMutexLock l(&attach_mu_);
+    for (auto& [pid, t] : targets_) (void)t->pidfd.Signal(SIGKILL);
+  }
+
+  // ---------------------------------------------------------------- attach socket
+
+  absl::Status StartAttachSocket() {
+    UniqueFd fd(socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
+    if (!fd.valid()) return ErrnoStatus(errno, "socket(AF_UNIX)");
+    struct sockaddr_un addr = {};
+    addr.sun_family = AF_UNIX;
+    if (options_.attach_socket.size() >= sizeof(addr.sun_path)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("attach socket path too long: ", options_.attach_socket));
+    }
+    std::memcpy(addr.sun_path, options_.attach_socket.c_str(), options_.attach_socket.size() + 1);
+    unlink(options_.attach_socket.c_str());
+    if (bind(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+      return ErrnoStatus(errno, absl::StrCat("bind ", options_.attach_socket));
+    }
+    if (listen(fd.get(), 16) != 0) return ErrnoStatus(errno, "listen on the attach socket");
+    attach_stop_.reset(eventfd(0, EFD_CLOEXEC));
+    attach_listen_ = std::move(fd);
+    attacher_ = std::thread([this] { AttachLoop(); });
+    return absl::OkStatus();
+  }
+
+  void AttachLoop() {
+    for (;;) {
+      struct pollfd p[2] = {{attach_listen_.get(), POLLIN, 0}, {attach_stop_.get(), POLLIN, 0}};
+      if (poll(p, 2, -1) < 0 && errno != EINTR) return;
+      if (p[1].revents) return;
+      if (!(p[0].revents & POLLIN)) continue;
+      UniqueFd conn(accept4(attach_listen_.get(), nullptr, nullptr, SOCK_CLOEXEC));
+      if (!conn.valid()) continue;
+      ServeAttach(conn.get());
+    }
+  }
+
+  void ServeAttach(int conn) {
+    uint8_t buf[512];
+    struct iovec iov = {buf, sizeof(buf)};
+    alignas(struct cmsghdr) char control[CMSG_SPACE(sizeof(int))];
+    struct msghdr msg = {};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof(control);
+    struct pollfd p = {conn, POLLIN, 0};
+    if (poll(&p, 1, 5000) <= 0) return;
+    ssize_t n = recvmsg(conn, &msg, MSG_CMSG_CLOEXEC);
+    if (n <= 0) return;
+    UniqueFd uffd;
+    for (struct cmsghdr* c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c)) {
+      if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS &&
+          c->cmsg_len == CMSG_LEN(sizeof(int))) {
+        int fd;
+        std::memcpy(&fd, CMSG_DATA(c), sizeof(fd));
+        uffd.reset(fd);
+      }
+    }
+    absl::Status result;
+    struct ucred cred;
+    socklen_t len = sizeof(cred);
+    auto decoded = wire::Decode(absl::Span<const uint8_t>(buf, static_cast<size_t>(n)));
+    if (!decoded.ok()) {
+      result = decoded.status();
+    } else if (!std::holds_alternative<wire::RegionAttach>(*decoded)) {
+      result = absl::InvalidArgumentError("attach socket: expected RegionAttach");
+    } else if (!(std::get<wire::RegionAttach>(*decoded).flags & wire::kRegionDetach) &&
+               !uffd.valid()) {
+      result = absl::InvalidArgumentError("attach socket: RegionAttach without a userfaultfd");
+    } else if (getsockopt(conn, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) {
+      result = ErrnoStatus(errno, "SO_PEERCRED");
+    } else {
+      const auto& ra = std::get<wire::RegionAttach>(*decoded);
+      // The kernel says who is on the other end; the message cannot claim another process.
+      if (ra.pid != 0 && static_cast<pid_t>(ra.pid) != cred.pid) {
+        result = absl::PermissionDeniedError(
+            absl::StrFormat("attach socket: pid %d claimed to be pid %d", cred.pid, ra.pid));
+      } else if (ra.flags & wire::kRegionDetach) {
+        result = Detach(cred.pid, ra.region, absl::Now() + absl::Seconds(30));
+      } else {
+        AttachRequest req;
+        req.pid = cred.pid;
+        req.uffd = std::move(uffd);
+        req.region = ra.region;
+        req.base = ra.base;
+        req.length = ra.length;
+        result = Attach(std::move(req));
+      }
+    }
+    if (!result.ok()) LOG(ERROR) << "node " << self_.value() << ": attach failed: " << result;
+    std::vector<uint8_t> reply = wire::Encode(wire::RegionAttachReply{
+        static_cast<uint32_t>(result.code()), std::string(result.message())});
+    (void)!send(conn, reply.data(), reply.size(), MSG_NOSIGNAL);
+  }
+
+  struct Deferred {
+    int64_t ready_ns;
+    Incoming in;
+  };
+
+  const NodeOptions options_;
+  const NodeId self_;
+  std::atomic<bool> stopping_{false};
+  NodeStats stats_;
+  uffd::Stats uffd_stats_;
+  std::unique_ptr<uffd::Keeper> keeper_;
+  std::unique_ptr<transport::Transport> transport_;
+  std::string address_;
+  PeerId server_;
+  std::thread receiver_;
+  std::thread attacher_;
+  UniqueFd attach_listen_;
+  UniqueFd attach_stop_;
+
+  // Receive thread only.
+  std::deque<Deferred> deferred_;
+  absl::flat_hash_map<PageId, int> deferred_pages_;
+
+  absl::Mutex net_mu_;
+  absl::flat_hash_map<NodeId, PeerId> out_peers_ ABSL_GUARDED_BY(net_mu_);
+  absl::flat_hash_map<PeerId, NodeId> in_peers_ ABSL_GUARDED_BY(net_mu_);
+  absl::flat_hash_map<NodeId, std::string> addresses_ ABSL_GUARDED_BY(net_mu_);
+  absl::flat_hash_map<NodeId, absl::Status> connect_failed_ ABSL_GUARDED_BY(net_mu_);
+  absl::flat_hash_map<NodeId, std::deque<std::vector<uint8_t>>> outbox_ ABSL_GUARDED_BY(net_mu_);
+  std::thread connector_;
+
+  mutable absl::Mutex attach_mu_;
+  std::map<uint64_t, std::unique_ptr<Attachment>> regions_ ABSL_GUARDED_BY(attach_mu_);
+  std::map<pid_t, std::unique_ptr<Target>> targets_ ABSL_GUARDED_BY(attach_mu_);
+
+  absl::Mutex mu_;
+  // node_hash_map: a PageState stays put while a thread waits for it (Await releases mu_).
+  absl::node_hash_map<PageId, PageState> pages_ ABSL_GUARDED_BY(mu_);
+
+  mutable absl::Mutex health_mu_;
+  absl::Status health_ ABSL_GUARDED_BY(health_mu_);
+};
+
+NodeAgent::NodeAgent(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+NodeAgent::~NodeAgent() { impl_->Stop(); }
+
+absl::StatusOr<std::unique_ptr<NodeAgent>> NodeAgent::Start(const NodeOptions& options) {
+  if (!IsValidNode(options.node)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("node id ", options.node.value(), " out of range (0..", kMaxNodes - 1, ")"));
+  }
+  auto impl = std::make_unique<Impl>(options);
+  STRETCH_RETURN_IF_ERROR(impl->Init());
+  return std::unique_ptr<NodeAgent>(new NodeAgent(std::move(impl)));
+}
+
+absl::Status NodeAgent::Attach(AttachRequest request) { return impl_->Attach(std::move(request)); }
+const std::string& NodeAgent::address() const { return impl_->address(); }
+NodeId NodeAgent::node() const { return impl_->node(); }
+const NodeStats& NodeAgent::stats() const { return impl_->stats(); }
+std::string NodeAgent::StatsJson() const { return impl_->StatsJson(); }
+absl::Status NodeAgent::health() const { return impl_->health(); }
+int NodeAgent::live_processes() const { return impl_->live_processes(); }
+void NodeAgent::Stop() { impl_->Stop(); }
+
+}  // namespace stretch::engine

@@ -1,0 +1,128 @@
+// NodeAgent: `stretchd node`, the agent of one machine. Processes attach memory regions to it
+// (a userfaultfd plus the ranges it covers); the agent runs their fault loops, asks the
+// directory server for pages, installs, write-protects and invalidates pages in them, and
+// serves other nodes' requests for pages it owns (the owner sends a page straight to the
+// requester).
+//
+//   NodeOptions o;
+//   o.node = NodeId(1);
+//   o.server = "10.77.0.1:7000";
+//   o.listen = "10.77.0.2:0";
+//   o.attach_socket = "/run/stretch/node1.sock";   // for the attach client (attach_client.h)
+//   STRETCH_ASSIGN_OR_RETURN(auto agent, NodeAgent::Start(o));
+//
+// Data path of a read miss: the fault loop thread turns the fault into a GetS (coherence/
+// node.h) and sends it; the network thread receives the grant and installs the page with
+// UFFDIO_COPY, which wakes the faulting threads. Per page, events are handled one at a time and
+// each transition's actions are carried out in order before the next event of that page
+// (coherence/action.h); pages are independent of each other. A page installed for a fault is
+// held for `install_hold` before an invalidation of it is handled, so the faulting thread gets
+// to use it (without this, two nodes writing one page can take it from each other forever).
+//
+// Failures never produce wrong memory: if the server reports a lost node, or refuses a page
+// whose only copy was lost, the agent kills the affected processes (SIGKILL) with a message
+// naming the cause; a keeper process (uffd/keeper.h) kills them if the agent itself dies.
+//
+// Thread-safe.
+#ifndef STRETCH_ENGINE_NODE_AGENT_H_
+#define STRETCH_ENGINE_NODE_AGENT_H_
+
+#include <sys/types.h>
+
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "core/ids.h"
+#include "core/stats.h"
+#include "core/unique_fd.h"
+#include "transport/transport.h"
+
+namespace stretch::uffd {
+class RemoteThread;
+}
+
+namespace stretch::engine {
+
+struct NodeOptions {
+  NodeId node;
+  // The directory server's address.
+  std::string server;
+  // Where this agent listens for other nodes ("IP:0" picks a port; the IP must be reachable
+  // from the other nodes).
+  std::string listen = "127.0.0.1:0";
+  std::string transport = "tcp";
+  transport::TransportOptions transport_options;
+  // AF_UNIX socket for processes to attach (attach_client.h); empty: none.
+  std::string attach_socket;
+  // How long a freshly installed page is kept before an invalidation of it is handled.
+  absl::Duration install_hold = absl::Microseconds(100);
+  // Pin fault loop threads to this CPU (-1: no pinning).
+  int fault_cpu = -1;
+  // How long to wait for the server and for peers to answer a connection.
+  absl::Duration connect_timeout = absl::Seconds(10);
+};
+
+// What the agent counts (relaxed atomics).
+struct NodeStats {
+  Counter read_faults;
+  Counter write_faults;            // missing pages written, and writes to read-only copies
+  Counter pages_fetched;           // pages installed with data from another node or the home copy
+  Counter upgrades;                // read-only copies made writable without a transfer
+  Counter invalidations_received;  // Inv messages
+  Counter pages_dropped;           // pages made missing in a process
+  Counter forwards_served;         // FwdGetS / FwdGetM answered with our copy
+  Counter messages_sent;
+  Counter bytes_sent;
+  Counter messages_received;
+  Counter bytes_received;
+  LatencyHistogram fault_latency;  // first fault on a page until its resolution
+};
+
+class NodeAgent {
+ public:
+  static absl::StatusOr<std::unique_ptr<NodeAgent>> Start(const NodeOptions& options);
+  ~NodeAgent();
+
+  struct AttachRequest {
+    pid_t pid = 0;
+    UniqueFd uffd;  // the process's userfaultfd
+    RegionId region;
+    uint64_t base = 0;  // page-aligned, identical on every node
+    uint64_t length = 0;
+    // The uffd already covers the range in MISSING mode and did its UFFDIO_API (CRIU's); the
+    // agent adds WP. Otherwise the agent does the handshake and registers MISSING|WP.
+    bool registered = false;
+    // Runs `fn` with a RemoteThread of the process, for the invalidation helper's injection.
+    // Default: seize the process's main thread for the duration.
+    std::function<absl::Status(std::function<absl::Status(uffd::RemoteThread&)>)> with_thread;
+  };
+  // Serves the region for the process and announces it to the server.
+  absl::Status Attach(AttachRequest request);
+
+  // Bound node-to-node address.
+  const std::string& address() const;
+  NodeId node() const;
+  const NodeStats& stats() const;
+  // {"node":1,"read_faults":..,...,"fault_latency":{...},"transport":{...}}
+  std::string StatsJson() const;
+  // OK while healthy; the reason once the agent stopped its processes (lost node, lost page).
+  absl::Status health() const;
+  // Number of processes attached and still alive.
+  int live_processes() const;
+
+  // Says goodbye to the server and stops. Idempotent.
+  void Stop();
+
+  class Impl;
+
+ private:
+  explicit NodeAgent(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace stretch::engine
+
+#endif  // STRETCH_ENGINE_NODE_AGENT_H_

@@ -1,0 +1,488 @@
+#include "engine/server.h"
+
+#include <map>
+#include <optional>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "coherence/directory.h"
+#include "core/json.h"
+#include "core/status.h"
+#include "core/wire.h"
+#include "engine/home_store.h"
+#include "glog/logging.h"
+#include "transport/create_transport.h"
+
+namespace stretch::engine {
+
+using transport::Event;
+using transport::PeerId;
+
+namespace {
+
+// Plain loops instead of the ForEach callbacks: the thread-safety analysis does not follow a
+// lock into a lambda.
+std::vector<NodeId> Members(NodeSet set) {
+  std::vector<NodeId> out;
+  set.ForEach([&](NodeId n) { out.push_back(n); });
+  return out;
+}
+
+std::vector<NodeId> Destinations(const coherence::OutMsg& m) {
+  std::vector<NodeId> out;
+  m.ForEachDestination([&](NodeId n) { out.push_back(n); });
+  return out;
+}
+
+}  // namespace
+
+class DirectoryServer::Impl {
+ public:
+  Impl(std::unique_ptr<transport::Transport> t, HomeStore home)
+      : transport_(std::move(t)), home_(std::move(home)) {}
+
+  void StartThread() {
+    thread_ = std::thread([this] { Loop(); });
+  }
+
+  void Stop() {
+    transport_->Close();
+    if (thread_.joinable()) thread_.join();
+  }
+
+  int connected() const {
+    absl::MutexLock l(&mu_);
+    int n = 0;
+    for (const auto& [id, node] : nodes_) n += node.alive;
+    return n;
+  }
+  int lost() const {
+    absl::MutexLock l(&mu_);
+    int n = 0;
+    for (const auto& [id, node] : nodes_) n += node.lost;
+    return n;
+  }
+  bool WaitForNodes(int n, absl::Time deadline) const {
+    absl::MutexLock l(&mu_);
+    auto enough = [this, n]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+      int c = 0;
+      for (const auto& [id, node] : nodes_) c += node.alive;
+      return c >= n;
+    };
+    return mu_.AwaitWithDeadline(absl::Condition(&enough), deadline);
+  }
+
+  std::string StatsJson() const {
+    absl::MutexLock l(&mu_);
+    return StatsJsonLocked();
+  }
+
+  std::string StatsJsonLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    JsonWriter w;
+    w.BeginObject();
+    w.Key("nodes");
+    w.BeginArray();
+    for (const auto& [id, node] : nodes_) {
+      w.BeginObject();
+      w.Field("node", id.value());
+      w.Field("address", node.address);
+      w.Field("connected", node.alive);
+      w.Field("lost", node.lost);
+      w.Field("read_requests", node.stats.read_requests);
+      w.Field("write_requests", node.stats.write_requests);
+      w.Field("evictions", node.stats.evictions);
+      w.Field("pages_sent", node.stats.pages_sent);
+      w.Field("invalidations_sent", node.stats.invalidations_sent);
+      w.Field("forwards_sent", node.stats.forwards_sent);
+      w.Field("writebacks", node.stats.writebacks);
+      w.EndObject();
+    }
+    w.EndArray();
+    w.Field("pages", static_cast<uint64_t>(pages_.size()));
+    w.Field("home_pages", static_cast<uint64_t>(home_.stored_pages()));
+    w.Field("protocol_errors", protocol_errors_);
+    w.EndObject();
+    return w.str();
+  }
+
+ private:
+  struct Node {
+    PeerId peer;
+    std::string address;  // where it listens for other nodes
+    bool alive = false;
+    bool left = false;  // said goodbye (wire::Exit)
+    bool lost = false;  // vanished without goodbye
+    ServerNodeStats stats;
+  };
+  struct Region {
+    uint64_t base, length;
+  };
+
+  void Loop() {
+    for (;;) {
+      auto ev = transport_->Receive(absl::Now() + absl::Milliseconds(200));
+      if (!ev.ok()) {
+        if (ev.status().code() == absl::StatusCode::kCancelled) return;
+        if (ev.status().code() != absl::StatusCode::kDeadlineExceeded) {
+          LOG(WARNING) << "server: receive: " << ev.status();
+        }
+        continue;
+      }
+      absl::MutexLock l(&mu_);
+      switch (ev->kind) {
+        case Event::Kind::kConnected:
+          VLOG(1) << "server: connection from " << ev->address;
+          break;
+        case Event::Kind::kDisconnected:
+          OnDisconnected(ev->peer, ev->status);
+          break;
+        case Event::Kind::kMessage:
+          OnMessage(ev->peer, ev->data);
+          break;
+      }
+    }
+  }
+
+  std::optional<NodeId> NodeOf(PeerId peer) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    auto it = peer_nodes_.find(peer);
+    if (it == peer_nodes_.end()) return std::nullopt;
+    return it->second;
+  }
+
+  void SendTo(PeerId peer, const wire::Message& m) {
+    scratch_.clear();
+    wire::EncodeTo(m, &scratch_);
+    absl::Status s = transport_->Send(peer, scratch_);
+    if (!s.ok()) VLOG(1) << "server: send to peer " << peer.value() << ": " << s;
+  }
+
+  void SendToNode(NodeId node, const wire::Message& m) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    auto it = nodes_.find(node);
+    if (it == nodes_.end() || !it->second.alive) {
+      VLOG(1) << "server: no live connection to node " << node.value();
+      return;
+    }
+    SendTo(it->second.peer, m);
+  }
+
+  void Reject(PeerId peer, const std::string& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    ++protocol_errors_;
+    LOG(ERROR) << "server: " << why;
+    SendTo(peer, wire::Error{static_cast<uint32_t>(absl::StatusCode::kInvalidArgument), why});
+  }
+
+  void OnDisconnected(PeerId peer, const absl::Status& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    launchers_.erase(peer);
+    auto id = NodeOf(peer);
+    if (!id) return;
+    peer_nodes_.erase(peer);
+    Node& node = nodes_[*id];
+    node.alive = false;
+    if (node.left) {
+      LOG(INFO) << "server: node " << id->value() << " left";
+      return;
+    }
+    node.lost = true;
+    std::string msg = absl::StrFormat(
+        "node %d (%s) was lost (%s); the pages it held cannot be recovered, stopping the program",
+        id->value(), node.address, why.ToString());
+    LOG(ERROR) << "server: " << msg;
+    for (auto& [other, n] : nodes_) {
+      if (n.alive)
+        SendTo(n.peer, wire::Error{static_cast<uint32_t>(absl::StatusCode::kDataLoss), msg});
+    }
+  }
+
+  void OnMessage(PeerId peer, absl::Span<const uint8_t> bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    auto decoded = wire::Decode(bytes);
+    if (!decoded.ok()) {
+      Reject(peer, absl::StrCat("malformed message from peer ", peer.value(), ": ",
+                                decoded.status().message()));
+      return;
+    }
+    std::optional<NodeId> id = NodeOf(peer);
+    if (auto* hello = std::get_if<wire::Hello>(&*decoded)) return OnHello(peer, *hello);
+    if (!id && launchers_.contains(peer)) {
+      // Launchers (`stretchd stats`, `stretchd run`) may only ask for statistics.
+      if (auto* req = std::get_if<wire::StatsRequest>(&*decoded)) {
+        SendTo(peer, wire::StatsReply{req->seq, StatsJsonLocked()});
+      } else {
+        Reject(peer, absl::StrCat("a launcher sent ", wire::Name(wire::TypeOf(*decoded))));
+      }
+      return;
+    }
+    if (!id) {
+      Reject(peer, absl::StrCat("peer ", peer.value(), " sent ", wire::Name(wire::TypeOf(*decoded)),
+                                " before Hello"));
+      return;
+    }
+    // (An if-chain rather than std::visit: a lambda hides the lock from the thread-safety
+    // analysis.)
+    wire::Message& m = *decoded;
+    if (auto* c = std::get_if<wire::CoherenceMsg>(&m)) {
+      OnCoherence(peer, *id, *c);
+    } else if (auto* p = std::get_if<wire::Peers>(&m)) {
+      OnPeers(peer, *id, *p);
+    } else if (auto* r = std::get_if<wire::RegionAnnounce>(&m)) {
+      OnRegion(peer, *id, *r);
+    } else if (std::holds_alternative<wire::Exit>(m)) {
+      nodes_[*id].left = true;
+    } else if (auto* req = std::get_if<wire::StatsRequest>(&m)) {
+      SendTo(peer, wire::StatsReply{req->seq, StatsJsonLocked()});
+    } else if (auto* e = std::get_if<wire::Error>(&m)) {
+      // A node lost data (a page whose only copy went with its process): everyone stops.
+      LOG(ERROR) << "server: node " << id->value() << " reports: " << e->message;
+      for (auto& [other, n] : nodes_) {
+        if (n.alive && other != *id) SendTo(n.peer, *e);
+      }
+    } else if (!std::holds_alternative<wire::Heartbeat>(m)) {
+      Reject(peer,
+             absl::StrCat("node ", id->value(), " sent unexpected ", wire::Name(wire::TypeOf(m))));
+    }
+  }
+
+  void OnHello(PeerId peer, const wire::Hello& h) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (h.role != wire::Role::kNode && h.role != wire::Role::kLauncher) {
+      Reject(peer, absl::StrCat("Hello from a ", wire::Name(h.role), " is not for the server"));
+      return;
+    }
+    if (h.role == wire::Role::kLauncher) {
+      launchers_.insert(peer);
+      SendTo(peer, wire::HelloReply{true, wire::kServerEndpoint, ""});
+      return;
+    }
+    if (!IsValidNode(h.node)) {
+      SendTo(peer, wire::HelloReply{false, h.node, "invalid node id"});
+      return;
+    }
+    Node& node = nodes_[h.node];
+    if (node.alive) {
+      std::string why = absl::StrCat("node ", h.node.value(), " is already connected");
+      LOG(ERROR) << "server: refused Hello: " << why;
+      SendTo(peer, wire::HelloReply{false, h.node, why});
+      return;
+    }
+    if (node.lost || node.left) {
+      std::string why =
+          absl::StrCat("node ", h.node.value(), " already left or was lost; its pages are gone");
+      LOG(ERROR) << "server: refused Hello: " << why;
+      SendTo(peer, wire::HelloReply{false, h.node, why});
+      return;
+    }
+    node.peer = peer;
+    node.alive = true;
+    peer_nodes_[peer] = h.node;
+    LOG(INFO) << "server: node " << h.node.value() << " connected (" << h.name << ")";
+    SendTo(peer, wire::HelloReply{true, h.node, ""});
+  }
+
+  void OnPeers(PeerId peer, NodeId from, const wire::Peers& p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    for (const auto& e : p.entries) {
+      if (e.node != from) {
+        Reject(peer, absl::StrCat("node ", from.value(), " announced an address for node ",
+                                  e.node.value()));
+        return;
+      }
+      nodes_[from].address = e.address;
+    }
+    wire::Peers all;
+    for (const auto& [id, n] : nodes_) {
+      if (n.alive && !n.address.empty()) all.entries.push_back({id, n.address});
+    }
+    for (const auto& [id, n] : nodes_) {
+      if (n.alive) SendTo(n.peer, all);
+    }
+  }
+
+  void OnRegion(PeerId peer, NodeId from, const wire::RegionAnnounce& r)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    auto it = regions_.find(r.region.value());
+    if (it != regions_.end()) {
+      if (it->second.base != r.base || it->second.length != r.length) {
+        Reject(peer, absl::StrFormat("node %d announced region %d as [0x%x,+0x%x), known as "
+                                     "[0x%x,+0x%x)",
+                                     from.value(), r.region.value(), r.base, r.length,
+                                     it->second.base, it->second.length));
+      }
+      return;
+    }
+    for (const auto& [rid, reg] : regions_) {
+      if (r.base < reg.base + reg.length && reg.base < r.base + r.length) {
+        Reject(peer, absl::StrFormat("region %d [0x%x,+0x%x) overlaps region %d", r.region.value(),
+                                     r.base, r.length, rid));
+        return;
+      }
+    }
+    regions_[r.region.value()] = Region{r.base, r.length};
+    LOG(INFO) << absl::StrFormat("server: region %d [0x%x, +0x%x) from node %d", r.region.value(),
+                                 r.base, r.length, from.value());
+  }
+
+  bool InRegion(PageId page) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    for (const auto& [rid, reg] : regions_) {
+      if (page.address() >= reg.base && page.address() < reg.base + reg.length) return true;
+    }
+    return false;
+  }
+
+  bool Gone(NodeId n) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    auto it = nodes_.find(n);
+    return it != nodes_.end() && (it->second.left || it->second.lost);
+  }
+
+  // Forgets copies held by nodes that are gone; true if the page itself is lost (its only copy
+  // was on a node that is gone).
+  bool ForgetGoneCopies(coherence::DirPage& p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    coherence::DirLine& line = p.line;
+    if (coherence::IsStable(line.state)) {
+      if (line.state == coherence::DirState::kM) return Gone(line.owner);
+      if (line.state == coherence::DirState::kS) {
+        for (NodeId n : Members(line.sharers)) {
+          if (Gone(n)) line.sharers.Remove(n);
+        }
+        if (line.sharers.empty()) line.state = coherence::DirState::kI;
+      }
+      return false;
+    }
+    return (line.owner != coherence::kNoNode && Gone(line.owner)) ||
+           (line.requester != coherence::kNoNode && Gone(line.requester));
+  }
+
+  void OnCoherence(PeerId peer, NodeId from, const wire::CoherenceMsg& msg)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (msg.src != from) {
+      Reject(peer, absl::StrCat("node ", from.value(), " sent a coherence message as node ",
+                                msg.src.value()));
+      return;
+    }
+    if (!InRegion(msg.page)) {
+      Reject(peer, absl::StrCat("node ", from.value(), " asked for page ", msg.page.ToString(),
+                                " outside every announced region"));
+      return;
+    }
+    Node& node = nodes_[from];
+    switch (msg.op) {
+      case wire::CohOp::kGetS:
+        ++node.stats.read_requests;
+        break;
+      case wire::CohOp::kGetM:
+        ++node.stats.write_requests;
+        break;
+      case wire::CohOp::kPutS:
+      case wire::CohOp::kPutM:
+        ++node.stats.evictions;
+        break;
+      case wire::CohOp::kWriteback:
+        ++node.stats.writebacks;
+        break;
+      default:
+        break;
+    }
+    coherence::DirPage& page = pages_[msg.page];
+    if (ForgetGoneCopies(page)) {
+      // Only GetS/GetM can be answered with a refusal; anything else is about a transaction
+      // that cannot finish.
+      LOG(ERROR) << "server: page " << msg.page.ToString() << " is lost (held by a node that "
+                 << "is gone); refusing " << wire::Name(msg.op) << " from node " << from.value();
+      wire::CoherenceMsg nack;
+      nack.op = wire::CohOp::kNack;
+      nack.src = wire::kServerEndpoint;
+      nack.requester = from;
+      nack.page = msg.page;
+      nack.version = page.line.version;
+      SendTo(peer, nack);
+      return;
+    }
+    actions_.clear();
+    auto err = coherence::Step(page, coherence::RequestOf(msg), &actions_);
+    if (err) {
+      Reject(peer,
+             absl::StrCat("protocol error from node ", from.value(), " on page ",
+                          msg.page.ToString(), ": state ", err->state, ", event ", err->event));
+      return;
+    }
+    for (const coherence::Action& a : actions_) {
+      switch (a.kind) {
+        case coherence::ActionKind::kStoreHome:
+          if (msg.data.size() != kPageSize) {
+            Reject(peer, absl::StrCat(wire::Name(msg.op), " for page ", msg.page.ToString(),
+                                      " from node ", from.value(), " carries no page"));
+            return;
+          }
+          home_.Store(msg.page, msg.data);
+          break;
+        case coherence::ActionKind::kSend: {
+          absl::Span<const uint8_t> payload;
+          if (a.msg.payload == coherence::Payload::kHome) payload = home_.Get(msg.page);
+          wire::CoherenceMsg out =
+              coherence::ToWire(a.msg, wire::kServerEndpoint, msg.page, payload);
+          for (NodeId dst : Destinations(a.msg)) {
+            Node& d = nodes_[dst];
+            if (out.op == wire::CohOp::kInv) ++node.stats.invalidations_sent;
+            if (out.op == wire::CohOp::kFwdGetS || out.op == wire::CohOp::kFwdGetM) {
+              ++node.stats.forwards_sent;
+            }
+            if (!payload.empty()) ++d.stats.pages_sent;
+            SendToNode(dst, out);
+          }
+          break;
+        }
+        default:
+          LOG(DFATAL) << "server: unexpected action " << coherence::ToString(a);
+          break;
+      }
+    }
+  }
+
+  std::unique_ptr<transport::Transport> transport_;
+  std::thread thread_;
+  std::vector<uint8_t> scratch_;
+
+  mutable absl::Mutex mu_;
+  std::map<NodeId, Node> nodes_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<PeerId, NodeId> peer_nodes_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_set<PeerId> launchers_ ABSL_GUARDED_BY(mu_);
+  std::map<uint32_t, Region> regions_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<PageId, coherence::DirPage> pages_ ABSL_GUARDED_BY(mu_);
+  HomeStore home_ ABSL_GUARDED_BY(mu_);
+  std::vector<coherence::Action> actions_ ABSL_GUARDED_BY(mu_);
+  uint64_t protocol_errors_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+DirectoryServer::DirectoryServer(std::unique_ptr<Impl> impl, std::string address)
+    : impl_(std::move(impl)), address_(std::move(address)) {}
+
+DirectoryServer::~DirectoryServer() { Stop(); }
+
+absl::StatusOr<std::unique_ptr<DirectoryServer>> DirectoryServer::Start(
+    const ServerOptions& options) {
+  HomeStore home;
+  if (!options.checkpoint_images.empty()) {
+    STRETCH_ASSIGN_OR_RETURN(CheckpointMemory mem, CheckpointMemory::Open(options.checkpoint_images,
+                                                                          options.checkpoint_pid));
+    LOG(INFO) << "server: initial memory from " << options.checkpoint_images << " ("
+              << mem.present_pages() << " pages)";
+    home = HomeStore(std::move(mem));
+  }
+  transport::TransportOptions topts = options.transport_options;
+  if (topts.name.empty()) topts.name = "server";
+  STRETCH_ASSIGN_OR_RETURN(auto t, transport::CreateTransport(options.transport, topts));
+  STRETCH_ASSIGN_OR_RETURN(std::string address, t->Listen(options.listen));
+  auto impl = std::make_unique<Impl>(std::move(t), std::move(home));
+  impl->StartThread();
+  LOG(INFO) << "server: listening on " << address << " (" << options.transport << ")";
+  return std::unique_ptr<DirectoryServer>(new DirectoryServer(std::move(impl), address));
+}
+
+void DirectoryServer::Stop() { impl_->Stop(); }
+int DirectoryServer::connected_nodes() const { return impl_->connected(); }
+int DirectoryServer::lost_nodes() const { return impl_->lost(); }
+std::string DirectoryServer::StatsJson() const { return impl_->StatsJson(); }
+bool DirectoryServer::WaitForNodes(int n, absl::Time deadline) const {
+  return impl_->WaitForNodes(n, deadline);
+}
+
+}  // namespace stretch::engine
