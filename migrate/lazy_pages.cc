@@ -11,26 +11,17 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "core/status.h"
+#include "core/unix_socket.h"
 
 namespace stretch {
 
 absl::StatusOr<LazyPagesListener> LazyPagesListener::Listen(const std::string& work_dir) {
   LazyPagesListener l;
   l.path_ = absl::StrCat(work_dir, "/lazy-pages.socket");
-  // sun_path holds 108 bytes and work dirs can be deeper (CRIU itself connects with a path
-  // relative to its cwd); bind through /proc/self/fd/<dirfd>/, which is always short.
-  UniqueFd dir(open(work_dir.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC));
-  if (!dir.valid()) return ErrnoStatus(errno, absl::StrCat("open ", work_dir));
-  std::string short_path = absl::StrCat("/proc/self/fd/", dir.get(), "/lazy-pages.socket");
-  struct sockaddr_un addr = {};
-  addr.sun_family = AF_UNIX;
-  std::memcpy(addr.sun_path, short_path.c_str(), short_path.size() + 1);
+  // CRIU itself connects with a path relative to its cwd (the work dir).
   l.listen_fd_.reset(socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
   if (!l.listen_fd_.valid()) return ErrnoStatus(errno, "socket(AF_UNIX)");
-  unlinkat(dir.get(), "lazy-pages.socket", 0);
-  if (bind(l.listen_fd_.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-    return ErrnoStatus(errno, absl::StrCat("bind ", l.path_));
-  }
+  STRETCH_RETURN_IF_ERROR(BindUnixSocket(l.listen_fd_.get(), l.path_));
   if (listen(l.listen_fd_.get(), 1) != 0)
     return ErrnoStatus(errno, absl::StrCat("listen ", l.path_));
   return l;
