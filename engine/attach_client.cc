@@ -15,6 +15,7 @@
 #include "absl/strings/str_format.h"
 #include "core/status.h"
 #include "core/unique_fd.h"
+#include "core/unix_socket.h"
 #include "core/wire.h"
 
 namespace stretch::engine {
@@ -25,15 +26,9 @@ namespace {
 absl::Status Exchange(const std::string& socket_path, const wire::RegionAttach& ra, int fd) {
   UniqueFd sock(socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
   if (!sock.valid()) return ErrnoStatus(errno, "stretch_attach: socket");
-  struct sockaddr_un addr = {};
-  addr.sun_family = AF_UNIX;
-  if (socket_path.size() >= sizeof(addr.sun_path)) {
-    return absl::InvalidArgumentError("stretch_attach: socket path too long");
-  }
-  std::memcpy(addr.sun_path, socket_path.c_str(), socket_path.size() + 1);
-  if (connect(sock.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-    return ErrnoStatus(
-        errno, absl::StrCat("stretch_attach: connecting to the node agent at ", socket_path));
+  absl::Status connected = ConnectUnixSocket(sock.get(), socket_path);
+  if (!connected.ok()) {
+    return Annotate(connected, "stretch_attach: connecting to the node agent");
   }
   std::vector<uint8_t> frame = wire::Encode(ra);
   struct iovec iov = {frame.data(), frame.size()};

@@ -88,32 +88,32 @@ class EngineTest : public ::testing::TestWithParam<std::string> {
 };
 
 TEST_P(EngineTest, AtomicCounterAcrossTwoNodes) {
-  StartCluster(2);
+  ASSERT_NO_FATAL_FAILURE(StartCluster(2));
   auto out = RunAll("counter", {"--iters=2000"});
   EXPECT_EQ(out[0], "counter 4000\n");
   EXPECT_GT(agents_[1]->stats().pages_fetched.Get(), 0u);
 }
 
 TEST_P(EngineTest, FalseSharingThreeNodes) {
-  StartCluster(3);
+  ASSERT_NO_FATAL_FAILURE(StartCluster(3));
   auto out = RunAll("falseshare", {"--iters=3000"});
   EXPECT_EQ(out[0], "slots 3000 3000 3000\n");
 }
 
 TEST_P(EngineTest, PingPong) {
-  StartCluster(2);
+  ASSERT_NO_FATAL_FAILURE(StartCluster(2));
   auto out = RunAll("pingpong", {"--iters=500"});
   EXPECT_EQ(out[0], "pingpong 1000\n");
 }
 
 TEST_P(EngineTest, ManyPages) {
-  StartCluster(3);
+  ASSERT_NO_FATAL_FAILURE(StartCluster(3));
   auto out = RunAll("pages", {"--pages=300"});
   for (int i = 0; i < 3; ++i) EXPECT_EQ(out[i], absl::StrCat("node ", i, " pages 300 bad 0\n"));
 }
 
 TEST_P(EngineTest, StressHasNoStaleReads) {
-  StartCluster(3);
+  ASSERT_NO_FATAL_FAILURE(StartCluster(3));
   auto out = RunAll("stress", {"--iters=20000", "--pages=32"});
   EXPECT_THAT(out[0], HasSubstr("stress total "));
   for (int i = 0; i < 3; ++i) EXPECT_THAT(out[i], HasSubstr(absl::StrCat("node ", i, " stale 0")));

@@ -7,6 +7,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <deque>
 #include <map>
@@ -21,6 +22,7 @@
 #include "coherence/node.h"
 #include "core/json.h"
 #include "core/status.h"
+#include "core/unix_socket.h"
 #include "core/wire.h"
 #include "glog/logging.h"
 #include "transport/create_transport.h"
@@ -151,7 +153,51 @@ class NodeAgent::Impl {
     if (!options_.attach_socket.empty()) unlink(options_.attach_socket.c_str());
   }
 
+  // Forgets attachments whose process exited or detached: their loops are stopped, and a
+  // process with nothing attached any more is released from the keeper (and loses its
+  // invalidation helper if it is still alive). Not on a fault loop thread.
+  void ReapFinished() {
+    std::vector<std::unique_ptr<Attachment>> done;
+    std::vector<std::unique_ptr<Target>> gone;
+    {
+      absl::MutexLock l(&attach_mu_);
+      for (auto it = regions_.begin(); it != regions_.end();) {
+        if (it->second->finished) {
+          done.push_back(std::move(it->second));
+          it = regions_.erase(it);
+        } else {
+          ++it;
+        }
+      }
+      for (auto it = targets_.begin(); it != targets_.end();) {
+        bool used = false;
+        for (const auto& [base, a] : regions_) used |= a->target == it->second.get();
+        if (!used && !done.empty() && std::any_of(done.begin(), done.end(), [&](const auto& a) {
+              return a->target == it->second.get();
+            })) {
+          gone.push_back(std::move(it->second));
+          it = targets_.erase(it);
+        } else {
+          ++it;
+        }
+      }
+    }
+    for (auto& a : done) {
+      if (a->loop) a->loop->Stop();
+    }
+    for (auto& t : gone) {
+      (void)keeper_->Release(t->pid, absl::Now() + absl::Seconds(1));
+      if (t->helper && !t->pidfd.Exited()) {
+        auto thread = uffd::RemoteThread::Seize(t->pid, absl::Seconds(2));
+        if (thread.ok()) (void)t->helper->Remove(**thread, absl::Now() + absl::Seconds(2));
+      }
+    }
+    done.clear();  // loops first, then the targets they point to
+    gone.clear();
+  }
+
   absl::Status Attach(AttachRequest req) {
+    ReapFinished();
     if (!IsPageAligned(req.base) || !IsPageAligned(req.length) || req.length == 0) {
       return absl::InvalidArgumentError(
           absl::StrFormat("attach: region [0x%x, +0x%x) is not a non-empty page-aligned range",
@@ -265,6 +311,11 @@ class NodeAgent::Impl {
       return absl::DeadlineExceededError(
           absl::StrCat("detach: the directory did not take back ", held.size(), " pages in time"));
     }
+    // The region is ordinary private memory of the process from now on.
+    if (absl::Status s = att->uffd->Unregister(att->base, att->length); !s.ok()) {
+      LOG(WARNING) << "node " << self_.value() << ": detach of pid " << pid << ": " << s;
+    }
+    att->finished = true;
     VLOG(1) << "node " << self_.value() << ": pid " << pid << " detached region " << region.value()
             << " (" << held.size() << " pages given back)";
     return absl::OkStatus();
@@ -323,6 +374,8 @@ class NodeAgent::Impl {
     uint64_t base = 0, length = 0;
     std::unique_ptr<uffd::Userfaultfd> uffd;
     std::unique_ptr<uffd::FaultLoop> loop;
+    // The process exited or detached: forget this attachment (ReapFinished).
+    std::atomic<bool> finished{false};
     void OnFault(uffd::FaultLoop& loop, const uffd::Fault& f) override { agent->OnFault(*this, f); }
     void OnEvent(uffd::FaultLoop& loop, uffd::UffdEvent& e) override {
       agent->OnUffdEvent(*this, e);
@@ -648,6 +701,7 @@ class NodeAgent::Impl {
   void OnUffdEvent(Attachment& att, uffd::UffdEvent& e) {
     if (e.kind == uffd::UffdEvent::kTargetExited) {
       LOG(INFO) << "node " << self_.value() << ": pid " << att.target->pid << " exited";
+      att.finished = true;  // reaped by the next attach or detach (not from this thread)
       return;
     }
     VLOG(1) << "node " << self_.value() << ": uffd event " << uffd::Name(e.kind) << " in pid "
@@ -884,17 +938,7 @@ class NodeAgent::Impl {
   absl::Status StartAttachSocket() {
     UniqueFd fd(socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
     if (!fd.valid()) return ErrnoStatus(errno, "socket(AF_UNIX)");
-    struct sockaddr_un addr = {};
-    addr.sun_family = AF_UNIX;
-    if (options_.attach_socket.size() >= sizeof(addr.sun_path)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("attach socket path too long: ", options_.attach_socket));
-    }
-    std::memcpy(addr.sun_path, options_.attach_socket.c_str(), options_.attach_socket.size() + 1);
-    unlink(options_.attach_socket.c_str());
-    if (bind(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-      return ErrnoStatus(errno, absl::StrCat("bind ", options_.attach_socket));
-    }
+    STRETCH_RETURN_IF_ERROR(BindUnixSocket(fd.get(), options_.attach_socket));
     if (listen(fd.get(), 16) != 0) return ErrnoStatus(errno, "listen on the attach socket");
     attach_stop_.reset(eventfd(0, EFD_CLOEXEC));
     attach_listen_ = std::move(fd);
@@ -957,6 +1001,7 @@ class NodeAgent::Impl {
             absl::StrFormat("attach socket: pid %d claimed to be pid %d", cred.pid, ra.pid));
       } else if (ra.flags & wire::kRegionDetach) {
         result = Detach(cred.pid, ra.region, absl::Now() + absl::Seconds(30));
+        ReapFinished();
       } else {
         AttachRequest req;
         req.pid = cred.pid;

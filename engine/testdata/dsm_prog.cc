@@ -171,7 +171,9 @@ int main(int argc, char** argv) {
     printf("node %d stale %lu\n", g_node, static_cast<unsigned long>(stale));
     bad += stale != 0;
   } else if (mode == "hold") {
-    // Attach, then wait (for tests that kill agents): touches one page every millisecond.
+    // Attach, then write a shared word forever (for tests that kill agents).
+    printf("node %d holding\n", g_node);
+    fflush(stdout);
     for (;;) {
       __atomic_fetch_add(Word(1, 0), 1, __ATOMIC_SEQ_CST);
       usleep(1000);
