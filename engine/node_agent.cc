@@ -40,6 +40,7 @@ using coherence::Action;
 using coherence::ActionKind;
 using transport::Event;
 using transport::PeerId;
+using Range = NodeAgent::Range;
 
 namespace {
 
@@ -121,8 +122,9 @@ class NodeAgent::Impl {
     std::vector<std::unique_ptr<Attachment>> attachments;
     {
       absl::MutexLock l(&attach_mu_);
-      for (auto& [base, a] : regions_) attachments.push_back(std::move(a));
-      regions_.clear();
+      attachments = std::move(attachments_);
+      attachments_.clear();
+      ranges_.clear();
     }
     for (auto& a : attachments) {
       if (a->loop) a->loop->Stop();
@@ -161,17 +163,20 @@ class NodeAgent::Impl {
     std::vector<std::unique_ptr<Target>> gone;
     {
       absl::MutexLock l(&attach_mu_);
-      for (auto it = regions_.begin(); it != regions_.end();) {
-        if (it->second->finished) {
-          done.push_back(std::move(it->second));
-          it = regions_.erase(it);
+      for (auto it = attachments_.begin(); it != attachments_.end();) {
+        if ((*it)->finished) {
+          for (auto r = ranges_.begin(); r != ranges_.end();) {
+            r = r->second.second == it->get() ? ranges_.erase(r) : std::next(r);
+          }
+          done.push_back(std::move(*it));
+          it = attachments_.erase(it);
         } else {
           ++it;
         }
       }
       for (auto it = targets_.begin(); it != targets_.end();) {
         bool used = false;
-        for (const auto& [base, a] : regions_) used |= a->target == it->second.get();
+        for (const auto& a : attachments_) used |= a->target == it->second.get();
         if (!used && !done.empty() && std::any_of(done.begin(), done.end(), [&](const auto& a) {
               return a->target == it->second.get();
             })) {
@@ -198,26 +203,25 @@ class NodeAgent::Impl {
 
   absl::Status Attach(AttachRequest req) {
     ReapFinished();
-    if (!IsPageAligned(req.base) || !IsPageAligned(req.length) || req.length == 0) {
-      return absl::InvalidArgumentError(
-          absl::StrFormat("attach: region [0x%x, +0x%x) is not a non-empty page-aligned range",
-                          req.base, req.length));
-    }
-    {
+    if (req.ranges.empty()) return absl::InvalidArgumentError("attach: no ranges");
+    for (const Range& r : req.ranges) {
+      if (!IsPageAligned(r.base) || !IsPageAligned(r.length) || r.length == 0) {
+        return absl::InvalidArgumentError(
+            absl::StrFormat("attach: region [0x%x, +0x%x) is not a non-empty page-aligned range",
+                            r.base, r.length));
+      }
       absl::ReaderMutexLock l(&attach_mu_);
-      for (const auto& [base, a] : regions_) {
-        if (req.base < a->base + a->length && a->base < req.base + req.length) {
-          return absl::AlreadyExistsError(
-              absl::StrFormat("attach: [0x%x, +0x%x) overlaps region %d attached by pid %d",
-                              req.base, req.length, a->region.value(), a->target->pid));
-        }
+      auto it = ranges_.upper_bound(r.base + r.length - 1);
+      if (it != ranges_.begin() && std::prev(it)->second.first > r.base) {
+        const Attachment* other = std::prev(it)->second.second;
+        return absl::AlreadyExistsError(
+            absl::StrFormat("attach: [0x%x, +0x%x) overlaps memory attached by pid %d", r.base,
+                            r.length, other->target->pid));
       }
     }
     auto att = std::make_unique<Attachment>();
     att->agent = this;
-    att->region = req.region;
-    att->base = req.base;
-    att->length = req.length;
+    att->ranges = req.ranges;
     Target* target;
     {
       absl::MutexLock l(&attach_mu_);
@@ -236,9 +240,11 @@ class NodeAgent::Impl {
     uo.pid = req.pid;
     uo.stats = &uffd_stats_;
     STRETCH_ASSIGN_OR_RETURN(att->uffd, uffd::Userfaultfd::Adopt(std::move(req.uffd), uo));
-    auto reg = att->uffd->Register(req.base, req.length,
-                                   UFFDIO_REGISTER_MODE_MISSING | UFFDIO_REGISTER_MODE_WP);
-    if (!reg.ok()) return Annotate(reg.status(), absl::StrCat("attach of pid ", req.pid));
+    for (const Range& r : req.ranges) {
+      auto reg = att->uffd->Register(r.base, r.length,
+                                     UFFDIO_REGISTER_MODE_MISSING | UFFDIO_REGISTER_MODE_WP);
+      if (!reg.ok()) return Annotate(reg.status(), absl::StrCat("attach of pid ", req.pid));
+    }
     uffd::FaultLoop::Options lo;
     lo.cpu = options_.fault_cpu;
     lo.target_pidfd = target->pidfd.fd();
@@ -266,12 +272,18 @@ class NodeAgent::Impl {
       STRETCH_RETURN_IF_ERROR(
           keeper_->Guard(target->pidfd, att->uffd->fd(), absl::Now() + absl::Seconds(2)));
     }
-    wire::RegionAnnounce announce{req.region, req.base, req.length, 0};
-    STRETCH_RETURN_IF_ERROR(SendMessage(server_, announce));
-    LOG(INFO) << absl::StrFormat("node %d: pid %d attached region %d [0x%x, +0x%x)", self_.value(),
-                                 req.pid, req.region.value(), req.base, req.length);
+    uint64_t bytes = 0;
+    for (const Range& r : req.ranges) {
+      STRETCH_RETURN_IF_ERROR(
+          SendMessage(server_, wire::RegionAnnounce{r.region, r.base, r.length, 0}));
+      bytes += r.length;
+    }
+    LOG(INFO) << absl::StrFormat(
+        "node %d: pid %d attached %d range(s), %d KiB, first [0x%x, +0x%x)", self_.value(), req.pid,
+        req.ranges.size(), bytes >> 10, req.ranges[0].base, req.ranges[0].length);
     absl::MutexLock l(&attach_mu_);
-    regions_[req.base] = std::move(att);
+    for (const Range& r : req.ranges) ranges_[r.base] = {r.base + r.length, att.get()};
+    attachments_.push_back(std::move(att));
     return absl::OkStatus();
   }
 
@@ -281,8 +293,10 @@ class NodeAgent::Impl {
     Attachment* att = nullptr;
     {
       absl::ReaderMutexLock l(&attach_mu_);
-      for (auto& [base, a] : regions_) {
-        if (a->region == region && a->target->pid == pid) att = a.get();
+      for (auto& a : attachments_) {
+        for (const Range& r : a->ranges) {
+          if (r.region == region && a->target->pid == pid) att = a.get();
+        }
       }
     }
     if (att == nullptr) {
@@ -293,8 +307,7 @@ class NodeAgent::Impl {
     {
       absl::MutexLock l(&mu_);
       for (const auto& [page, ps] : pages_) {
-        if (page.address() >= att->base && page.address() < att->base + att->length &&
-            ps.page.line.state != coherence::NodeState::kI) {
+        if (att->Contains(page.address()) && ps.page.line.state != coherence::NodeState::kI) {
           held.push_back(page);
         }
       }
@@ -312,8 +325,10 @@ class NodeAgent::Impl {
           absl::StrCat("detach: the directory did not take back ", held.size(), " pages in time"));
     }
     // The region is ordinary private memory of the process from now on.
-    if (absl::Status s = att->uffd->Unregister(att->base, att->length); !s.ok()) {
-      LOG(WARNING) << "node " << self_.value() << ": detach of pid " << pid << ": " << s;
+    for (const Range& r : att->ranges) {
+      if (absl::Status s = att->uffd->Unregister(r.base, r.length); !s.ok()) {
+        LOG(WARNING) << "node " << self_.value() << ": detach of pid " << pid << ": " << s;
+      }
     }
     att->finished = true;
     VLOG(1) << "node " << self_.value() << ": pid " << pid << " detached region " << region.value()
@@ -370,8 +385,13 @@ class NodeAgent::Impl {
   struct Attachment : public uffd::FaultHandler {
     Impl* agent = nullptr;
     Target* target = nullptr;
-    RegionId region;
-    uint64_t base = 0, length = 0;
+    std::vector<Range> ranges;
+    bool Contains(uintptr_t a) const {
+      for (const Range& r : ranges) {
+        if (a >= r.base && a - r.base < r.length) return true;
+      }
+      return false;
+    }
     std::unique_ptr<uffd::Userfaultfd> uffd;
     std::unique_ptr<uffd::FaultLoop> loop;
     // The process exited or detached: forget this attachment (ReapFinished).
@@ -525,11 +545,10 @@ class NodeAgent::Impl {
 
   Attachment* FindAttachment(uintptr_t addr) {
     absl::ReaderMutexLock l(&attach_mu_);
-    auto it = regions_.upper_bound(addr);
-    if (it == regions_.begin()) return nullptr;
+    auto it = ranges_.upper_bound(addr);
+    if (it == ranges_.begin()) return nullptr;
     --it;
-    Attachment* a = it->second.get();
-    return addr < a->base + a->length ? a : nullptr;
+    return addr < it->second.first ? it->second.second : nullptr;
   }
 
   // Carries out `actions` for `page` in order. `in` is the message being handled (install data).
@@ -1006,9 +1025,7 @@ class NodeAgent::Impl {
         AttachRequest req;
         req.pid = cred.pid;
         req.uffd = std::move(uffd);
-        req.region = ra.region;
-        req.base = ra.base;
-        req.length = ra.length;
+        req.ranges = {Range{ra.region, ra.base, ra.length}};
         result = Attach(std::move(req));
       }
     }
@@ -1050,7 +1067,9 @@ class NodeAgent::Impl {
   std::thread connector_;
 
   mutable absl::Mutex attach_mu_;
-  std::map<uint64_t, std::unique_ptr<Attachment>> regions_ ABSL_GUARDED_BY(attach_mu_);
+  std::vector<std::unique_ptr<Attachment>> attachments_ ABSL_GUARDED_BY(attach_mu_);
+  // Attached ranges by base: (end, attachment).
+  std::map<uint64_t, std::pair<uint64_t, Attachment*>> ranges_ ABSL_GUARDED_BY(attach_mu_);
   std::map<pid_t, std::unique_ptr<Target>> targets_ ABSL_GUARDED_BY(attach_mu_);
 
   absl::Mutex mu_;

@@ -32,6 +32,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
@@ -86,12 +87,16 @@ class NodeAgent {
   static absl::StatusOr<std::unique_ptr<NodeAgent>> Start(const NodeOptions& options);
   ~NodeAgent();
 
+  // A range of virtual memory kept coherent: page-aligned, identical on every node.
+  struct Range {
+    RegionId region;
+    uint64_t base = 0;
+    uint64_t length = 0;
+  };
   struct AttachRequest {
     pid_t pid = 0;
-    UniqueFd uffd;  // the process's userfaultfd
-    RegionId region;
-    uint64_t base = 0;  // page-aligned, identical on every node
-    uint64_t length = 0;
+    UniqueFd uffd;  // the process's userfaultfd, for every range
+    std::vector<Range> ranges;
     // The uffd already covers the range in MISSING mode and did its UFFDIO_API (CRIU's); the
     // agent adds WP. Otherwise the agent does the handshake and registers MISSING|WP.
     bool registered = false;
@@ -99,7 +104,7 @@ class NodeAgent {
     // Default: seize the process's main thread for the duration.
     std::function<absl::Status(std::function<absl::Status(uffd::RemoteThread&)>)> with_thread;
   };
-  // Serves the region for the process and announces it to the server.
+  // Serves the ranges for the process and announces them to the server.
   absl::Status Attach(AttachRequest request);
 
   // Bound node-to-node address.
