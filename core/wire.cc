@@ -47,6 +47,8 @@ const char* Name(MessageType t) {
       return "Exit";
     case MessageType::kPeers:
       return "Peers";
+    case MessageType::kPageSeed:
+      return "PageSeed";
   }
   return nullptr;
 }
@@ -265,6 +267,12 @@ void Fields(V& v, M& m) requires std::is_same_v<std::remove_const_t<M>, Peers> {
   v(m.entries, "entries");
 }
 
+template <typename V, typename M>
+void Fields(V& v, M& m) requires std::is_same_v<std::remove_const_t<M>, PageSeed> {
+  v(m.page, "page");
+  v.PageData(m.data, "data");
+}
+
 template <typename T>
 constexpr MessageType kTypeOf = [] {
   if constexpr (std::is_same_v<T, Hello>) return MessageType::kHello;
@@ -284,6 +292,7 @@ constexpr MessageType kTypeOf = [] {
   if constexpr (std::is_same_v<T, Error>) return MessageType::kError;
   if constexpr (std::is_same_v<T, Exit>) return MessageType::kExit;
   if constexpr (std::is_same_v<T, Peers>) return MessageType::kPeers;
+  if constexpr (std::is_same_v<T, PageSeed>) return MessageType::kPageSeed;
 }();
 
 // Counts payload bytes.
@@ -590,6 +599,14 @@ absl::Status Validate(const Peers& m) {
   }
   return absl::OkStatus();
 }
+absl::Status Validate(const PageSeed& m) {
+  if (m.data.size() != kPageSize) return Invalid("PageSeed", "data is not one page");
+  if (m.page.number() >= (kUserAddressLimit >> kPageShift)) {
+    return Invalid("PageSeed",
+                   absl::StrFormat("page %s outside the user address space", m.page.ToString()));
+  }
+  return absl::OkStatus();
+}
 absl::Status Validate(const Exit& m) {
   if (m.signaled && (m.status <= 0 || m.status > 64)) {
     return Invalid("Exit", absl::StrFormat("signal %d out of range", m.status));
@@ -724,6 +741,8 @@ absl::StatusOr<Message> Decode(absl::Span<const uint8_t> frame) {
       return DecodeAs<Exit>(payload);
     case MessageType::kPeers:
       return DecodeAs<Peers>(payload);
+    case MessageType::kPageSeed:
+      return DecodeAs<PageSeed>(payload);
   }
   return absl::InvalidArgumentError(
       absl::StrFormat("wire: unknown message type %d", static_cast<int>(frame[5])));

@@ -65,6 +65,7 @@ enum class MessageType : uint8_t {
   kError = 15,
   kExit = 16,
   kPeers = 17,
+  kPageSeed = 18,
 };
 // Name of a value, or nullptr if it is not a MessageType (used to validate input).
 const char* Name(MessageType t);
@@ -259,9 +260,18 @@ struct Peers {
   std::vector<PeerEntry> entries;
 };
 
-using Message = std::variant<Hello, HelloReply, AuthProof, CoherenceMsg, RegionAttach,
-                             RegionAttachReply, RegionAnnounce, ThreadControl, Futex, FutexReply,
-                             AddressSpace, StatsRequest, StatsReply, Heartbeat, Error, Exit, Peers>;
+// Node -> server: the initial contents of a page the checkpoint does not hold (a program's
+// writable file-backed data, which Stretch turns into coherent anonymous memory). The server
+// keeps the first seed of a page no node has asked for yet and ignores the rest.
+struct PageSeed {
+  PageId page;
+  absl::Span<const uint8_t> data;  // exactly one page
+};
+
+using Message =
+    std::variant<Hello, HelloReply, AuthProof, CoherenceMsg, RegionAttach, RegionAttachReply,
+                 RegionAnnounce, ThreadControl, Futex, FutexReply, AddressSpace, StatsRequest,
+                 StatsReply, Heartbeat, Error, Exit, Peers, PageSeed>;
 
 MessageType TypeOf(const Message& m);
 

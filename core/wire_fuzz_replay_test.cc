@@ -47,7 +47,8 @@ std::vector<std::vector<uint8_t>> Seeds() {
                                Heartbeat{1, 2},
                                Error{2, "x"},
                                Exit{true, 9},
-                               Peers{{{NodeId(1), "10.0.0.1:1"}, {NodeId(2), "a"}}}};
+                               Peers{{{NodeId(1), "10.0.0.1:1"}, {NodeId(2), "a"}}},
+                               PageSeed{PageId(3), page}};
   std::vector<std::vector<uint8_t>> out;
   for (const auto& m : msgs) out.push_back(Encode(m));
   return out;

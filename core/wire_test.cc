@@ -282,6 +282,17 @@ TEST(WireTest, PeersRoundTripAndLimits) {
   EXPECT_FALSE(Decode(Reframe(std::vector<uint8_t>(e.begin(), e.end() - 1))).ok());
 }
 
+TEST(WireTest, PageSeedCarriesExactlyOnePage) {
+  std::vector<uint8_t> page = PageOf(9);
+  auto out = Decode(Encode(PageSeed{PageId(0x1234), page}));
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ(std::get<PageSeed>(*out).page, PageId(0x1234));
+  EXPECT_EQ(std::get<PageSeed>(*out).data.size(), kPageSize);
+  auto frame = Encode(PageSeed{PageId(1), page});
+  frame.pop_back();
+  EXPECT_FALSE(Decode(Reframe(frame)).ok());
+}
+
 TEST(WireTest, EveryTruncationIsRejected) {
   std::vector<uint8_t> page = PageOf(1);
   CoherenceMsg c;
@@ -304,8 +315,8 @@ TEST(WireTest, EveryTruncationIsRejected) {
 }
 
 TEST(WireTest, NamesCoverEveryValue) {
-  for (int i = 1; i <= 17; ++i) EXPECT_NE(Name(static_cast<MessageType>(i)), nullptr) << i;
-  EXPECT_EQ(Name(static_cast<MessageType>(18)), nullptr);
+  for (int i = 1; i <= 18; ++i) EXPECT_NE(Name(static_cast<MessageType>(i)), nullptr) << i;
+  EXPECT_EQ(Name(static_cast<MessageType>(19)), nullptr);
   for (int i = 1; i <= 13; ++i) EXPECT_NE(Name(static_cast<CohOp>(i)), nullptr) << i;
   EXPECT_EQ(Name(static_cast<CohOp>(0)), nullptr);
 }
