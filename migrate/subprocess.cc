@@ -30,11 +30,11 @@ namespace {
   _exit(127);
 }
 
-void CloseOtherFds(int keep) {
-  // close_range is Linux 5.9+; keep `keep` (the error pipe, CLOEXEC) open until exec.
-  if (keep > 3) syscall(SYS_close_range, 3, keep - 1, 0);
-  syscall(SYS_close_range, keep + 1, ~0u, 0);
-  if (keep < 3) syscall(SYS_close_range, 3, ~0u, 0);
+// Closes every descriptor from `first` up, except `keep` (the error pipe, close-on-exec, which
+// must stay open until exec). close_range is Linux 5.9+.
+void CloseOtherFds(int first, int keep) {
+  if (keep > first) syscall(SYS_close_range, first, keep - 1, 0);
+  syscall(SYS_close_range, keep < first ? first : keep + 1, ~0u, 0);
 }
 
 }  // namespace
@@ -133,7 +133,16 @@ absl::StatusOr<Subprocess> Subprocess::Start(const SubprocessOptions& o) {
       }
       close(gate[0]);
     }
-    CloseOtherFds(report);
+    // The error pipe moves out of the way of fd 3 (the control descriptor, if any).
+    int high = fcntl(report, F_DUPFD_CLOEXEC, 64);
+    if (high >= 0) {
+      close(report);
+      report = high;
+    }
+    if (o.control_fd >= 0) {
+      if (dup2(o.control_fd, 3) != 3) ChildFail(report, errno);
+    }
+    CloseOtherFds(o.control_fd >= 0 ? 4 : 3, report);
     if (!o.cwd.empty() && chdir(o.cwd.c_str()) != 0) ChildFail(report, errno);
     if (o.new_pid_namespace) setsid();
     execvpe(o.gate_before_exec ? program.c_str() : argv[0], argv.data(), envp.data());

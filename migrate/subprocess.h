@@ -31,8 +31,10 @@ struct SubprocessOptions {
   std::string stdin_path;
   std::string stdout_path;
   std::string stderr_path;
-  // Every other descriptor is closed in the child (CRIU cannot dump descriptors inherited from
-  // a launcher's environment).
+  // A descriptor the child gets as fd 3 (a control channel), or -1. Every other descriptor is
+  // closed in the child (CRIU cannot dump descriptors inherited from a launcher's
+  // environment).
+  int control_fd = -1;
   // Run as init of a new PID namespace in a new session (what Stretch does for applications,
   // so a checkpoint can be restored several times at once). pid() is then the init's pid as
   // seen from the caller's namespace.

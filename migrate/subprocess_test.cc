@@ -1,6 +1,8 @@
 #include "migrate/subprocess.h"
 
 #include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -66,6 +68,28 @@ TEST(SubprocessTest, StdioAndEnvironmentAndOtherFdsClosed) {
   // fds 0,1,2 plus the one ls opens for /proc/self/fd.
   EXPECT_EQ(testing::ReadFileOrEmpty(o.stdout_path), "hello\n4\n");
   EXPECT_EQ(testing::ReadFileOrEmpty(o.stderr_path), "err\n");
+}
+
+TEST(SubprocessTest, ControlDescriptorIsFdThree) {
+  int sv[2];
+  ASSERT_EQ(socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv), 0);
+  SubprocessOptions o;
+  o.argv = {"/bin/sh", "-c", "echo hello >&3; ls /proc/self/fd | wc -l >&3"};
+  o.control_fd = sv[1];
+  auto p = Subprocess::Start(o);
+  ASSERT_TRUE(p.ok()) << p.status();
+  close(sv[1]);
+  char buf[64] = {};
+  ASSERT_EQ(read(sv[0], buf, sizeof(buf)), 6);
+  EXPECT_STREQ(buf, "hello\n");
+  ssize_t n = read(sv[0], buf, sizeof(buf));
+  ASSERT_GT(n, 0);
+  // 0, 1, 2, 3 and the one ls opens.
+  EXPECT_EQ(std::string(buf, n), "5\n");
+  auto st = p->Wait(Soon());
+  ASSERT_TRUE(st.ok());
+  EXPECT_EQ(st->code, 0);
+  close(sv[0]);
 }
 
 TEST(SubprocessTest, NewPidNamespaceMakesTheProgramInit) {
