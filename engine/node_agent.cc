@@ -336,6 +336,17 @@ class NodeAgent::Impl {
     return absl::OkStatus();
   }
 
+  absl::Status SeedPages(uint64_t base, absl::Span<const uint8_t> bytes) {
+    if (!IsPageAligned(base) || bytes.size() % kPageSize != 0) {
+      return absl::InvalidArgumentError("SeedPages: not whole pages");
+    }
+    for (size_t off = 0; off < bytes.size(); off += kPageSize) {
+      STRETCH_RETURN_IF_ERROR(SendMessage(
+          server_, wire::PageSeed{PageId::Containing(base + off), bytes.subspan(off, kPageSize)}));
+    }
+    return absl::OkStatus();
+  }
+
   const std::string& address() const { return address_; }
   NodeId node() const { return self_; }
   const NodeStats& stats() const { return stats_; }
@@ -1094,6 +1105,9 @@ absl::StatusOr<std::unique_ptr<NodeAgent>> NodeAgent::Start(const NodeOptions& o
 }
 
 absl::Status NodeAgent::Attach(AttachRequest request) { return impl_->Attach(std::move(request)); }
+absl::Status NodeAgent::SeedPages(uint64_t base, absl::Span<const uint8_t> bytes) {
+  return impl_->SeedPages(base, bytes);
+}
 const std::string& NodeAgent::address() const { return impl_->address(); }
 NodeId NodeAgent::node() const { return impl_->node(); }
 const NodeStats& NodeAgent::stats() const { return impl_->stats(); }

@@ -36,6 +36,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "absl/types/span.h"
 #include "core/ids.h"
 #include "core/stats.h"
 #include "core/unique_fd.h"
@@ -106,6 +107,10 @@ class NodeAgent {
   };
   // Serves the ranges for the process and announces them to the server.
   absl::Status Attach(AttachRequest request);
+
+  // Sends the initial contents of pages the checkpoint does not hold to the server (attach
+  // their range first). `bytes` covers whole pages starting at `base`.
+  absl::Status SeedPages(uint64_t base, absl::Span<const uint8_t> bytes);
 
   // Bound node-to-node address.
   const std::string& address() const;

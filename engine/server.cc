@@ -232,6 +232,8 @@ class DirectoryServer::Impl {
       nodes_[*id].left = true;
     } else if (auto* req = std::get_if<wire::StatsRequest>(&m)) {
       SendTo(peer, wire::StatsReply{req->seq, StatsJsonLocked()});
+    } else if (auto* seed = std::get_if<wire::PageSeed>(&m)) {
+      OnSeed(peer, *id, *seed);
     } else if (auto* e = std::get_if<wire::Error>(&m)) {
       // A node lost data (a page whose only copy went with its process): everyone stops.
       LOG(ERROR) << "server: node " << id->value() << " reports: " << e->message;
@@ -326,6 +328,20 @@ class DirectoryServer::Impl {
       if (page.address() >= reg.base && page.address() < reg.base + reg.length) return true;
     }
     return false;
+  }
+
+  // Initial contents of a page that is not in the checkpoint. Only the first seed of a page
+  // nobody has used yet counts: later seeds (other nodes send the same bytes) are ignored.
+  void OnSeed(PeerId peer, NodeId from, const wire::PageSeed& seed)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (!InRegion(seed.page)) {
+      Reject(peer, absl::StrCat("node ", from.value(), " seeded page ", seed.page.ToString(),
+                                " outside every announced region"));
+      return;
+    }
+    if (pages_.contains(seed.page) || seeded_.contains(seed.page)) return;
+    seeded_.insert(seed.page);
+    home_.Store(seed.page, seed.data);
   }
 
   bool Gone(NodeId n) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -445,6 +461,7 @@ class DirectoryServer::Impl {
   std::map<NodeId, Node> nodes_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<PeerId, NodeId> peer_nodes_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_set<PeerId> launchers_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_set<PageId> seeded_ ABSL_GUARDED_BY(mu_);
   std::map<uint32_t, Region> regions_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<PageId, coherence::DirPage> pages_ ABSL_GUARDED_BY(mu_);
   HomeStore home_ ABSL_GUARDED_BY(mu_);
