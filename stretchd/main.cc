@@ -6,6 +6,7 @@
 //   version  print the version
 // gflags are defined only here; libraries take Options structs.
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -16,13 +17,16 @@
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "core/wire.h"
 #include "engine/node_agent.h"
 #include "engine/server.h"
 #include "gflags/gflags.h"
 #include "glog/logging.h"
+#include "stretchd/automatic.h"
 #include "stretchd/check.h"
 #include "transport/create_transport.h"
 #include "transport/fabric_transport.h"
@@ -41,7 +45,20 @@ DEFINE_string(attach_socket, "",
 DEFINE_string(checkpoint_images, "",
               "server: take initial page contents from this CRIU image directory");
 DEFINE_int32(fault_cpu, -1, "node: pin the fault loop threads to this CPU (-1: no pinning)");
-DEFINE_string(stats_json, "", "server, node: write statistics as JSON to this file at exit");
+DEFINE_string(stats_json, "",
+              "server, node, run: write statistics as JSON to this file at exit (run: one object "
+              "per node in \"nodes\")");
+DEFINE_int32(nodes, 2, "run: number of emulated nodes on this machine");
+DEFINE_int32(migrate_at_threads, 0,
+             "run: migrate once the program has this many threads (0: when its main thread first "
+             "blocks after creating threads)");
+DEFINE_string(migrate_threads, "",
+              "run: comma-separated thread ids (in the program's PID namespace, main = 1) to run "
+              "away from node 0; default: every thread but main, spread over all nodes");
+DEFINE_string(work_dir, "", "run: keep the checkpoint, logs and output files in this directory");
+DEFINE_string(replica_images, "", "node (internal, used by run): restore a replica from here");
+DEFINE_string(replica_work, "", "node (internal, used by run): CRIU work directory");
+DEFINE_string(run_threads, "", "node (internal, used by run): thread ids this node runs");
 
 namespace stretch {
 namespace {
@@ -66,6 +83,9 @@ int RunVersion(const std::vector<std::string>& args);
 int RunServer(const std::vector<std::string>& args);
 int RunNode(const std::vector<std::string>& args);
 int RunStats(const std::vector<std::string>& args);
+int RunRun(const std::vector<std::string>& args);
+bool ParseIntList(const std::string& text, std::vector<int>* out);
+std::string CriuPath();
 int NotYetAvailable(const std::vector<std::string>& args);
 
 const std::vector<Subcommand>& Subcommands() {
@@ -88,7 +108,8 @@ const std::vector<Subcommand>& Subcommands() {
        "until the cluster fails.",
        "--node=N [--server=IP:PORT] [--listen=IP:PORT] [--attach_socket=PATH] [--transport=tcp] "
        "[--fault_cpu=C] [--stats_json=FILE]",
-       {"node", "server", "listen", "attach_socket", "transport", "fault_cpu", "stats_json"},
+       {"node", "server", "listen", "attach_socket", "transport", "fault_cpu", "stats_json",
+        "replica_images", "replica_work", "run_threads", "criu"},
        RunNode},
       {"stats",
        "Print the server's statistics (per node and totals) as JSON.",
@@ -96,11 +117,14 @@ const std::vector<Subcommand>& Subcommands() {
        {"server", "transport"},
        RunStats},
       {"run",
-       "Run an unmodified pthread program with its threads spread over several nodes "
-       "(not yet available).",
-       "[--nodes=N] -- PROG ARGS...",
-       {},
-       NotYetAvailable},
+       "Run an unmodified pthread program on N emulated nodes of this machine: it starts "
+       "natively, is checkpointed once its worker threads exist, and continues with its "
+       "threads spread over the nodes and its memory kept coherent; exits with its status.",
+       "[--nodes=N] [--transport=tcp] [--stats_json=FILE] [--migrate_at_threads=K] "
+       "[--migrate_threads=T,T] [--work_dir=DIR] -- PROG ARGS...",
+       {"nodes", "transport", "stats_json", "migrate_at_threads", "migrate_threads", "work_dir",
+        "criu"},
+       RunRun},
       {"version", "Print the stretchd version and wire protocol version.", "", {}, RunVersion},
   };
   return kSubcommands;
@@ -283,6 +307,22 @@ int RunNode(const std::vector<std::string>& args) {
                  FLAGS_node);
     return 2;
   }
+  if (!FLAGS_replica_images.empty()) {
+    ReplicaAgentOptions r;
+    r.node = FLAGS_node;
+    r.server = FLAGS_server;
+    r.listen = FLAGS_listen.empty() ? "127.0.0.1:0" : FLAGS_listen;
+    r.transport = FLAGS_transport;
+    r.images_dir = FLAGS_replica_images;
+    r.work_dir = FLAGS_replica_work;
+    r.stats_json = FLAGS_stats_json;
+    r.criu.binary = CriuPath();
+    if (!ParseIntList(FLAGS_run_threads, &r.run_threads)) {
+      std::fprintf(stderr, "stretchd node: bad --run_threads '%s'\n", FLAGS_run_threads.c_str());
+      return 2;
+    }
+    return RunReplicaAgent(r);
+  }
   engine::NodeOptions o;
   o.node = NodeId(static_cast<uint32_t>(FLAGS_node));
   o.server = FLAGS_server;
@@ -350,6 +390,67 @@ int RunStats(const std::vector<std::string>& args) {
   }
 }
 
+bool ParseIntList(const std::string& text, std::vector<int>* out) {
+  for (absl::string_view part : absl::StrSplit(text, ',', absl::SkipEmpty())) {
+    int v;
+    if (!absl::SimpleAtoi(part, &v) || v <= 0) return false;
+    out->push_back(v);
+  }
+  return true;
+}
+
+std::string SelfPath() {
+  char buf[4096];
+  ssize_t n = readlink("/proc/self/exe", buf, sizeof(buf) - 1);
+  return n > 0 ? std::string(buf, n) : "stretchd";
+}
+
+std::string CriuPath() {
+  if (FLAGS_criu != "criu") return FLAGS_criu;
+  return access("/usr/local/sbin/criu", X_OK) == 0 ? "/usr/local/sbin/criu" : "criu";
+}
+
+int RunRun(const std::vector<std::string>& args) {
+  LaunchOptions o;
+  o.argv = args;
+  if (o.argv.empty()) {
+    std::fprintf(stderr, "stretchd run: no program given (stretchd run [flags] -- PROG ARGS...)\n");
+    return 2;
+  }
+  o.nodes = FLAGS_nodes;
+  o.transport = FLAGS_transport;
+  o.stats_json = FLAGS_stats_json;
+  o.migrate_at_threads = FLAGS_migrate_at_threads;
+  o.work_dir = FLAGS_work_dir;
+  o.stretchd = SelfPath();
+  o.criu.binary = CriuPath();
+  if (!ParseIntList(FLAGS_migrate_threads, &o.migrate_threads)) {
+    std::fprintf(stderr, "stretchd run: --migrate_threads must be thread ids like 2,3 (got '%s')\n",
+                 FLAGS_migrate_threads.c_str());
+    return 2;
+  }
+  if (o.nodes < 1 || o.nodes > static_cast<int>(kMaxNodes)) {
+    std::fprintf(stderr, "stretchd run: --nodes must be 1..%u (got %d)\n", kMaxNodes, o.nodes);
+    return 2;
+  }
+  int result = RunLauncher(o);
+  if (result < 0) {
+    // The program was killed by a signal: so is stretchd, for the caller to see it.
+    std::fflush(stdout);
+    std::fflush(stderr);
+    signal(-result, SIG_DFL);
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, -result);
+    pthread_sigmask(SIG_UNBLOCK, &set, nullptr);
+    struct rlimit no_core = {0, 0};
+    setrlimit(RLIMIT_CORE, &no_core);
+    raise(-result);
+    return 128 - result;
+  }
+  return result;
+}
+
 int NotYetAvailable(const std::vector<std::string>& args) {
   std::fprintf(stderr, "stretchd: this subcommand is not yet available in this build\n");
   return 1;
@@ -394,12 +495,26 @@ int Main(int argc, char** argv) {
   FLAGS_logtostderr = true;
   gflags::SetUsageMessage(Usage());
   gflags::SetVersionString(kVersion);
-  // Removes flags; positional arguments (the subcommand, PROG ARGS after "--") remain.
-  gflags::ParseCommandLineFlags(&argc, &argv, /*remove_flags=*/true);
+  // gflags sees only the flags before "--" (it would reorder the rest); what follows "--" is
+  // the program's command line, untouched.
+  std::vector<char*> flag_argv = {argv[0]};
+  std::vector<std::string> args;
+  int i = 2;
+  for (; i < argc && std::strcmp(argv[i], "--") != 0; ++i) flag_argv.push_back(argv[i]);
+  int flag_argc = static_cast<int>(flag_argv.size());
+  char** flag_args = flag_argv.data();
+  gflags::ParseCommandLineFlags(&flag_argc, &flag_args, /*remove_flags=*/true);
+  for (int k = 1; k < flag_argc; ++k) args.push_back(flag_args[k]);  // stray positionals
+  if (i < argc) {
+    for (++i; i < argc; ++i) args.push_back(argv[i]);
+  }
+  // `run` shares the terminal with the program: only warnings and errors unless asked.
+  if (std::string(sc->name) == "run" &&
+      gflags::GetCommandLineFlagInfoOrDie("minloglevel").is_default && FLAGS_v == 0) {
+    FLAGS_minloglevel = 1;
+  }
   google::InitGoogleLogging("stretchd");
 
-  std::vector<std::string> args;
-  for (int i = 2; i < argc; ++i) args.push_back(argv[i]);
   if (std::string(sc->name) == "check" || std::string(sc->name) == "version") {
     VLOG(1) << "stretchd " << kVersion << " " << sc->name;
   } else {

@@ -1,0 +1,409 @@
+#include "stretchd/automatic.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <sys/signalfd.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <optional>
+#include <sstream>
+#include <thread>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "core/status.h"
+#include "core/unique_fd.h"
+#include "engine/node_agent.h"
+#include "engine/server.h"
+#include "glog/logging.h"
+#include "migrate/origin.h"
+#include "migrate/subprocess.h"
+#include "stretchd/replica.h"
+
+namespace stretch {
+namespace {
+
+// --- control channel: one line per datagram ---
+
+bool SendLine(int fd, const std::string& line) {
+  return send(fd, line.data(), line.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(line.size());
+}
+
+// The next line; nullopt on timeout; "" (with *closed) when the other side is gone.
+std::optional<std::string> RecvLine(int fd, int timeout_ms, bool* closed) {
+  struct pollfd p = {fd, POLLIN, 0};
+  int r = poll(&p, 1, timeout_ms);
+  if (r <= 0) return std::nullopt;
+  char buf[4096];
+  ssize_t n = recv(fd, buf, sizeof(buf), 0);
+  if (n <= 0) {
+    *closed = true;
+    return std::string();
+  }
+  return std::string(buf, static_cast<size_t>(n));
+}
+
+// Copies what is appended to files onto descriptors, until stopped (then drains them).
+class Tailer {
+ public:
+  void Add(const std::string& path, int out) { files_.push_back({path, out, 0}); }
+  void Start() {
+    thread_ = std::thread([this] {
+      while (!stop_) {
+        if (!Drain()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      }
+      Drain();
+    });
+  }
+  void Stop() {
+    stop_ = true;
+    if (thread_.joinable()) thread_.join();
+  }
+  ~Tailer() { Stop(); }
+
+ private:
+  struct File {
+    std::string path;
+    int out;
+    off_t offset;
+  };
+  // True if anything was copied.
+  bool Drain() {
+    bool any = false;
+    char buf[65536];
+    for (File& f : files_) {
+      UniqueFd fd(open(f.path.c_str(), O_RDONLY | O_CLOEXEC));
+      if (!fd.valid()) continue;
+      ssize_t n;
+      while ((n = pread(fd.get(), buf, sizeof(buf), f.offset)) > 0) {
+        for (ssize_t done = 0; done < n;) {
+          ssize_t w = write(f.out, buf + done, n - done);
+          if (w <= 0) break;
+          done += w;
+        }
+        f.offset += n;
+        any = true;
+      }
+    }
+    return any;
+  }
+  std::vector<File> files_;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
+
+// "exit N" / "signal S" for a status; the launcher's encoding: >= 0 exit code, < 0 -signal.
+std::string StatusLine(const ExitStatus& st) {
+  return st.signaled ? absl::StrCat("signal ", st.code) : absl::StrCat("exit ", st.code);
+}
+
+std::string ReadWhole(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream s;
+  s << in.rdbuf();
+  return std::string(absl::StripAsciiWhitespace(s.str()));
+}
+
+int Fail(const std::string& what) {
+  std::fprintf(stderr, "stretchd run: %s\n", what.c_str());
+  return 1;
+}
+
+}  // namespace
+
+int RunLauncher(const LaunchOptions& o) {
+  if (o.argv.empty()) return Fail("no program given (stretchd run [flags] -- PROG ARGS...)");
+  if (o.nodes < 1 || o.nodes > 64) return Fail("--nodes must be 1..64");
+  std::string work = o.work_dir;
+  bool remove_work = false;
+  if (work.empty()) {
+    char tmpl[] = "/tmp/stretch-run-XXXXXX";
+    if (mkdtemp(tmpl) == nullptr) return Fail(ErrnoStatus(errno, "mkdtemp").ToString());
+    work = tmpl;
+    remove_work = !o.keep_work_dir;
+  } else if (mkdir(work.c_str(), 0700) != 0 && errno != EEXIST) {
+    return Fail(ErrnoStatus(errno, absl::StrCat("mkdir ", work)).ToString());
+  }
+  struct Cleanup {
+    std::string dir;
+    bool remove;
+    ~Cleanup() {
+      std::error_code ec;
+      if (remove) std::filesystem::remove_all(dir, ec);
+    }
+  } cleanup{work, remove_work};
+
+  const std::string out = work + "/stdout", err = work + "/stderr";
+  for (const std::string& f : {out, err}) {
+    UniqueFd fd(open(f.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+    if (!fd.valid()) return Fail(ErrnoStatus(errno, absl::StrCat("create ", f)).ToString());
+  }
+  Tailer tail;
+  tail.Add(out, STDOUT_FILENO);
+  tail.Add(err, STDERR_FILENO);
+  tail.Start();
+
+  OriginOptions oo;
+  oo.program.argv = o.argv;
+  oo.program.stdout_path = out;
+  oo.program.stderr_path = err;
+  oo.images_dir = work + "/images";
+  oo.criu = o.criu;
+  oo.migrate_at_threads = o.migrate_at_threads;
+  auto origin = RunOrigin(oo);
+  if (!origin.ok()) {
+    tail.Stop();
+    return Fail(std::string(origin.status().message()));
+  }
+  if (origin->exited) {
+    tail.Stop();
+    LOG(INFO) << "stretchd run: the program ended before its migration point (ran on one node)";
+    return origin->status.signaled ? -origin->status.code : origin->status.code;
+  }
+
+  // Placement: the main thread stays on node 0; the others spread round-robin.
+  std::vector<std::vector<int>> placement(o.nodes);
+  int next = o.nodes > 1 ? 1 : 0;
+  for (pid_t tid : origin->threads) {
+    int node = 0;
+    if (tid != 1) {
+      bool listed = std::find(o.migrate_threads.begin(), o.migrate_threads.end(), tid) !=
+                    o.migrate_threads.end();
+      if (o.migrate_threads.empty() || listed) {
+        node = next;
+        next = (next + 1) % o.nodes;
+        if (!o.migrate_threads.empty() && next == 0 && o.nodes > 1) next = 1;
+      }
+    }
+    placement[node].push_back(tid);
+  }
+  for (int i = 0; i < o.nodes; ++i) {
+    LOG(INFO) << "stretchd run: node " << i << " runs threads " << absl::StrJoin(placement[i], ",");
+  }
+
+  engine::ServerOptions so;
+  so.transport = o.transport;
+  so.listen = o.transport == "loopback" ? "loop:" : "127.0.0.1:0";
+  so.checkpoint_images = oo.images_dir;
+  auto server = engine::DirectoryServer::Start(so);
+  if (!server.ok()) return Fail(std::string(server.status().message()));
+
+  struct Agent {
+    Subprocess process;
+    UniqueFd control;
+    int threads_run = 0;
+    bool done = false;
+  };
+  std::vector<Agent> agents;
+  for (int i = 0; i < o.nodes; ++i) {
+    int sv[2];
+    if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) != 0) {
+      return Fail(ErrnoStatus(errno, "socketpair").ToString());
+    }
+    SubprocessOptions a;
+    a.argv = {o.stretchd,
+              "node",
+              absl::StrCat("--node=", i),
+              absl::StrCat("--server=", (*server)->address()),
+              "--listen=127.0.0.1:0",
+              absl::StrCat("--transport=", o.transport),
+              absl::StrCat("--replica_images=", oo.images_dir),
+              absl::StrCat("--replica_work=", work, "/node", i),
+              absl::StrCat("--run_threads=", absl::StrJoin(placement[i], ",")),
+              absl::StrCat("--stats_json=", work, "/node", i, ".json"),
+              absl::StrCat("--criu=", o.criu.binary)};
+    if (!VLOG_IS_ON(1)) a.argv.push_back("--minloglevel=1");
+    a.control_fd = sv[1];
+    auto p = Subprocess::Start(a);
+    close(sv[1]);
+    if (!p.ok()) {
+      close(sv[0]);
+      return Fail(std::string(p.status().message()));
+    }
+    agents.push_back(Agent{std::move(*p), UniqueFd(sv[0])});
+  }
+
+  // Every replica restored and parked before any thread runs.
+  for (int i = 0; i < o.nodes; ++i) {
+    bool closed = false;
+    auto line = RecvLine(agents[i].control.get(), 180000, &closed);
+    if (!line || closed || !absl::StartsWith(*line, "ready ")) {
+      std::string why = !line                            ? "did not get ready in time"
+                        : closed                         ? "exited while restoring its replica"
+                        : line->substr(0, 6) == "error " ? line->substr(6)
+                                                         : *line;
+      return Fail(absl::StrCat("node ", i, ": ", why));
+    }
+    (void)absl::SimpleAtoi(line->substr(6), &agents[i].threads_run);
+  }
+  for (auto& a : agents) SendLine(a.control.get(), "go");
+
+  // The first replica to end decides the outcome.
+  sigset_t sigs;
+  sigemptyset(&sigs);
+  sigaddset(&sigs, SIGINT);
+  sigaddset(&sigs, SIGTERM);
+  UniqueFd sigfd(signalfd(-1, &sigs, SFD_CLOEXEC));
+  int result = 1;
+  std::string error;
+  int interrupts = 0;
+  for (bool finished = false; !finished;) {
+    std::vector<struct pollfd> p;
+    for (auto& a : agents) p.push_back({a.control.get(), POLLIN, 0});
+    p.push_back({sigfd.get(), POLLIN, 0});
+    if (poll(p.data(), p.size(), -1) < 0 && errno != EINTR) break;
+    if (p.back().revents & POLLIN) {
+      struct signalfd_siginfo si;
+      if (read(sigfd.get(), &si, sizeof(si)) == sizeof(si)) {
+        if (++interrupts == 1) {
+          // Deliver it to the program as natively: to the node running its main thread.
+          SendLine(agents[0].control.get(), absl::StrCat("kill ", si.ssi_signo));
+        } else {
+          error = "interrupted twice: stopping every node";
+          result = 128 + static_cast<int>(si.ssi_signo);
+          finished = true;
+        }
+      }
+    }
+    for (int i = 0; i < o.nodes && !finished; ++i) {
+      if (!(p[i].revents & (POLLIN | POLLHUP))) continue;
+      bool closed = false;
+      auto line = RecvLine(agents[i].control.get(), 0, &closed);
+      if (!line) continue;
+      agents[i].done = true;
+      int value = 0;
+      if (!closed && absl::StartsWith(*line, "exit ") &&
+          absl::SimpleAtoi(line->substr(5), &value)) {
+        result = value;
+      } else if (!closed && absl::StartsWith(*line, "signal ") &&
+                 absl::SimpleAtoi(line->substr(7), &value)) {
+        result = -value;
+      } else {
+        error =
+            absl::StrCat("node ", i, ": ",
+                         closed ? "its agent exited unexpectedly"
+                                : (absl::StartsWith(*line, "error ") ? line->substr(6) : *line));
+        result = 1;
+      }
+      finished = true;
+    }
+  }
+  for (auto& a : agents) {
+    if (!a.done) SendLine(a.control.get(), "stop");
+  }
+  for (auto& a : agents) {
+    if (!a.process.Wait(absl::Now() + absl::Seconds(10)).ok()) {
+      a.process.Kill(SIGKILL);
+      (void)a.process.Wait(absl::Now() + absl::Seconds(5));
+    }
+  }
+  tail.Stop();
+  if (!error.empty()) std::fprintf(stderr, "stretchd run: %s\n", error.c_str());
+
+  if (!o.stats_json.empty()) {
+    std::string json = "{\"nodes\":[";
+    for (int i = 0; i < o.nodes; ++i) {
+      std::string node = ReadWhole(absl::StrCat(work, "/node", i, ".json"));
+      if (node.size() < 2 || node[0] != '{') node = absl::StrCat("{\"node\":", i, "}");
+      absl::StrAppend(&json, i ? "," : "", "{\"threads_run\":", agents[i].threads_run,
+                      node.size() > 2 ? "," : "", node.substr(1));
+    }
+    absl::StrAppend(&json, "],\"server\":", (*server)->StatsJson(),
+                    ",\"migrated\":true,\"threads\":", origin->threads.size(), "}");
+    FILE* f = std::fopen(o.stats_json.c_str(), "w");
+    if (f == nullptr)
+      return Fail(ErrnoStatus(errno, absl::StrCat("write ", o.stats_json)).ToString());
+    std::fprintf(f, "%s\n", json.c_str());
+    std::fclose(f);
+  }
+  (*server)->Stop();
+  return result;
+}
+
+int RunReplicaAgent(const ReplicaAgentOptions& o) {
+  const int ctl = o.control_fd;
+  auto report_error = [ctl](const std::string& what) {
+    SendLine(ctl, absl::StrCat("error ", what));
+    std::fprintf(stderr, "stretchd node: %s\n", what.c_str());
+    return 1;
+  };
+  engine::NodeOptions no;
+  no.node = NodeId(static_cast<uint32_t>(o.node));
+  no.server = o.server;
+  no.listen = o.listen;
+  no.transport = o.transport;
+  auto agent = engine::NodeAgent::Start(no);
+  if (!agent.ok()) return report_error(std::string(agent.status().message()));
+  ReplicaOptions ro;
+  ro.images_dir = o.images_dir;
+  ro.work_dir = o.work_dir;
+  ro.criu = o.criu;
+  ro.run_threads.assign(o.run_threads.begin(), o.run_threads.end());
+  auto replica = Replica::Restore(agent->get(), ro);
+  if (!replica.ok()) return report_error(std::string(replica.status().message()));
+  SendLine(ctl, absl::StrCat("ready ", (*replica)->threads_run()));
+
+  auto finish = [&](int code) {
+    if (!o.stats_json.empty()) {
+      FILE* f = std::fopen(o.stats_json.c_str(), "w");
+      if (f != nullptr) {
+        std::fprintf(f, "%s\n", (*agent)->StatsJson().c_str());
+        std::fclose(f);
+      }
+    }
+    replica->reset();
+    (*agent)->Stop();
+    return code;
+  };
+
+  bool closed = false;
+  for (;;) {
+    auto line = RecvLine(ctl, 600000, &closed);
+    if (!line || closed || *line == "stop") {
+      (*replica)->Kill();
+      return finish(0);
+    }
+    if (*line == "go") break;
+  }
+  if (absl::Status s = (*replica)->Go(); !s.ok()) {
+    (*replica)->Kill();
+    report_error(std::string(s.message()));
+    return finish(1);
+  }
+  for (;;) {
+    auto st = (*replica)->Wait(absl::Now() + absl::Milliseconds(100));
+    if (st.ok()) {
+      SendLine(ctl, StatusLine(*st));
+      return finish(0);
+    }
+    if (absl::Status h = (*agent)->health(); !h.ok()) {
+      (*replica)->Kill();
+      report_error(std::string(h.message()));
+      return finish(1);
+    }
+    auto line = RecvLine(ctl, 0, &closed);
+    if (closed || (line && *line == "stop")) {
+      (*replica)->Kill();
+      (void)(*replica)->Wait(absl::Now() + absl::Seconds(5));
+      return finish(0);
+    }
+    int sig = 0;
+    if (line && absl::StartsWith(*line, "kill ") && absl::SimpleAtoi(line->substr(5), &sig)) {
+      kill((*replica)->pid(), sig);
+    }
+  }
+}
+
+}  // namespace stretch

@@ -1,0 +1,63 @@
+// Automatic mode: `stretchd run` (the launcher) and the replica side of `stretchd node`.
+//
+// The launcher runs the program natively until its migration point (migrate/origin.h),
+// checkpoints it, starts a directory server with the checkpoint as the pages' initial contents
+// and one node agent per node; each agent restores a replica (stretchd/replica.h) and reports
+// "ready"; once all are ready the launcher says "go" and every agent lets its threads run. The
+// first replica to end decides the program's exit status; the launcher stops the others.
+// Agents talk to the launcher over a SOCK_SEQPACKET pair on their fd 3 with one-line
+// messages: agent -> launcher "ready <threads>", "exit <code>", "signal <sig>", "error <text>";
+// launcher -> agent "go", "stop", "kill <sig>".
+//
+// The program's stdout and stderr are files the launcher copies to its own as they grow; all
+// replicas append to them (the restores all finish before any replica runs, so CRIU's check of
+// the files' size holds), so each stream keeps the order in which the writes happened.
+#ifndef STRETCH_STRETCHD_AUTOMATIC_H_
+#define STRETCH_STRETCHD_AUTOMATIC_H_
+
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "migrate/criu.h"
+
+namespace stretch {
+
+struct LaunchOptions {
+  std::vector<std::string> argv;  // the program and its arguments
+  int nodes = 2;
+  std::string transport = "tcp";
+  std::string stretchd;        // path of the stretchd binary (for the agents)
+  std::string work_dir;        // empty: a fresh directory under /tmp, removed afterwards
+  std::string stats_json;      // where to write the statistics at exit ("" = nowhere)
+  int migrate_at_threads = 0;  // 0: when the main thread first blocks after creating threads
+  // Threads (tids in the program's namespace) to run away from node 0, round-robin over nodes
+  // 1..N-1; empty: every thread but the main one, round-robin over all nodes.
+  std::vector<int> migrate_threads;
+  CriuOptions criu;
+  bool keep_work_dir = false;
+};
+
+// Runs the program; returns the process exit status stretchd should end with (a program killed
+// by signal S gives 128+S after re-raising is not possible), and prints errors on stderr.
+int RunLauncher(const LaunchOptions& options);
+
+struct ReplicaAgentOptions {
+  int node = 0;
+  std::string server;
+  std::string listen;
+  std::string transport = "tcp";
+  std::string images_dir;
+  std::string work_dir;
+  std::vector<int> run_threads;
+  std::string stats_json;
+  CriuOptions criu;
+  int control_fd = 3;
+};
+
+// The replica side of a node agent in automatic mode; returns the process exit status.
+int RunReplicaAgent(const ReplicaAgentOptions& options);
+
+}  // namespace stretch
+
+#endif  // STRETCH_STRETCHD_AUTOMATIC_H_

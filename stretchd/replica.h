@@ -1,0 +1,91 @@
+// Replica: one node's copy of a program in automatic mode. Restore() brings the checkpoint back
+// with CRIU (lazy pages, left stopped), serves the faults of the restore itself from the
+// checkpoint, then hands the program's private writable memory to the node agent, so that from
+// its first instruction the replica only sees coherent memory. Every thread is parked (ptrace)
+// until Go() lets this node's threads run.
+//
+//   STRETCH_ASSIGN_OR_RETURN(auto replica, Replica::Restore(agent, options));
+//   ... every node ready ...
+//   STRETCH_RETURN_IF_ERROR(replica->Go());
+//   STRETCH_ASSIGN_OR_RETURN(ExitStatus st, replica->Wait(absl::InfiniteFuture()));
+//
+// Memory: CRIU registers every private anonymous VMA with its uffd (MISSING). Writable private
+// file-backed VMAs (the program's and the libraries' .data: glibc's stdio and malloc state live
+// there) are turned into anonymous memory at the same address, their current contents sent to
+// the server as the pages' initial contents (wire::PageSeed), so they are coherent too. Pages
+// the restore itself touched (the restorer writes signal frames on every stack) are dropped, so
+// every page starts missing and comes from the directory.
+//
+// The process needs SIGCHLD blocked in every thread (ThreadSupervisor). Not thread-safe.
+#ifndef STRETCH_STRETCHD_REPLICA_H_
+#define STRETCH_STRETCHD_REPLICA_H_
+
+#include <sys/types.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "engine/node_agent.h"
+#include "migrate/criu.h"
+#include "migrate/subprocess.h"
+#include "migrate/thread_supervisor.h"
+
+namespace stretch {
+
+struct ReplicaOptions {
+  std::string images_dir;  // the checkpoint (RunOrigin)
+  std::string work_dir;    // CRIU's work dir for this replica (created)
+  CriuOptions criu;
+  // Threads this node runs, as tids in the program's PID namespace; the others stay parked.
+  std::vector<pid_t> run_threads;
+};
+
+// A private writable mapping of the replica.
+struct ReplicaMapping {
+  uintptr_t start = 0, end = 0;
+  std::string perms;          // "rw-p"
+  std::string path;           // file, "[heap]", "[stack]", or empty
+  bool uffd_missing = false;  // CRIU registered it (VmFlags "um")
+};
+
+// The mappings of `pid` from /proc/<pid>/smaps.
+absl::StatusOr<std::vector<ReplicaMapping>> ReadMappings(pid_t pid);
+
+class Replica {
+ public:
+  static absl::StatusOr<std::unique_ptr<Replica>> Restore(engine::NodeAgent* agent,
+                                                          const ReplicaOptions& options);
+  ~Replica();
+
+  // Lets this node's threads run.
+  absl::Status Go();
+  // Waits until the replica has exited; its status (SIGKILL if it was killed).
+  absl::StatusOr<ExitStatus> Wait(absl::Time deadline);
+  // Kills the replica (SIGKILL).
+  void Kill();
+
+  pid_t pid() const { return pid_; }
+  // Threads of the replica that run here (program-namespace tids) and how many there are.
+  int threads_run() const { return static_cast<int>(run_.size()); }
+
+ private:
+  Replica() = default;
+
+  ReplicaOptions options_;
+  pid_t pid_ = 0;  // the restored root, in our PID namespace
+  std::unique_ptr<ThreadSupervisor> supervisor_;
+  // Our-namespace tids of the threads this node runs.
+  std::vector<pid_t> run_;
+
+  absl::Mutex mu_;
+  bool exited_ ABSL_GUARDED_BY(mu_) = false;
+  int exit_status_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+}  // namespace stretch
+
+#endif  // STRETCH_STRETCHD_REPLICA_H_
