@@ -26,7 +26,17 @@ expect 0 "--json" out check --help
 expect 0 "usage: stretchd run" out help run
 expect 0 "wire protocol 1" out version
 expect 2 "--node must be 0..63" err node
-expect 1 "not yet available" err run -- /bin/true
+expect 2 "no program given" err run
+expect 2 "--nodes must be 1..64" err run --nodes=0 -- /bin/true
+expect 2 "--migrate_threads must be thread ids" err run --migrate_threads=x -- /bin/true
+expect 1 "is not an executable program" err run -- /nonexistent/program
+# A program that never creates a thread ends before any migration point: its status is ours.
+"$bin" run -- /bin/sh -c 'echo out; echo err >&2; exit 7' >/tmp/cli_run_out.$$ 2>/tmp/cli_run_err.$$
+rc=$?
+[ "$rc" = 7 ] || { echo "FAIL: run exit status $rc, want 7"; fail=1; }
+[ "$(cat /tmp/cli_run_out.$$)" = out ] || { echo "FAIL: run stdout: $(cat /tmp/cli_run_out.$$)"; fail=1; }
+grep -q '^err$' /tmp/cli_run_err.$$ || { echo "FAIL: run stderr: $(cat /tmp/cli_run_err.$$)"; fail=1; }
+rm -f /tmp/cli_run_out.$$ /tmp/cli_run_err.$$
 out=$("$bin" check --json --criu=/nonexistent/criu 2>/dev/null); rc=$?
 [ "$rc" = 1 ] || { echo "FAIL: check with missing CRIU exited $rc, want 1"; fail=1; }
 case "$out" in '{"ok":false,"checks":['*) ;; *) echo "FAIL: check --json output: $out"; fail=1;; esac
