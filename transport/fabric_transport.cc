@@ -189,19 +189,23 @@ class FabricTransport final : public Transport {
     absl::Status hello_error;
   };
 
-  // libfabric objects in open order; destroyed in reverse (MRs and endpoint first).
+  // libfabric objects in open order; destroyed in reverse: the endpoint first, then the
+  // MRs, ..., and the buffers last. Closing the rxm endpoint flushes its connections and
+  // still copies data that arrives meanwhile into our posted receive buffers, so the slabs
+  // must outlive it (unmapped first, they made fi_close crash in memcpy when a peer's frames
+  // arrived during Close()).
   struct Resources {
+    Slab rx_slab;
+    Slab tx_slab;
     FiInfoPtr info;
     Fid<fid_fabric> fabric;
     Fid<fid_eq> eq;
     Fid<fid_domain> domain;
     Fid<fid_av> av;
     Fid<fid_cq> cq;
-    Fid<fid_ep> ep;
-    Slab rx_slab;
-    Slab tx_slab;
     Fid<fid_mr> rx_mr;
     Fid<fid_mr> tx_mr;
+    Fid<fid_ep> ep;
   };
 
   enum class PostResult { kPosted, kNoBuffer, kAgain, kFailed };
@@ -222,10 +226,9 @@ class FabricTransport final : public Transport {
   bool SendControlLocked(Peer& p, FrameType type) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RepostRecvLocked(int index) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
-  // Reads and handles completions without blocking; returns how many.
   // Reads and handles completions without blocking until the CQ is empty (bounded), or, with
-  // `until_event`, until an event is queued for a waiting caller (saves the final empty read
-  // on the latency path). Returns how many completions it handled.
+  // `until_event`, until this call queued a new event for a waiting caller (saves the final
+  // empty read on the latency path). Returns how many completions it handled.
   int ProgressLocked(bool until_event = false) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void HandleCompletionLocked(OpContext* ctx, size_t len) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void HandleCqErrorLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -240,9 +243,15 @@ class FabricTransport final : public Transport {
   void DisconnectPeerLocked(Peer& p, absl::Status why, bool say_bye, bool queue_event)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void MaybeHousekeepLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Queues an event for Receive() and wakes threads waiting for progress.
+  void QueueEventLocked(Event e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
-  // Waits for network activity or `until`, driving progress if no other thread does. May
-  // release mu_ while blocked. Callers re-check their condition afterwards.
+  // Waits for network activity or `until`, driving progress if no other thread does, and
+  // releases mu_ while it waits. It returns without waiting only when `until` has passed or
+  // when this call queued a new event (for a Receive() caller); events queued earlier for
+  // other threads never cut the wait short, so a caller looping on it (Connect, a Send out
+  // of buffers, RMA, Close) cannot hold mu_ and starve the threads that would consume them.
+  // Callers re-check their condition afterwards.
   void AwaitProgressLocked(absl::Time until) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void KickPollerLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The background thread: progress when no thread waits.
@@ -295,7 +304,7 @@ class FabricTransport final : public Transport {
   bool poller_active_ ABSL_GUARDED_BY(mu_) = false;   // a thread drives progress
   bool poller_blocked_ ABSL_GUARDED_BY(mu_) = false;  // ... and sleeps in ppoll()
   bool kicked_ ABSL_GUARDED_BY(mu_) = false;          // wake_fd_ written since it slept
-  uint64_t progress_epoch_ ABSL_GUARDED_BY(mu_) = 0;  // bumped by every useful progress
+  uint64_t progress_epoch_ ABSL_GUARDED_BY(mu_) = 0;  // bumped by progress and new events
   absl::Time next_housekeeping_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   bool closing_ ABSL_GUARDED_BY(mu_) = false;  // Close() started: new calls fail
   bool closed_ ABSL_GUARDED_BY(mu_) = false;   // blocked calls must return
@@ -621,6 +630,7 @@ int FabricTransport::ProgressLocked(bool until_event) {
   if (res_ == nullptr) return 0;
   fi_cq_msg_entry entries[kCqBatch];
   int handled = 0;
+  const size_t queued = events_.size();
   // rxm handles one core completion per fi_cq_read (FI_OFI_RXM_COMP_PER_PROGRESS), so
   // draining a busy endpoint takes many reads; the bound keeps one call's latency in check.
   for (int round = 0; round < kMaxProgressRounds; ++round) {
@@ -630,7 +640,7 @@ int FabricTransport::ProgressLocked(bool until_event) {
         HandleCompletionLocked(static_cast<OpContext*>(entries[i].op_context), entries[i].len);
       }
       handled += static_cast<int>(n);
-      if (until_event && !events_.empty()) break;
+      if (until_event && events_.size() > queued) break;
       continue;
     }
     if (n == -FI_EAGAIN) break;
@@ -847,7 +857,7 @@ void FabricTransport::HandleHelloLocked(const FrameHeader& h, const uint8_t* bod
   e.kind = Event::Kind::kConnected;
   e.peer = p->id;
   e.address = p->address_text;
-  events_.push_back(std::move(e));
+  QueueEventLocked(std::move(e));
 }
 
 void FabricTransport::HandleAckLocked(const FrameHeader& h, const uint8_t* body) {
@@ -894,7 +904,7 @@ void FabricTransport::ApplySequencedLocked(Peer& p, const FrameHeader& h, const 
     e.kind = Event::Kind::kMessage;
     e.peer = p.id;
     e.data = std::move(data);
-    events_.push_back(std::move(e));
+    QueueEventLocked(std::move(e));
   };
   if (first) {
     if (p.in_message) return ProtocolErrorLocked(&p, "new message inside a message");
@@ -944,7 +954,7 @@ void FabricTransport::DisconnectPeerLocked(Peer& p, absl::Status why, bool say_b
     e.kind = Event::Kind::kDisconnected;
     e.peer = p.id;
     e.status = p.why;
-    events_.push_back(std::move(e));
+    QueueEventLocked(std::move(e));
   }
 }
 
@@ -990,6 +1000,11 @@ void FabricTransport::MaybeHousekeepLocked(absl::Time now) {
   }
 }
 
+void FabricTransport::QueueEventLocked(Event e) {
+  events_.push_back(std::move(e));
+  ++progress_epoch_;  // a Receive() waiting for another thread's progress takes it
+}
+
 void FabricTransport::KickPollerLocked() {
   if (kicked_) return;
   kicked_ = true;
@@ -1015,8 +1030,13 @@ void FabricTransport::AwaitProgressLocked(absl::Time until) {
   poller_active_ = true;
   absl::Time now = absl::Now();
   last_activity_ns_.store(absl::ToUnixNanos(now), std::memory_order_relaxed);
+  // Only an event queued here (a peer timed out) ends the wait early. Events already queued
+  // belong to Receive() callers, who take them as soon as this thread releases mu_ below;
+  // returning early for them would turn a caller's wait loop into a spin that never lets go
+  // of mu_ (a Connect() that stalled every other thread until its deadline).
+  const size_t queued = events_.size();
   MaybeHousekeepLocked(now);
-  if (!events_.empty() || now >= until) {
+  if (events_.size() > queued || now >= until) {
     poller_active_ = false;
     return;
   }
@@ -1130,9 +1150,11 @@ absl::StatusOr<PeerId> FabricTransport::ConnectTo(const EndpointAddress& address
         p->hello_backoff = std::min(p->hello_backoff * 2, kHelloMaxBackoff);
       } else {
         // rxm is setting up the connection (EAGAIN; after a refusal it waits seconds before
-        // it tries again) or buffers are busy: progress, retry with backoff.
+        // it tries again) or buffers are busy: progress, retry with backoff. The backoff
+        // counts from after the progress, which may take a while: the wait below must be a
+        // real one (it is where other threads get mu_).
         ProgressLocked();
-        p->next_hello = now + again_backoff;
+        p->next_hello = absl::Now() + again_backoff;
         again_backoff = std::min(again_backoff * 2, kHelloMaxBackoff);
       }
     }
@@ -1291,7 +1313,10 @@ void FabricTransport::Close() {
       const absl::Time flush_deadline = absl::Now() + options_.close_flush_timeout;
       ProgressLocked();
       while (tx_free_.size() < tx_ctx_.size() && absl::Now() < flush_deadline) {
-        AwaitProgressLocked(flush_deadline);
+        // Short waits, as in Send(): a socket that is only waiting to become writable may
+        // not wake the poller.
+        AwaitProgressLocked(std::min(flush_deadline, absl::Now() + kMaxSendBackoff));
+        ProgressLocked();
       }
     }
     closed_ = true;
@@ -1309,7 +1334,7 @@ void FabricTransport::Close() {
   absl::MutexLock l(&mu_);
   CHECK_EQ(live_regions_, 0) << backend_ << " transport " << local_text_
                              << " closed while memory regions are registered";
-  res_.reset();  // closes mr, ep, cq, av, domain, eq, fabric in that order
+  res_.reset();  // closes ep, mr, cq, av, domain, eq, fabric, then unmaps the buffers
   rma_ops_.clear();
   wake_fd_.reset();
   cq_fd_ = -1;
