@@ -34,12 +34,21 @@
 //   tcp_rtt_4k       plain blocking TCP ping-pong of 4 KiB (TCP_NODELAY) from A's namespace
 //                    (CPU 0) to an echo thread in the server's namespace (CPU 1)
 //   tcp_rtt_4k_ab    the same to an echo thread in node B's agent process
+//   tcp_req_4k       the same path, 64 B request answered with 4 KiB (a GetS and its Data)
+// For the decomposition (not floors): transport_rtt_4k, transport_req_4k (the project's tcp
+// transport over the same path, one thread sending and receiving) and
+// transport_req_4k_xthread (one thread sends, another parked in Receive takes the reply and
+// wakes the first, as in the agent).
 //
 // RATIO lines are project median / floor median sum, lower is better:
 //   remote_read_miss, remote_write_miss: uffd_copy + 1 x tcp_rtt_4k (2 hops);
 //   upgrade_1_sharer, upgrade_3_sharers: uffd_copy + 2 x tcp_rtt_4k;
 //   *_owned, write_miss_1_sharer, pingpong (per hand-off): uffd_copy + 1.5 x tcp_rtt_4k (3 hops).
 // Then the agents' and the server's statistics (NodeAgent::StatsJson: fault_latency).
+//
+// --realtime runs every process of the run under SCHED_FIFO (shields the measurement from
+// other work on a shared machine). --pause_s=N prints the pids after the warm-up and waits,
+// to attach strace/perf; --benchmark_filter selects benchmarks as usual.
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -81,15 +90,23 @@
 #include "glog/logging.h"
 #include "testing/netns.h"
 #include "testing/subprocess.h"
+#include "transport/create_transport.h"
 #include "transport/inet_address.h"
+#include "transport/transport.h"
 #include "uffd/uffd_compat.h"
 
 DEFINE_int32(samples, 200, "samples (faults) per repetition of each benchmark");
 DEFINE_int32(region_pages, 131072, "pages in the benchmark region (each sample uses a fresh one)");
 DEFINE_bool(pin, true, "pin node A and the driver on CPU 0, everything else on CPU 1");
+DEFINE_bool(realtime, false,
+            "run everything (driver, server, agents, programs, floors) under SCHED_FIFO, so other "
+            "work on a shared machine does not delay wake-ups; floors and project alike");
 DEFINE_int32(install_hold_us, -1,
              "NodeOptions::install_hold of every agent in microseconds (-1: the default)");
 DEFINE_string(prog, "", "path of fault_bench_prog (default: beside this binary or in runfiles)");
+DEFINE_int32(pause_s, 0,
+             "after the warm-up, print the processes' pids and wait this long (to attach "
+             "strace/perf to them) before measuring");
 // Internal: how the binary runs as the server or a node agent in a namespace.
 DEFINE_string(role, "", "internal: server | node");
 DEFINE_string(listen_ip, "", "internal: the role's IP");
@@ -106,9 +123,11 @@ using fault_bench::Op;
 using fault_bench::Reply;
 
 constexpr absl::Duration kStep = absl::Seconds(30);
-constexpr int kNodes = 4;             // A, B, C, D
-constexpr int kFloorPages = 4096;     // fresh pages of a uffd floor before a refill
+constexpr int kNodes = 4;          // A, B, C, D
+constexpr int kFloorPages = 4096;  // fresh pages of a uffd floor before a refill
 constexpr const char* kSubnet = "10.78.0";
+// A request's size in the request/page round trips (a GetS is about this big on the wire).
+constexpr uint32_t kRequestSize = 64;
 
 inline int64_t NowNs() {
   struct timespec ts;
@@ -171,10 +190,11 @@ bool WriteFull(int fd, const void* buf, size_t n) {
 
 // ---- Roles: the server and the node agents, each this binary in its namespace -------------
 
-// Echoes 4 KiB messages on every connection: the far end of the TCP floor.
+// The far end of the TCP floors: each connection starts with {request size, reply size};
+// then every request gets a reply.
 std::string StartEcho(const std::string& ip) {
-  auto bind_address = Check(transport::ParseInetAddress(ip + ":0", transport::kAllowPortZero),
-                            "echo address");
+  auto bind_address =
+      Check(transport::ParseInetAddress(ip + ":0", transport::kAllowPortZero), "echo address");
   int listener = socket(bind_address.family(), SOCK_STREAM | SOCK_CLOEXEC, 0);
   int one = 1;
   setsockopt(listener, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
@@ -192,14 +212,42 @@ std::string StartEcho(const std::string& ip) {
       std::thread([fd] {
         int one = 1;
         setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-        std::vector<uint8_t> buf(kPageSize);
-        while (ReadFull(fd, buf.data(), buf.size()) && WriteFull(fd, buf.data(), buf.size())) {
+        uint32_t sizes[2];
+        if (ReadFull(fd, sizes, sizeof sizes) && sizes[0] <= (1u << 20) && sizes[1] <= (1u << 20)) {
+          std::vector<uint8_t> request(sizes[0]), reply(sizes[1]);
+          while (ReadFull(fd, request.data(), request.size()) &&
+                 WriteFull(fd, reply.data(), reply.size())) {
+          }
         }
         close(fd);
       }).detach();
     }
   }).detach();
   return Check(transport::InetAddress::FromSockaddr(&got, len), "getsockname").ToString();
+}
+
+// The far end of the transport measurements: a tcp Transport of its own that answers every
+// message with one of the size its first 4 bytes ask for.
+std::string StartTransportEcho(const std::string& ip) {
+  auto t = Check(transport::CreateTransport("tcp", transport::TransportOptions()),
+                 "transport echo");
+  const std::string address = Check(t->Listen(ip + ":0"), "transport echo Listen");
+  std::thread([t = t.release()] {
+    std::vector<uint8_t> reply;
+    for (;;) {
+      auto e = t->Receive(absl::Now() + absl::Hours(1));
+      if (!e.ok()) {
+        if (e.status().code() == absl::StatusCode::kCancelled) return;
+        continue;
+      }
+      if (e->kind != transport::Event::Kind::kMessage || e->data.size() < 4) continue;
+      uint32_t size;
+      memcpy(&size, e->data.data(), 4);
+      reply.resize(std::min<uint32_t>(size, 1u << 20));
+      t->Send(e->peer, reply).IgnoreError();
+    }
+  }).detach();
+  return address;
 }
 
 // Runs the server or a node agent until SIGTERM; then prints "STATS <json>" and exits.
@@ -230,6 +278,7 @@ int RunRole() {
     Die("--role must be server or node");
   }
   printf("ECHO %s\n", StartEcho(FLAGS_listen_ip).c_str());
+  if (server) printf("TRANSPORT %s\n", StartTransportEcho(FLAGS_listen_ip).c_str());
   fflush(stdout);
   bool reported = false;
   for (;;) {
@@ -418,9 +467,9 @@ class ChildUffd {
     syscall(SYS_prctl, 1 /* PR_SET_PDEATHSIG */, SIGKILL, 0, 0, 0);
   }
   [[noreturn]] static void ChildMain(int sock) {
-    char* region = static_cast<char*>(mmap(nullptr, (kFloorPages + 1) * kPageSize,
-                                           PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
-                                           -1, 0));
+    char* region =
+        static_cast<char*>(mmap(nullptr, (kFloorPages + 1) * kPageSize, PROT_READ | PROT_WRITE,
+                                MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
     int uffd = region == MAP_FAILED ? -1 : OpenBlockingUffd(region, kFloorPages);
     if (uffd < 0) _exit(2);
     char byte = 0;
@@ -492,6 +541,7 @@ class Prog {
     if (reply_.error != 0) Die(absl::StrCat("node ", name_, ": command failed: ", reply_.error));
     return reply_;
   }
+  pid_t pid() const { return process_.pid(); }
   const Reply& Do(const Command& c) {
     Send(c);
     return Receive();
@@ -523,16 +573,22 @@ struct Bench {
   // Declared in construction order: destruction stops programs, then roles, then namespaces.
   std::unique_ptr<testing::NetnsCluster> net;
   std::string dir;
-  std::vector<testing::Subprocess> roles;  // [0] server, [1..4] agents of A..D
-  std::vector<std::string> echo;           // echo addresses, same order
+  std::vector<testing::Subprocess> roles;    // [0] server, [1..4] agents of A..D
+  std::vector<std::string> echo;             // echo addresses, same order
   std::vector<std::unique_ptr<Prog>> progs;  // A..D
   std::unique_ptr<InlineUffd> inline_uffd;
   std::unique_ptr<ChildUffd> child_uffd;
-  UniqueFd tcp_server, tcp_b;  // floor clients in A's namespace
+  // Floor clients in A's namespace: 4 KiB ping-pong with the server's and B's echo, and a
+  // 64 B request answered with 4 KiB (the shape of GetS -> Data) with the server's.
+  UniqueFd tcp_server, tcp_b, tcp_req;
+  // The project's tcp transport between the same two namespaces (for the decomposition).
+  std::unique_ptr<transport::Transport> transport;
+  transport::PeerId transport_peer;
   uint64_t next_page = 0;
   std::vector<int> cpu;  // per namespace, -1: unpinned
 
   ~Bench() {
+    if (transport) transport->Close();
     progs.clear();
     roles.clear();
     net.reset();
@@ -571,7 +627,7 @@ std::string SelfPath() {
 std::string ProgPath(const std::string& self) {
   if (!FLAGS_prog.empty()) return FLAGS_prog;
   for (const std::string& p : {self + ".runfiles/stretch/engine/fault_bench_prog",
-                                self.substr(0, self.rfind('/')) + "/fault_bench_prog"}) {
+                               self.substr(0, self.rfind('/')) + "/fault_bench_prog"}) {
     if (access(p.c_str(), X_OK) == 0) return p;
   }
   Die("cannot find fault_bench_prog; pass --prog=PATH");
@@ -584,13 +640,14 @@ std::string ReadTagged(testing::Subprocess& p, const std::string& tag) {
   return line.substr(tag.size() + 1);
 }
 
-UniqueFd ConnectEcho(const Bench& b, const std::string& address) {
+UniqueFd ConnectEcho(const Bench& b, const std::string& address, uint32_t request,
+                     uint32_t reply) {
   UniqueFd fd;
   Check(b.net->RunInThread(1,
                            [&] {
-                             auto a = Check(transport::ParseInetAddress(address,
-                                                                        transport::kRequirePort),
-                                            "echo address");
+                             auto a = Check(
+                                 transport::ParseInetAddress(address, transport::kRequirePort),
+                                 "echo address");
                              fd.reset(socket(a.family(), SOCK_STREAM | SOCK_CLOEXEC, 0));
                              if (connect(fd.get(), a.sockaddr(), a.length()) != 0) {
                                Die(absl::StrCat("connect ", address, ": ", strerror(errno)));
@@ -599,6 +656,8 @@ UniqueFd ConnectEcho(const Bench& b, const std::string& address) {
         "entering node A's namespace");
   int one = 1;
   setsockopt(fd.get(), IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  const uint32_t sizes[2] = {request, reply};
+  if (!WriteFull(fd.get(), sizes, sizeof sizes)) Die("echo header");
   return fd;
 }
 
@@ -638,11 +697,12 @@ void StartCluster(Bench& b) {
     }
     return argv;
   };
-  b.roles.push_back(Check(
-      b.net->Spawn(0, role_argv({"--role=server", "--listen_ip=" + b.net->address(0)})),
-      "starting the server"));
+  b.roles.push_back(
+      Check(b.net->Spawn(0, role_argv({"--role=server", "--listen_ip=" + b.net->address(0)})),
+            "starting the server"));
   const std::string server = ReadTagged(b.roles[0], "SERVER");
   b.echo.push_back(ReadTagged(b.roles[0], "ECHO"));
+  const std::string transport_echo = ReadTagged(b.roles[0], "TRANSPORT");
   for (int i = 1; i <= kNodes; ++i) {
     b.roles.push_back(Check(
         b.net->Spawn(i, role_argv({"--role=node", absl::StrCat("--node=", i - 1),
@@ -671,8 +731,22 @@ void StartCluster(Bench& b) {
     b.progs.push_back(std::make_unique<Prog>(std::string(1, static_cast<char>('A' + i - 1)),
                                              std::move(p), std::move(fd)));
   }
-  b.tcp_server = ConnectEcho(b, b.echo[0]);
-  b.tcp_b = ConnectEcho(b, b.echo[2]);
+  b.tcp_server = ConnectEcho(b, b.echo[0], kPageSize, kPageSize);
+  b.tcp_b = ConnectEcho(b, b.echo[2], kPageSize, kPageSize);
+  b.tcp_req = ConnectEcho(b, b.echo[0], kRequestSize, kPageSize);
+  // Created in A's namespace, pinned like A: its progress thread inherits both.
+  Check(b.net->RunInThread(1,
+                           [&] {
+                             b.transport = Check(transport::CreateTransport(
+                                                     "tcp", transport::TransportOptions()),
+                                                 "client transport");
+                             Check(b.transport->Listen(b.net->address(1) + ":0"),
+                                   "client transport Listen");
+                             b.transport_peer =
+                                 Check(b.transport->Connect(transport_echo, absl::Now() + kStep),
+                                       "client transport Connect");
+                           }),
+        "entering node A's namespace");
 }
 
 // ---- Benchmarks -----------------------------------------------------------------------------
@@ -773,15 +847,65 @@ void FloorUffdXproc(benchmark::State& state) {
   for (auto _ : state) Record(state, "uffd_copy_xproc", g_bench->child_uffd->FaultOnce());
 }
 
-void FloorTcp(benchmark::State& state, int fd, std::string name) {
-  std::vector<uint8_t> msg(kPageSize, 0);
+void FloorTcp(benchmark::State& state, int fd, size_t request, std::string name) {
+  std::vector<uint8_t> msg(request, 0), reply(kPageSize);
   for (auto _ : state) {
     const int64_t t0 = NowNs();
-    if (!WriteFull(fd, msg.data(), msg.size()) || !ReadFull(fd, msg.data(), msg.size())) {
+    if (!WriteFull(fd, msg.data(), msg.size()) || !ReadFull(fd, reply.data(), reply.size())) {
       Die("TCP floor ping-pong");
     }
     Record(state, name, NowNs() - t0);
   }
+}
+
+// The same round trips through the project's tcp transport (not a floor: the decomposition).
+void TransportRtt(benchmark::State& state, size_t request, std::string name) {
+  Bench& b = *g_bench;
+  std::vector<uint8_t> msg(request, 0);
+  const uint32_t reply = kPageSize;
+  memcpy(msg.data(), &reply, sizeof reply);
+  for (auto _ : state) {
+    const int64_t t0 = NowNs();
+    Check(b.transport->Send(b.transport_peer, msg), "transport Send");
+    auto e = b.transport->Receive(absl::Now() + kStep);
+    if (!e.ok() || e->kind != transport::Event::Kind::kMessage || e->data.size() != kPageSize) {
+      Die(absl::StrCat("transport round trip: ", e.ok() ? "unexpected event" : e.status().ToString()));
+    }
+    Record(state, name, NowNs() - t0);
+  }
+}
+
+// The request/page round trip as the agent does it: this thread sends, another thread (parked
+// in Receive, like the agent's network thread) takes the reply and wakes this one (as the
+// agent's UFFDIO_COPY wakes the faulting thread). Against transport_req_4k it shows what the
+// two-thread pattern costs: the receiving thread woken by the send itself, both threads
+// taking the transport's lock, one more wake-up.
+void TransportXthread(benchmark::State& state) {
+  Bench& b = *g_bench;
+  std::vector<uint8_t> msg(kRequestSize, 0);
+  const uint32_t reply = kPageSize;
+  memcpy(msg.data(), &reply, sizeof reply);
+  std::atomic<uint32_t> replies{0};
+  std::atomic<bool> stop{false};
+  std::thread receiver([&] {  // inherits CPU 0 (and SCHED_FIFO with --realtime)
+    while (!stop.load()) {
+      auto e = b.transport->Receive(absl::Now() + absl::Milliseconds(50));
+      if (!e.ok()) continue;
+      if (e->kind != transport::Event::Kind::kMessage || e->data.size() != kPageSize) continue;
+      replies.fetch_add(1);
+      replies.notify_one();
+    }
+  });
+  uint32_t seen = 0;
+  for (auto _ : state) {
+    const int64_t t0 = NowNs();
+    Check(b.transport->Send(b.transport_peer, msg), "transport Send");
+    replies.wait(seen);
+    seen = replies.load();
+    Record(state, "transport_req_4k_xthread", NowNs() - t0);
+  }
+  stop.store(true);
+  receiver.join();
 }
 
 void Warmup() {
@@ -795,6 +919,13 @@ void Warmup() {
   RunPingPong(32);
   for (int i = 0; i < 64; ++i) g_bench->inline_uffd->FaultOnce();
   for (int i = 0; i < 64; ++i) g_bench->child_uffd->FaultOnce();
+  std::vector<uint8_t> msg(kRequestSize, 0);
+  const uint32_t reply = kPageSize;
+  memcpy(msg.data(), &reply, sizeof reply);
+  for (int i = 0; i < 64; ++i) {
+    Check(g_bench->transport->Send(g_bench->transport_peer, msg), "transport Send");
+    Check(g_bench->transport->Receive(absl::Now() + kStep), "transport Receive");
+  }
 }
 
 struct Entry {
@@ -820,9 +951,16 @@ void RegisterAll() {
   reg(benchmark::RegisterBenchmark("floor/uffd_copy", FloorUffd));
   reg(benchmark::RegisterBenchmark("floor/uffd_copy_xproc", FloorUffdXproc));
   reg(benchmark::RegisterBenchmark("floor/tcp_rtt_4k", FloorTcp, g_bench->tcp_server.get(),
-                                   std::string("tcp_rtt_4k")));
+                                   kPageSize, std::string("tcp_rtt_4k")));
+  reg(benchmark::RegisterBenchmark("floor/tcp_req_4k", FloorTcp, g_bench->tcp_req.get(),
+                                   kRequestSize, std::string("tcp_req_4k")));
+  reg(benchmark::RegisterBenchmark("transport/rtt_4k", TransportRtt, kPageSize,
+                                   std::string("transport_rtt_4k")));
+  reg(benchmark::RegisterBenchmark("transport/req_4k_xthread", TransportXthread));
+  reg(benchmark::RegisterBenchmark("transport/req_4k", TransportRtt, kRequestSize,
+                                   std::string("transport_req_4k")));
   reg(benchmark::RegisterBenchmark("floor/tcp_rtt_4k_ab", FloorTcp, g_bench->tcp_b.get(),
-                                   std::string("tcp_rtt_4k_ab")));
+                                   kPageSize, std::string("tcp_rtt_4k_ab")));
   const std::pair<const char*, Kind> kinds[] = {
       {"remote_read_miss", Kind::kReadMiss},
       {"remote_write_miss", Kind::kWriteMiss},
@@ -844,19 +982,32 @@ void RegisterAll() {
 
 void PrintSummary(bool pinned) {
   Samples& s = Samples::Get();
-  printf("\n# pinning: %s\n",
+  printf("\n# scheduling: %s\n", FLAGS_realtime ? "SCHED_FIFO 10 for every process of the run"
+                                                 : "default (SCHED_OTHER)");
+  printf("# pinning: %s\n",
          pinned ? "node A (agent incl. fault loop, fault_bench_prog), this driver, the uffd "
                   "floors (faulting thread, handler, floor child) and the TCP floors' client on "
                   "CPU 0; the server, nodes B, C, D (agents and programs) and the echo servers "
                   "on CPU 1"
                 : "none");
   printf("# median (p50) and p99 of per-event samples over all repetitions, microseconds\n");
-  for (const char* f : {"uffd_copy", "uffd_copy_xproc", "tcp_rtt_4k", "tcp_rtt_4k_ab"}) {
+  for (const char* f : {"uffd_copy", "uffd_copy_xproc", "tcp_rtt_4k", "tcp_rtt_4k_ab",
+                        "tcp_req_4k", "transport_rtt_4k", "transport_req_4k",
+                        "transport_req_4k_xthread"}) {
     if (!s.Has(f)) continue;
-    printf("FLOOR %-24s p50 %8.2f p99 %8.2f n %zu\n", f, s.Quantile(f, 0.5), s.Quantile(f, 0.99),
-           s.Count(f));
+    printf("%s %-24s p50 %8.2f p99 %8.2f n %zu\n",
+           absl::StartsWith(f, "transport") ? "TRANSPORT" : "FLOOR", f, s.Quantile(f, 0.5),
+           s.Quantile(f, 0.99), s.Count(f));
   }
-  if (!s.Has("uffd_copy") || !s.Has("tcp_rtt_4k")) return;
+  const bool floors = s.Has("uffd_copy") && s.Has("tcp_rtt_4k");
+  if (!floors) {
+    for (const Entry& e : kEntries) {
+      if (!s.Has(e.name)) continue;
+      printf("PROJECT %-24s p50 %8.2f p99 %8.2f n %zu | no floor measured in this run\n", e.name,
+             s.Quantile(e.name, 0.5), s.Quantile(e.name, 0.99), s.Count(e.name));
+    }
+    return;
+  }
   const double uffd = s.Quantile("uffd_copy", 0.5);
   const double rtt = s.Quantile("tcp_rtt_4k", 0.5);
   const double xproc = s.Has("uffd_copy_xproc") ? s.Quantile("uffd_copy_xproc", 0.5) : 0;
@@ -865,9 +1016,10 @@ void PrintSummary(bool pinned) {
     if (!s.Has(e.name)) continue;
     const double p50 = s.Quantile(e.name, 0.5);
     const double floor = uffd + e.rtts * rtt;
-    printf("PROJECT %-24s p50 %8.2f p99 %8.2f n %zu | floor %7.2f = uffd_copy + %.1f x "
-           "tcp_rtt_4k | %s\n",
-           e.name, p50, s.Quantile(e.name, 0.99), s.Count(e.name), floor, e.rtts, e.path);
+    printf(
+        "PROJECT %-24s p50 %8.2f p99 %8.2f n %zu | floor %7.2f = uffd_copy + %.1f x "
+        "tcp_rtt_4k | %s\n",
+        e.name, p50, s.Quantile(e.name, 0.99), s.Count(e.name), floor, e.rtts, e.path);
     ratios.push_back({e.name, p50 / floor});
   }
   printf("# the same against the cross-process uffd floor (uffd_copy_xproc + k x tcp_rtt_4k):");
@@ -877,6 +1029,29 @@ void PrintSummary(bool pinned) {
     }
   }
   printf("\n");
+  // Where the 2-hop misses' time goes: the uffd round trip with the handler in another
+  // process (as in the engine), the project's transport for a request/page round trip, and
+  // what is left (the engine's own work, the server's, and the extra wake-ups).
+  if (xproc > 0 && s.Has("transport_req_4k") && s.Has("tcp_req_4k")) {
+    const double treq = s.Quantile("transport_req_4k", 0.5);
+    const double sreq = s.Quantile("tcp_req_4k", 0.5);
+    printf("# transport vs plain socket, same path: rtt_4k %.3f, req_4k (64 B -> 4 KiB) %.3f\n",
+           s.Has("transport_rtt_4k") ? s.Quantile("transport_rtt_4k", 0.5) / rtt : 0.0,
+           treq / sreq);
+    for (const char* name : {"remote_read_miss", "remote_write_miss"}) {
+      if (!s.Has(name)) continue;
+      const double p50 = s.Quantile(name, 0.5);
+      printf("# decomposition %s %.2f us = uffd_copy %.2f + (uffd_copy_xproc - uffd_copy) %.2f + "
+             "tcp_req_4k %.2f + (transport_req_4k - tcp_req_4k) %.2f + rest (engine, server, "
+             "wake-ups) %.2f\n",
+             name, p50, uffd, xproc - uffd, sreq, treq - sreq, p50 - xproc - treq);
+    }
+    if (s.Has("transport_req_4k_xthread")) {
+      printf("# the two-thread pattern (send here, reply taken by another thread that wakes "
+             "this one): transport_req_4k_xthread - transport_req_4k = %.2f us\n",
+             s.Quantile("transport_req_4k_xthread", 0.5) - treq);
+    }
+  }
   for (const auto& [name, r] : ratios) printf("RATIO %s %.3f\n", name.c_str(), r);
   fflush(stdout);
 }
@@ -915,11 +1090,12 @@ void PrintStats() {
     const size_t h = stats.find("\"fault_latency\":");
     if (h != std::string::npos) {
       const std::string hist = stats.substr(h);
-      printf("# %s fault_latency (NodeAgent::StatsJson, power-of-two buckets): count %.0f mean "
-             "%.1f us, p50 <= %.1f us, p99 <= %.1f us, max %.1f us\n",
-             names[i], JsonNumber(hist, "count"), JsonNumber(hist, "mean_ns") / 1e3,
-             JsonNumber(hist, "p50_ns") / 1e3, JsonNumber(hist, "p99_ns") / 1e3,
-             JsonNumber(hist, "max_ns") / 1e3);
+      printf(
+          "# %s fault_latency (NodeAgent::StatsJson, power-of-two buckets): count %.0f mean "
+          "%.1f us, p50 <= %.1f us, p99 <= %.1f us, max %.1f us\n",
+          names[i], JsonNumber(hist, "count"), JsonNumber(hist, "mean_ns") / 1e3,
+          JsonNumber(hist, "p50_ns") / 1e3, JsonNumber(hist, "p99_ns") / 1e3,
+          JsonNumber(hist, "max_ns") / 1e3);
     }
     fflush(stdout);
   }
@@ -929,6 +1105,14 @@ int RunDriver(int argc, char** argv) {
   if (geteuid() != 0) Die("needs root (network namespaces, ptrace)");
   const bool pinned = FLAGS_pin && std::thread::hardware_concurrency() >= 2;
   if (pinned) PinThisThread(0);  // before any thread: they inherit CPU 0
+  if (FLAGS_realtime) {
+    // Inherited by every thread and child (fork and exec keep the policy).
+    sched_param p{};
+    p.sched_priority = 10;
+    if (sched_setscheduler(0, SCHED_FIFO, &p) != 0) {
+      Die(absl::StrCat("--realtime: sched_setscheduler(SCHED_FIFO): ", strerror(errno)));
+    }
+  }
   g_bench = new Bench;
   // Cleanup on SIGINT/SIGTERM too: a thread waits for them (blocked everywhere else).
   sigset_t set;
@@ -950,11 +1134,21 @@ int RunDriver(int argc, char** argv) {
   g_bench->child_uffd = std::make_unique<ChildUffd>();  // forks: do it early
   g_bench->inline_uffd = std::make_unique<InlineUffd>();
   StartCluster(*g_bench);
-  printf("cluster: server %s, nodes A-D %s.2-5 (bridge), region %d pages, %d samples per "
-         "repetition\n",
-         g_bench->net->address(0).c_str(), kSubnet, FLAGS_region_pages, FLAGS_samples);
+  printf(
+      "cluster: server %s, nodes A-D %s.2-5 (bridge), region %d pages, %d samples per "
+      "repetition\n",
+      g_bench->net->address(0).c_str(), kSubnet, FLAGS_region_pages, FLAGS_samples);
   fflush(stdout);
   Warmup();
+  {
+    Bench& b = *g_bench;
+    printf("pids: server %d, agents A-D %d %d %d %d, programs A-D %d %d %d %d\n",
+           b.roles[0].pid(), b.roles[1].pid(), b.roles[2].pid(), b.roles[3].pid(),
+           b.roles[4].pid(), b.progs[0]->pid(), b.progs[1]->pid(), b.progs[2]->pid(),
+           b.progs[3]->pid());
+    fflush(stdout);
+    if (FLAGS_pause_s > 0) absl::SleepFor(absl::Seconds(FLAGS_pause_s));
+  }
   RegisterAll();
   benchmark::RunSpecifiedBenchmarks();
   PrintSummary(pinned);
