@@ -121,6 +121,8 @@ const char* Name(FutexOp op) {
       return "wake";
     case FutexOp::kRequeue:
       return "requeue";
+    case FutexOp::kCancel:
+      return "cancel";
   }
   return nullptr;
 }

@@ -177,11 +177,18 @@ struct ThreadControl {
   int32_t status = 0;
 };
 
+// The cluster-wide futex table at the server. A node sends kWait before it checks the
+// futex word (the server answers FutexReply{seq, kFutexQueued}, later {seq, 0} when woken);
+// kCancel takes a wait back (answered {seq, -EAGAIN} if it was still queued); kWake wakes up
+// to `value` waiters whose bitset meets `bitset`; kRequeue also moves up to `value2` more to
+// `address2`. Wakes and requeues are answered with the number woken (and moved).
 enum class FutexOp : uint8_t {
   kWait = 1,
   kWake = 2,
   kRequeue = 3,
+  kCancel = 4,
 };
+inline constexpr int64_t kFutexQueued = 1;
 const char* Name(FutexOp op);
 
 // A futex call made on one node, executed against the cluster-wide futex table.
