@@ -15,21 +15,44 @@
 
 namespace stretch {
 
-std::vector<sock_filter> BuildNotifyFilter(absl::Span<const int> syscalls) {
-  // ld arch; jne x86_64 -> allow; ld nr; (jeq nr_i -> notify)*; allow; notify.
-  const uint8_t n = static_cast<uint8_t>(syscalls.size());
+std::vector<sock_filter> BuildFilter(absl::Span<const int> notified, absl::Span<const int> traced,
+                                     uintptr_t exempt_page) {
+  // [exempt: ld ip.hi; jne page.hi -> rest; ld ip.lo; jlt page.lo -> rest; jge page.lo+4K ->
+  //  rest; allow]
+  // ld arch; jne x86_64 -> allow; ld nr; (jeq nr_i -> its return)*; allow; notify; trace.
+  const int n = static_cast<int>(notified.size() + traced.size());
   std::vector<sock_filter> prog;
+  if (exempt_page != 0) {
+    const uint32_t hi = static_cast<uint32_t>(exempt_page >> 32);
+    const uint32_t lo = static_cast<uint32_t>(exempt_page);
+    const uint32_t ip = offsetof(struct seccomp_data, instruction_pointer);
+    prog.push_back(BPF_STMT(BPF_LD | BPF_W | BPF_ABS, ip + 4));
+    prog.push_back(BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, hi, 0, 4));  // -> rest
+    prog.push_back(BPF_STMT(BPF_LD | BPF_W | BPF_ABS, ip));
+    prog.push_back(BPF_JUMP(BPF_JMP | BPF_JGE | BPF_K, lo, 0, 2));         // below -> rest
+    prog.push_back(BPF_JUMP(BPF_JMP | BPF_JGE | BPF_K, lo + 4096, 1, 0));  // above -> rest
+    prog.push_back(BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW));
+  }
   prog.push_back(BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, arch)));
-  // Skip to "allow" (after the nr load and the n comparisons) when not x86_64.
+  // Not x86_64: skip the nr load and the n comparisons, to "allow".
   prog.push_back(BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, AUDIT_ARCH_X86_64, 0, uint8_t(n + 1)));
   prog.push_back(BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)));
-  for (uint8_t i = 0; i < n; ++i) {
-    // Match: jump over the remaining comparisons and the "allow" to "notify".
-    prog.push_back(
-        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, static_cast<uint32_t>(syscalls[i]), uint8_t(n - i), 0));
+  for (int i = 0; i < n; ++i) {
+    const bool notify = i < static_cast<int>(notified.size());
+    const int nr = notify ? notified[i] : traced[i - notified.size()];
+    // Jump over the remaining comparisons and "allow" to "notify" (or one further, "trace").
+    prog.push_back(BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, static_cast<uint32_t>(nr),
+                            uint8_t(n - i + (notify ? 0 : 1)), 0));
   }
   prog.push_back(BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW));
   prog.push_back(BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_USER_NOTIF));
+  prog.push_back(BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_TRACE));
+  return prog;
+}
+
+std::vector<sock_filter> BuildNotifyFilter(absl::Span<const int> syscalls) {
+  std::vector<sock_filter> prog = BuildFilter(syscalls, {});
+  prog.pop_back();  // no traced calls: no "trace" return
   return prog;
 }
 

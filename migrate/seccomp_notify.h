@@ -40,6 +40,12 @@ inline constexpr unsigned long kNotifyFilterFlags =
 
 // The BPF program that notifies on `syscalls` (x86_64 numbers) and allows the rest.
 std::vector<sock_filter> BuildNotifyFilter(absl::Span<const int> syscalls);
+// The same, and `traced` syscalls stop the calling thread for its ptrace tracer
+// (SECCOMP_RET_TRACE: a PTRACE_EVENT_SECCOMP stop; with no tracer the call fails with ENOSYS).
+// Calls made from code in the page at `exempt_page` (if not 0) are always allowed: Stretch's
+// own helper thread inside the target.
+std::vector<sock_filter> BuildFilter(absl::Span<const int> notified, absl::Span<const int> traced,
+                                     uintptr_t exempt_page = 0);
 
 // Installs the filter on the calling process (all threads) and returns the listener. Sets
 // no_new_privs when the caller lacks CAP_SYS_ADMIN.

@@ -159,6 +159,52 @@ TEST(SeccompNotifyTest, ReceiveIsCancellable) {
   for (int fd : {sv[0], sv[1], rep[0], rep[1], cancel[0], cancel[1]}) close(fd);
 }
 
+TEST(SeccompNotifyTest, TracedCallsStopForTheTracer) {
+  // A traced call without a tracer fails with ENOSYS (the documented fallback): proof that
+  // the filter sent it to the "trace" return, not to "allow" or "notify".
+  pid_t pid = fork();
+  if (pid == 0) {
+    auto prog = BuildFilter({}, {SYS_getppid});
+    struct sock_fprog fprog = {static_cast<unsigned short>(prog.size()), prog.data()};
+    prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0);
+    if (syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, 0, &fprog) != 0) _exit(3);
+    long r = syscall(SYS_getppid);
+    _exit(r == -1 && errno == ENOSYS ? 0 : 1);
+  }
+  int status;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+  auto prog = BuildFilter({SYS_futex}, {SYS_exit});
+  ASSERT_EQ(prog.size(), 8u);
+  EXPECT_EQ(prog[3].jt, 2);  // futex -> notify
+  EXPECT_EQ(prog[4].jt, 2);  // exit -> trace
+  EXPECT_EQ(prog[6].k, SECCOMP_RET_USER_NOTIF);
+  EXPECT_EQ(prog[7].k, SECCOMP_RET_TRACE);
+}
+
+__attribute__((noinline, aligned(4096))) long ExemptGetppid() {
+  // Its own page: a raw syscall instruction here is exempt from the filter.
+  long r;
+  asm volatile("syscall" : "=a"(r) : "a"(SYS_getppid) : "rcx", "r11", "memory");
+  return r;
+}
+
+TEST(SeccompNotifyTest, CallsFromTheExemptPageAreAllowed) {
+  pid_t pid = fork();
+  if (pid == 0) {
+    auto prog = BuildFilter({}, {SYS_getppid}, reinterpret_cast<uintptr_t>(&ExemptGetppid));
+    struct sock_fprog fprog = {static_cast<unsigned short>(prog.size()), prog.data()};
+    prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0);
+    if (syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, 0, &fprog) != 0) _exit(3);
+    long traced = syscall(SYS_getppid);  // from libc: traced, no tracer -> ENOSYS
+    long exempt = ExemptGetppid();       // from the exempt page: runs
+    _exit(traced == -1 && exempt > 1 ? 0 : 1);
+  }
+  int status;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+}
+
 TEST(SeccompNotifyTest, FilterShape) {
   auto prog = BuildNotifyFilter({SYS_futex, SYS_mmap});
   // arch load, arch check, nr load, 2 compares, allow, notify.
