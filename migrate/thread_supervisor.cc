@@ -85,8 +85,42 @@ bool AllTasksStopped(pid_t pid) {
   return true;
 }
 
-constexpr int kPtraceOptions =
-    PTRACE_O_TRACECLONE | PTRACE_O_TRACEEXIT | PTRACE_O_TRACEEXEC | PTRACE_O_TRACESYSGOOD;
+// Signals whose default action ends the process (terminate or core dump).
+bool KillsByDefault(int sig) {
+  switch (sig) {
+    case SIGCHLD:
+    case SIGCONT:
+    case SIGURG:
+    case SIGWINCH:
+    case SIGSTOP:
+    case SIGTSTP:
+    case SIGTTIN:
+    case SIGTTOU:
+      return false;
+    default:
+      return sig > 0 && sig < 65;
+  }
+}
+
+// True if `pid` has a handler for `sig` or ignores it (/proc/<pid>/status SigCgt, SigIgn).
+bool Handled(pid_t pid, int sig) {
+  std::string path = absl::StrCat("/proc/", pid, "/status");
+  FILE* f = fopen(path.c_str(), "re");
+  if (!f) return false;
+  char line[256];
+  uint64_t mask = 0;
+  while (fgets(line, sizeof(line), f)) {
+    unsigned long long v;
+    if (sscanf(line, "SigCgt: %llx", &v) == 1 || sscanf(line, "SigIgn: %llx", &v) == 1) {
+      mask |= v;
+    }
+  }
+  fclose(f);
+  return (mask >> (sig - 1)) & 1;
+}
+
+constexpr int kPtraceOptions = PTRACE_O_TRACECLONE | PTRACE_O_TRACEEXIT | PTRACE_O_TRACEEXEC |
+                               PTRACE_O_TRACESYSGOOD | PTRACE_O_TRACESECCOMP;
 
 }  // namespace
 
@@ -373,6 +407,9 @@ class ThreadSupervisor::Impl {
       threads_.erase(it);
       if (tid == pid_) {
         leader_gone_ = true;
+        if (emulated_signal_ != 0 && WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) {
+          status = emulated_signal_;  // the wait status of "killed by that signal"
+        }
         if (callbacks_.on_process_exit) callbacks_.on_process_exit(status);
       }
       if (attach_) MaybeFinishAttach();
@@ -417,12 +454,25 @@ class ThreadSupervisor::Impl {
         // Interrupt, initial stop of a new thread, or group-stop: all just "stopped".
         OnStopped(tid, t);
         break;
+      case PTRACE_EVENT_SECCOMP:
+        if (callbacks_.on_seccomp) callbacks_.on_seccomp(tid);
+        OnStopped(tid, t);
+        break;
       default:
         if (event == 0 && sig == (SIGTRAP | 0x80)) {
           OnSyscallStop(tid, t);
           break;
         }
         // Signal-delivery-stop: deliver the signal when the thread next runs.
+        if (event == 0 && options_.emulate_init_signals && KillsByDefault(sig) &&
+            !Handled(pid_, sig)) {
+          // The program is init of its PID namespace, whose kernel would ignore this
+          // signal; natively it dies of it. So it does here (and reports it).
+          if (emulated_signal_ == 0) emulated_signal_ = sig;
+          kill(pid_, SIGKILL);
+          OnStopped(tid, t);
+          break;
+        }
         if (event == 0) t.pending_signal = sig;
         OnStopped(tid, t);
         break;
@@ -492,6 +542,7 @@ class ThreadSupervisor::Impl {
   std::shared_ptr<Command> detach_ ABSL_GUARDED_BY(state_mu_);
   bool leader_gone_ ABSL_GUARDED_BY(state_mu_) = false;
   bool exec_seen_ ABSL_GUARDED_BY(state_mu_) = false;
+  int emulated_signal_ ABSL_GUARDED_BY(state_mu_) = 0;
 };
 
 ThreadSupervisor::ThreadSupervisor(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}

@@ -40,6 +40,11 @@ struct SupervisorOptions {
   bool run_all_at_attach = false;
   // Kill the replica if the supervisor dies (PTRACE_O_EXITKILL).
   bool kill_on_exit = true;
+  // The program is init of its own PID namespace, where the kernel ignores signals it has no
+  // handler for, even fatal ones. Emulate the native outcome: a signal whose default action
+  // ends the process, arriving with no handler, kills the whole replica (SIGKILL), and
+  // on_process_exit reports the original signal.
+  bool emulate_init_signals = true;
   // Let the first exec through (attaching to a launcher's child before it execs the program);
   // any other exec kills the replica.
   bool allow_first_exec = false;
@@ -61,6 +66,10 @@ struct SupervisorCallbacks {
   std::function<void(pid_t tid, int status)> on_thread_exit;
   // The whole replica is gone (every thread exited); `status` is the leader's wait status.
   std::function<void(int status)> on_process_exit;
+  // A thread is in a PTRACE_EVENT_SECCOMP stop (its filter returned SECCOMP_RET_TRACE) at the
+  // entry of a system call; the callback may read and change its registers (changing orig_rax
+  // changes the call made). The thread then continues as it would have.
+  std::function<void(pid_t tid)> on_seccomp;
 };
 
 class ThreadSupervisor {
