@@ -421,6 +421,11 @@ UffdResult FaultLoop::ResolveCopy(uintptr_t page, const void* src, bool write_pr
   return r;
 }
 
+UffdResult FaultLoop::Protect(uintptr_t page) {
+  auto op = [&] { return uffd_->WriteProtect(page, kPageSize, /*protect=*/true); };
+  return RetryAgain(op(), op);
+}
+
 UffdResult FaultLoop::ResolveZero(uintptr_t page) {
   int64_t received = TakePending(page);
   auto op = [&] { return uffd_->ZeroPage(page, kPageSize); };

@@ -148,6 +148,9 @@ class FaultLoop {
   UffdResult ResolveUnprotect(uintptr_t page);
   UffdResult ResolveContinue(uintptr_t page);
   UffdResult ResolveWake(uintptr_t page);
+  // Write-protects a present page (a Modified copy becoming Shared), retrying while the
+  // address space is changing (EAGAIN: an event waits for this loop) as Resolve*() do.
+  UffdResult Protect(uintptr_t page);
   // Clears the pending mark only, for handlers that resolve by other means (a multi-page
   // Copy, say). Call it BEFORE the operation that wakes the waiters.
   void Release(uintptr_t page);
