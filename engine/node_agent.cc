@@ -336,6 +336,22 @@ class NodeAgent::Impl {
     return absl::OkStatus();
   }
 
+  absl::Status SendToServer(const wire::Message& m) { return SendMessage(server_, m); }
+
+  absl::StatusOr<uintptr_t> HelperCodePage(pid_t pid) const {
+    absl::ReaderMutexLock l(&attach_mu_);
+    auto it = targets_.find(pid);
+    if (it == targets_.end() || !it->second->helper) {
+      return absl::NotFoundError(absl::StrCat("no invalidation helper in pid ", pid));
+    }
+    return it->second->helper->remote_code();
+  }
+
+  void SetFutexReplyHandler(std::function<void(const wire::FutexReply&)> handler) {
+    absl::MutexLock l(&futex_mu_);
+    futex_handler_ = std::move(handler);
+  }
+
   absl::Status SeedPages(uint64_t base, absl::Span<const uint8_t> bytes) {
     if (!IsPageAligned(base) || bytes.size() % kPageSize != 0) {
       return absl::InvalidArgumentError("SeedPages: not whole pages");
@@ -605,7 +621,7 @@ class NodeAgent::Impl {
           Installed(page);
           break;
         case ActionKind::kWriteProtect: {
-          uffd::UffdResult r = att.uffd->WriteProtect(addr, kPageSize, /*protect=*/true);
+          uffd::UffdResult r = att.loop->Protect(addr);
           if (!r.ok() && r.code != uffd::UffdResult::kGone) {
             // A copy we cannot write-protect could be written behind the protocol's back.
             KillTarget(*att.target, r.ToStatus("UFFDIO_WRITEPROTECT", addr));
@@ -883,6 +899,16 @@ class NodeAgent::Impl {
       for (const auto& e : peers->entries) addresses_[e.node] = e.address;
       return;
     }
+    if (auto* reply = std::get_if<wire::FutexReply>(&*decoded)) {
+      if (peer != server_) return;
+      std::function<void(const wire::FutexReply&)> handler;
+      {
+        absl::MutexLock l(&futex_mu_);
+        handler = futex_handler_;
+      }
+      if (handler) handler(*reply);
+      return;
+    }
     if (auto* error = std::get_if<wire::Error>(&*decoded)) {
       Fail(absl::Status(static_cast<absl::StatusCode>(error->code),
                         absl::StrCat("from the server: ", error->message)));
@@ -1096,6 +1122,9 @@ class NodeAgent::Impl {
   // node_hash_map: a PageState stays put while a thread waits for it (Await releases mu_).
   absl::node_hash_map<PageId, PageState> pages_ ABSL_GUARDED_BY(mu_);
 
+  absl::Mutex futex_mu_;
+  std::function<void(const wire::FutexReply&)> futex_handler_ ABSL_GUARDED_BY(futex_mu_);
+
   mutable absl::Mutex health_mu_;
   absl::Status health_ ABSL_GUARDED_BY(health_mu_);
 };
@@ -1114,6 +1143,13 @@ absl::StatusOr<std::unique_ptr<NodeAgent>> NodeAgent::Start(const NodeOptions& o
 }
 
 absl::Status NodeAgent::Attach(AttachRequest request) { return impl_->Attach(std::move(request)); }
+absl::Status NodeAgent::SendToServer(const wire::Message& m) { return impl_->SendToServer(m); }
+absl::StatusOr<uintptr_t> NodeAgent::HelperCodePage(pid_t pid) const {
+  return impl_->HelperCodePage(pid);
+}
+void NodeAgent::SetFutexReplyHandler(std::function<void(const wire::FutexReply&)> h) {
+  impl_->SetFutexReplyHandler(std::move(h));
+}
 absl::Status NodeAgent::SeedPages(uint64_t base, absl::Span<const uint8_t> bytes) {
   return impl_->SeedPages(base, bytes);
 }

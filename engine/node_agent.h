@@ -40,6 +40,7 @@
 #include "core/ids.h"
 #include "core/stats.h"
 #include "core/unique_fd.h"
+#include "core/wire.h"
 #include "transport/transport.h"
 
 namespace stretch::uffd {
@@ -111,6 +112,16 @@ class NodeAgent {
   // Sends the initial contents of pages the checkpoint does not hold to the server (attach
   // their range first). `bytes` covers whole pages starting at `base`.
   absl::Status SeedPages(uint64_t base, absl::Span<const uint8_t> bytes);
+
+  // The page of the invalidation helper's code in attached process `pid` (its system calls
+  // must bypass a seccomp filter placed in that process).
+  absl::StatusOr<uintptr_t> HelperCodePage(pid_t pid) const;
+
+  // Sends a message to the server (the futex service uses it).
+  absl::Status SendToServer(const wire::Message& message);
+  // Where FutexReply messages from the server go (called on the network thread; must not
+  // block). Set it before any futex message is sent.
+  void SetFutexReplyHandler(std::function<void(const wire::FutexReply&)> handler);
 
   // Bound node-to-node address.
   const std::string& address() const;

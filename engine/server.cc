@@ -12,6 +12,7 @@
 #include "core/json.h"
 #include "core/status.h"
 #include "core/wire.h"
+#include "engine/futex_table.h"
 #include "engine/home_store.h"
 #include "glog/logging.h"
 #include "transport/create_transport.h"
@@ -104,6 +105,8 @@ class DirectoryServer::Impl {
     w.Field("pages", static_cast<uint64_t>(pages_.size()));
     w.Field("home_pages", static_cast<uint64_t>(home_.stored_pages()));
     w.Field("protocol_errors", protocol_errors_);
+    w.Field("futex_waits", futex_waits_);
+    w.Field("futex_wakes", futex_wakes_);
     w.EndObject();
     return w.str();
   }
@@ -181,6 +184,7 @@ class DirectoryServer::Impl {
     peer_nodes_.erase(peer);
     Node& node = nodes_[*id];
     node.alive = false;
+    futexes_.ForgetNode(*id);
     if (node.left) {
       LOG(INFO) << "server: node " << id->value() << " left";
       return;
@@ -232,6 +236,8 @@ class DirectoryServer::Impl {
       nodes_[*id].left = true;
     } else if (auto* req = std::get_if<wire::StatsRequest>(&m)) {
       SendTo(peer, wire::StatsReply{req->seq, StatsJsonLocked()});
+    } else if (auto* f = std::get_if<wire::Futex>(&m)) {
+      OnFutex(peer, *id, *f);
     } else if (auto* seed = std::get_if<wire::PageSeed>(&m)) {
       OnSeed(peer, *id, *seed);
     } else if (auto* e = std::get_if<wire::Error>(&m)) {
@@ -328,6 +334,34 @@ class DirectoryServer::Impl {
       if (page.address() >= reg.base && page.address() < reg.base + reg.length) return true;
     }
     return false;
+  }
+
+  void OnFutex(PeerId peer, NodeId from, const wire::Futex& f) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    std::vector<FutexTable::Waiter> woken;
+    switch (f.op) {
+      case wire::FutexOp::kWait:
+        ++futex_waits_;
+        futexes_.Wait(f.address, FutexTable::Waiter{from, f.seq, f.bitset});
+        SendTo(peer, wire::FutexReply{f.seq, wire::kFutexQueued});
+        return;
+      case wire::FutexOp::kCancel:
+        if (futexes_.Cancel(from, f.seq)) SendTo(peer, wire::FutexReply{f.seq, -EAGAIN});
+        return;
+      case wire::FutexOp::kWake: {
+        ++futex_wakes_;
+        int n = futexes_.Wake(f.address, f.value, f.bitset, &woken);
+        for (const auto& w : woken) SendToNode(w.node, wire::FutexReply{w.seq, 0});
+        SendTo(peer, wire::FutexReply{f.seq, n});
+        return;
+      }
+      case wire::FutexOp::kRequeue: {
+        ++futex_wakes_;
+        int n = futexes_.Requeue(f.address, f.value, f.address2, f.value2, &woken);
+        for (const auto& w : woken) SendToNode(w.node, wire::FutexReply{w.seq, 0});
+        SendTo(peer, wire::FutexReply{f.seq, n});
+        return;
+      }
+    }
   }
 
   // Initial contents of a page that is not in the checkpoint. Only the first seed of a page
@@ -462,6 +496,9 @@ class DirectoryServer::Impl {
   absl::flat_hash_map<PeerId, NodeId> peer_nodes_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_set<PeerId> launchers_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_set<PageId> seeded_ ABSL_GUARDED_BY(mu_);
+  FutexTable futexes_ ABSL_GUARDED_BY(mu_);
+  uint64_t futex_waits_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t futex_wakes_ ABSL_GUARDED_BY(mu_) = 0;
   std::map<uint32_t, Region> regions_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<PageId, coherence::DirPage> pages_ ABSL_GUARDED_BY(mu_);
   HomeStore home_ ABSL_GUARDED_BY(mu_);
