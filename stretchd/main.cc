@@ -86,7 +86,6 @@ int RunStats(const std::vector<std::string>& args);
 int RunRun(const std::vector<std::string>& args);
 bool ParseIntList(const std::string& text, std::vector<int>* out);
 std::string CriuPath();
-int NotYetAvailable(const std::vector<std::string>& args);
 
 const std::vector<Subcommand>& Subcommands() {
   static const std::vector<Subcommand> kSubcommands = {
@@ -451,10 +450,6 @@ int RunRun(const std::vector<std::string>& args) {
   return result;
 }
 
-int NotYetAvailable(const std::vector<std::string>& args) {
-  std::fprintf(stderr, "stretchd: this subcommand is not yet available in this build\n");
-  return 1;
-}
 
 int Main(int argc, char** argv) {
   // Before any thread exists: libfabric reads its environment once, and every thread must

@@ -1,12 +1,16 @@
 #include "stretchd/replica.h"
 
 #include <fcntl.h>
+#include <linux/sched.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/eventfd.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/ptrace.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/user.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -26,6 +30,7 @@
 #include "migrate/criu_images.h"
 #include "migrate/lazy_pages.h"
 #include "migrate/origin.h"
+#include "migrate/seccomp_notify.h"
 #include "uffd/inject.h"
 #include "uffd/process.h"
 #include "uffd/uffd_compat.h"
@@ -105,6 +110,40 @@ int ProtOf(const std::string& perms) {
     if (perms[2] == 'x') prot |= PROT_EXEC;
   }
   return prot;
+}
+
+// Places the seccomp filter in the replica (every thread, TSYNC) and returns its listener: futex()
+// goes to our FutexService, exit() stops for our tracer (a thread's exit is published
+// cluster-wide before it happens), and the invalidation helper's own calls (from its code page)
+// pass untouched. The filter program is written into a page mapped for the purpose.
+absl::StatusOr<UniqueFd> InstallFilter(uffd::RemoteThread& thread, const uffd::Pidfd& pidfd,
+                                       uintptr_t helper_code) {
+  uffd::RemoteMemory memory(pidfd.pid());
+  std::vector<sock_filter> prog = BuildFilter({SYS_futex}, {SYS_exit}, helper_code);
+  STRETCH_ASSIGN_OR_RETURN(
+      uint64_t scratch,
+      thread.SyscallOrError("mmap", SYS_mmap,
+                            {0, kPageSize, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
+                             static_cast<uint64_t>(-1), 0}));
+  struct sock_fprog fprog = {static_cast<unsigned short>(prog.size()),
+                             reinterpret_cast<sock_filter*>(scratch + 64)};
+  uffd::RemoteIo pieces[2] = {{scratch, &fprog, sizeof(fprog)},
+                              {scratch + 64, prog.data(), prog.size() * sizeof(sock_filter)}};
+  STRETCH_RETURN_IF_ERROR(memory.Write(pieces));
+  auto fd = thread.Syscall(SYS_seccomp, {SECCOMP_SET_MODE_FILTER, kNotifyFilterFlags, scratch});
+  if (fd.ok() && *fd == -EACCES) {
+    // Not privileged in its namespace: the kernel wants no_new_privs first.
+    (void)thread.Syscall(SYS_prctl, {PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0});
+    fd = thread.Syscall(SYS_seccomp, {SECCOMP_SET_MODE_FILTER, kNotifyFilterFlags, scratch});
+  }
+  if (!fd.ok()) return fd.status();
+  if (*fd < 0) return ErrnoStatus(static_cast<int>(-*fd), "seccomp() in the replica");
+  STRETCH_ASSIGN_OR_RETURN(UniqueFd listener, pidfd.GetFd(static_cast<int>(*fd)));
+  STRETCH_RETURN_IF_ERROR(
+      thread.SyscallOrError("close", SYS_close, {static_cast<uint64_t>(*fd)}).status());
+  STRETCH_RETURN_IF_ERROR(
+      thread.SyscallOrError("munmap", SYS_munmap, {scratch, kPageSize}).status());
+  return listener;
 }
 
 }  // namespace
@@ -196,6 +235,7 @@ absl::StatusOr<std::unique_ptr<Replica>> Replica::Restore(engine::NodeAgent* age
   if (!uffd.valid()) return absl::InternalError("CRIU finished the restore without a uffd");
   STRETCH_ASSIGN_OR_RETURN(r->pid_, pending.Wait(deadline));
 
+  r->agent_ = agent;
   SupervisorCallbacks cb;
   Replica* self = r.get();
   cb.on_process_exit = [self](int status) {
@@ -203,6 +243,8 @@ absl::StatusOr<std::unique_ptr<Replica>> Replica::Restore(engine::NodeAgent* age
     self->exited_ = true;
     self->exit_status_ = status;
   };
+  cb.on_seccomp = [self](pid_t tid) { self->OnThreadExitCall(tid); };
+  cb.on_clone = [self](pid_t parent, pid_t child) { self->OnClone(parent, child); };
   SupervisorOptions so;
   so.run_all_at_attach = false;
   STRETCH_ASSIGN_OR_RETURN(r->supervisor_,
@@ -221,6 +263,35 @@ absl::StatusOr<std::unique_ptr<Replica>> Replica::Restore(engine::NodeAgent* age
   std::vector<engine::NodeAgent::Range> ranges;
   std::vector<std::pair<uintptr_t, std::vector<uint8_t>>> seeds;
   const pid_t pid = r->pid_;
+  STRETCH_ASSIGN_OR_RETURN(uffd::Pidfd pidfd, uffd::Pidfd::Open(pid));
+  UniqueFd seccomp_listener;
+  // Where each thread's kernel clears its tid at exit (pthread_join waits on it).
+  for (pid_t tid : r->supervisor_->Threads()) {
+    STRETCH_RETURN_IF_ERROR(r->supervisor_->RunStopped(
+        tid,
+        [&](pid_t t) -> absl::Status {
+          STRETCH_ASSIGN_OR_RETURN(auto thread, uffd::RemoteThread::Adopt(t));
+          // The answer goes to a page mapped for it, outside every coherent range.
+          STRETCH_ASSIGN_OR_RETURN(
+              uint64_t scratch,
+              thread->SyscallOrError("mmap", SYS_mmap,
+                                     {0, kPageSize, PROT_READ | PROT_WRITE,
+                                      MAP_PRIVATE | MAP_ANONYMOUS, static_cast<uint64_t>(-1), 0}));
+          STRETCH_RETURN_IF_ERROR(thread
+                                      ->SyscallOrError("prctl(PR_GET_TID_ADDRESS)", SYS_prctl,
+                                                       {PR_GET_TID_ADDRESS, scratch})
+                                      .status());
+          uint64_t ctid = 0;
+          uffd::RemoteIo io{scratch, &ctid, sizeof(ctid)};
+          STRETCH_RETURN_IF_ERROR(uffd::RemoteMemory(pid).Read({&io, 1}));
+          STRETCH_RETURN_IF_ERROR(
+              thread->SyscallOrError("munmap", SYS_munmap, {scratch, kPageSize}).status());
+          absl::MutexLock l(&r->mu_);
+          r->ctid_[t] = ctid;
+          return absl::OkStatus();
+        },
+        deadline));
+  }
   STRETCH_RETURN_IF_ERROR(r->supervisor_->RunStopped(
       pid,
       [&](pid_t tid) -> absl::Status {
@@ -288,6 +359,22 @@ absl::StatusOr<std::unique_ptr<Replica>> Replica::Restore(engine::NodeAgent* age
   };
   STRETCH_RETURN_IF_ERROR(agent->Attach(std::move(req)));
   for (const auto& [base, bytes] : seeds) STRETCH_RETURN_IF_ERROR(agent->SeedPages(base, bytes));
+  STRETCH_ASSIGN_OR_RETURN(uintptr_t helper_code, agent->HelperCodePage(pid));
+  STRETCH_RETURN_IF_ERROR(r->supervisor_->RunStopped(
+      pid,
+      [&](pid_t tid) -> absl::Status {
+        STRETCH_ASSIGN_OR_RETURN(auto thread, uffd::RemoteThread::Adopt(tid));
+        STRETCH_ASSIGN_OR_RETURN(seccomp_listener, InstallFilter(*thread, pidfd, helper_code));
+        return absl::OkStatus();
+      },
+      deadline));
+  STRETCH_ASSIGN_OR_RETURN(r->futexes_,
+                           FutexService::Start(agent, std::move(seccomp_listener), pid,
+                                               [self](pid_t tid) { return self->ThreadOf(tid); }));
+  {
+    absl::MutexLock l(&r->mu_);
+    r->attached_ = true;
+  }
   LOG(INFO) << "replica pid " << pid << ": restored, " << ranges.size() << " coherent ranges, "
             << seeds.size() << " seeded, " << r->run_.size() << " of "
             << r->supervisor_->Threads().size() << " threads run here";
@@ -297,6 +384,73 @@ absl::StatusOr<std::unique_ptr<Replica>> Replica::Restore(engine::NodeAgent* age
 Replica::~Replica() {
   if (supervisor_ && !supervisor_->ProcessExited()) Kill();
   supervisor_.reset();
+  futexes_.reset();
+}
+
+ThreadId Replica::ThreadOf(pid_t tid) {
+  {
+    absl::MutexLock l(&mu_);
+    if (auto it = inner_tid_.find(tid); it != inner_tid_.end()) return ThreadId(it->second);
+  }
+  auto inner = InnermostTid(tid);
+  pid_t value = inner.ok() ? *inner : 0;
+  absl::MutexLock l(&mu_);
+  inner_tid_[tid] = value;
+  return ThreadId(static_cast<uint32_t>(value));
+}
+
+// Tracer thread, the parent stopped at its clone event.
+void Replica::OnClone(pid_t parent, pid_t child) {
+  struct user_regs_struct regs;
+  if (ptrace(PTRACE_GETREGS, parent, 0, &regs) != 0) return;
+  uint64_t flags = 0, ctid = 0;
+  if (regs.orig_rax == SYS_clone3) {
+    uint64_t args[3] = {};  // flags, pidfd, child_tid
+    uffd::RemoteIo io{regs.rdi, args, sizeof(args)};
+    if (!uffd::RemoteMemory(pid_).Read({&io, 1}).ok()) return;
+    flags = args[0];
+    ctid = args[2];
+  } else if (regs.orig_rax == SYS_clone) {
+    flags = regs.rdi;
+    ctid = regs.r10;
+  }
+  if (!(flags & CLONE_CHILD_CLEARTID)) ctid = 0;
+  absl::MutexLock l(&mu_);
+  ctid_[child] = ctid;
+}
+
+// Tracer thread, `tid` stopped at the entry of a traced call (exit). A joiner on another node
+// waits on the thread's clear_child_tid word through the cluster futex table, which the
+// kernel's own store-and-wake at exit never reaches (and that store, from a dying task, would
+// be dropped by userfaultfd if the page is not writable here). So: store 0 through the DSM,
+// wake the cluster, and turn this exit() into set_tid_address(NULL) so the kernel stores
+// nothing later (the joiner may already reuse that memory); glibc calls exit() again in a loop,
+// and that second call goes through.
+void Replica::OnThreadExitCall(pid_t tid) {
+  struct user_regs_struct regs;
+  if (ptrace(PTRACE_GETREGS, tid, 0, &regs) != 0 || regs.orig_rax != SYS_exit) return;
+  uint64_t ctid;
+  {
+    absl::MutexLock l(&mu_);
+    if (!attached_ || exit_published_[tid]) return;
+    exit_published_[tid] = true;
+    auto it = ctid_.find(tid);
+    ctid = it == ctid_.end() ? 0 : it->second;
+  }
+  if (ctid == 0) return;
+  uint32_t zero = 0;
+  uffd::RemoteIo io{ctid, &zero, sizeof(zero)};
+  if (!uffd::RemoteMemory(pid_).Write({&io, 1}).ok()) return;
+  wire::Futex wake;
+  wake.op = wire::FutexOp::kWake;
+  wake.seq = 0;  // the count that comes back is not needed
+  wake.address = ctid;
+  wake.value = 0x7fffffff;
+  wake.thread = ThreadOf(tid);
+  if (!agent_->SendToServer(wake).ok()) return;
+  regs.orig_rax = SYS_set_tid_address;
+  regs.rdi = 0;
+  ptrace(PTRACE_SETREGS, tid, 0, &regs);
 }
 
 absl::Status Replica::Go() {

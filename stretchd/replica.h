@@ -26,6 +26,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
@@ -33,6 +34,7 @@
 #include "migrate/criu.h"
 #include "migrate/subprocess.h"
 #include "migrate/thread_supervisor.h"
+#include "stretchd/futex_service.h"
 
 namespace stretch {
 
@@ -75,8 +77,16 @@ class Replica {
  private:
   Replica() = default;
 
+  // A thread is at the entry of exit(): publish its exit cluster-wide (see replica.cc).
+  void OnThreadExitCall(pid_t tid);
+  // A thread was created: remember where the kernel would clear its tid at exit.
+  void OnClone(pid_t parent, pid_t child);
+  ThreadId ThreadOf(pid_t tid);
+
   ReplicaOptions options_;
+  engine::NodeAgent* agent_ = nullptr;
   pid_t pid_ = 0;  // the restored root, in our PID namespace
+  std::unique_ptr<FutexService> futexes_;
   std::unique_ptr<ThreadSupervisor> supervisor_;
   // Our-namespace tids of the threads this node runs.
   std::vector<pid_t> run_;
@@ -84,6 +94,12 @@ class Replica {
   absl::Mutex mu_;
   bool exited_ ABSL_GUARDED_BY(mu_) = false;
   int exit_status_ ABSL_GUARDED_BY(mu_) = 0;
+  // Per thread (our tid): its clear_child_tid address, whether its exit was published, and its
+  // tid in the program's namespace.
+  absl::flat_hash_map<pid_t, uint64_t> ctid_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<pid_t, bool> exit_published_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<pid_t, pid_t> inner_tid_ ABSL_GUARDED_BY(mu_);
+  bool attached_ ABSL_GUARDED_BY(mu_) = false;  // memory is coherent: exits may be published
 };
 
 }  // namespace stretch

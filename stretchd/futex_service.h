@@ -1,0 +1,61 @@
+// FutexService: gives a replica's futex calls cluster-wide meaning. A seccomp filter in the
+// replica routes every futex() to this service (SeccompListener); waits and wakes go to the
+// server's futex table (engine/futex_table.h), so a FUTEX_WAKE on one node wakes a waiter on
+// another, which the kernel's node-local futexes cannot do.
+//
+// FUTEX_WAIT: the wait is queued at the server first, then the futex word is read (coherently,
+// through the DSM); if it changed, the wait is cancelled (EAGAIN). Registering before reading
+// means a write-then-wake on another node is either seen by the read or finds the waiter queued.
+// Timeouts (relative for WAIT, absolute for WAIT_BITSET, either clock) cancel the wait with
+// ETIMEDOUT. A waiter interrupted by a signal is cancelled. FUTEX_WAKE(_BITSET), FUTEX_REQUEUE
+// and FUTEX_CMP_REQUEUE are served by the server; other operations (PI futexes, WAKE_OP) fail
+// with ENOSYS and a warning.
+//
+// Thread-safe; one thread of its own handles notifications, value checks and timeouts.
+#ifndef STRETCH_STRETCHD_FUTEX_SERVICE_H_
+#define STRETCH_STRETCHD_FUTEX_SERVICE_H_
+
+#include <sys/types.h>
+
+#include <functional>
+#include <memory>
+
+#include "absl/status/statusor.h"
+#include "core/ids.h"
+#include "core/stats.h"
+#include "core/unique_fd.h"
+#include "engine/node_agent.h"
+
+namespace stretch {
+
+struct FutexStats {
+  Counter waits;
+  Counter wakes;
+  Counter woken;     // waits ended by a wake
+  Counter mismatch;  // waits that returned EAGAIN (the word had changed)
+  Counter timeouts;
+  Counter unsupported;
+};
+
+class FutexService {
+ public:
+  // `listener`: the replica's seccomp listener; `pid`: the replica (for reading futex words
+  // and timeouts); `thread_of`: maps a notification's tid (our namespace) to the thread id used
+  // in messages.
+  static absl::StatusOr<std::unique_ptr<FutexService>> Start(
+      engine::NodeAgent* agent, UniqueFd listener, pid_t pid,
+      std::function<ThreadId(pid_t)> thread_of);
+  ~FutexService();
+
+  const FutexStats& stats() const;
+
+  class Impl;
+
+ private:
+  explicit FutexService(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace stretch
+
+#endif  // STRETCH_STRETCHD_FUTEX_SERVICE_H_
