@@ -229,8 +229,8 @@ std::string StartEcho(const std::string& ip) {
 // The far end of the transport measurements: a tcp Transport of its own that answers every
 // message with one of the size its first 4 bytes ask for.
 std::string StartTransportEcho(const std::string& ip) {
-  auto t = Check(transport::CreateTransport("tcp", transport::TransportOptions()),
-                 "transport echo");
+  auto t =
+      Check(transport::CreateTransport("tcp", transport::TransportOptions()), "transport echo");
   const std::string address = Check(t->Listen(ip + ":0"), "transport echo Listen");
   std::thread([t = t.release()] {
     std::vector<uint8_t> reply;
@@ -640,8 +640,7 @@ std::string ReadTagged(testing::Subprocess& p, const std::string& tag) {
   return line.substr(tag.size() + 1);
 }
 
-UniqueFd ConnectEcho(const Bench& b, const std::string& address, uint32_t request,
-                     uint32_t reply) {
+UniqueFd ConnectEcho(const Bench& b, const std::string& address, uint32_t request, uint32_t reply) {
   UniqueFd fd;
   Check(b.net->RunInThread(1,
                            [&] {
@@ -735,17 +734,15 @@ void StartCluster(Bench& b) {
   b.tcp_b = ConnectEcho(b, b.echo[2], kPageSize, kPageSize);
   b.tcp_req = ConnectEcho(b, b.echo[0], kRequestSize, kPageSize);
   // Created in A's namespace, pinned like A: its progress thread inherits both.
-  Check(b.net->RunInThread(1,
-                           [&] {
-                             b.transport = Check(transport::CreateTransport(
-                                                     "tcp", transport::TransportOptions()),
-                                                 "client transport");
-                             Check(b.transport->Listen(b.net->address(1) + ":0"),
-                                   "client transport Listen");
-                             b.transport_peer =
-                                 Check(b.transport->Connect(transport_echo, absl::Now() + kStep),
+  Check(b.net->RunInThread(
+            1,
+            [&] {
+              b.transport = Check(transport::CreateTransport("tcp", transport::TransportOptions()),
+                                  "client transport");
+              Check(b.transport->Listen(b.net->address(1) + ":0"), "client transport Listen");
+              b.transport_peer = Check(b.transport->Connect(transport_echo, absl::Now() + kStep),
                                        "client transport Connect");
-                           }),
+            }),
         "entering node A's namespace");
 }
 
@@ -869,7 +866,8 @@ void TransportRtt(benchmark::State& state, size_t request, std::string name) {
     Check(b.transport->Send(b.transport_peer, msg), "transport Send");
     auto e = b.transport->Receive(absl::Now() + kStep);
     if (!e.ok() || e->kind != transport::Event::Kind::kMessage || e->data.size() != kPageSize) {
-      Die(absl::StrCat("transport round trip: ", e.ok() ? "unexpected event" : e.status().ToString()));
+      Die(absl::StrCat("transport round trip: ",
+                       e.ok() ? "unexpected event" : e.status().ToString()));
     }
     Record(state, name, NowNs() - t0);
   }
@@ -959,8 +957,8 @@ void RegisterAll() {
   reg(benchmark::RegisterBenchmark("transport/req_4k_xthread", TransportXthread));
   reg(benchmark::RegisterBenchmark("transport/req_4k", TransportRtt, kRequestSize,
                                    std::string("transport_req_4k")));
-  reg(benchmark::RegisterBenchmark("floor/tcp_rtt_4k_ab", FloorTcp, g_bench->tcp_b.get(),
-                                   kPageSize, std::string("tcp_rtt_4k_ab")));
+  reg(benchmark::RegisterBenchmark("floor/tcp_rtt_4k_ab", FloorTcp, g_bench->tcp_b.get(), kPageSize,
+                                   std::string("tcp_rtt_4k_ab")));
   const std::pair<const char*, Kind> kinds[] = {
       {"remote_read_miss", Kind::kReadMiss},
       {"remote_write_miss", Kind::kWriteMiss},
@@ -982,8 +980,8 @@ void RegisterAll() {
 
 void PrintSummary(bool pinned) {
   Samples& s = Samples::Get();
-  printf("\n# scheduling: %s\n", FLAGS_realtime ? "SCHED_FIFO 10 for every process of the run"
-                                                 : "default (SCHED_OTHER)");
+  printf("\n# scheduling: %s\n",
+         FLAGS_realtime ? "SCHED_FIFO 10 for every process of the run" : "default (SCHED_OTHER)");
   printf("# pinning: %s\n",
          pinned ? "node A (agent incl. fault loop, fault_bench_prog), this driver, the uffd "
                   "floors (faulting thread, handler, floor child) and the TCP floors' client on "
@@ -991,9 +989,8 @@ void PrintSummary(bool pinned) {
                   "on CPU 1"
                 : "none");
   printf("# median (p50) and p99 of per-event samples over all repetitions, microseconds\n");
-  for (const char* f : {"uffd_copy", "uffd_copy_xproc", "tcp_rtt_4k", "tcp_rtt_4k_ab",
-                        "tcp_req_4k", "transport_rtt_4k", "transport_req_4k",
-                        "transport_req_4k_xthread"}) {
+  for (const char* f : {"uffd_copy", "uffd_copy_xproc", "tcp_rtt_4k", "tcp_rtt_4k_ab", "tcp_req_4k",
+                        "transport_rtt_4k", "transport_req_4k", "transport_req_4k_xthread"}) {
     if (!s.Has(f)) continue;
     printf("%s %-24s p50 %8.2f p99 %8.2f n %zu\n",
            absl::StartsWith(f, "transport") ? "TRANSPORT" : "FLOOR", f, s.Quantile(f, 0.5),
@@ -1041,15 +1038,17 @@ void PrintSummary(bool pinned) {
     for (const char* name : {"remote_read_miss", "remote_write_miss"}) {
       if (!s.Has(name)) continue;
       const double p50 = s.Quantile(name, 0.5);
-      printf("# decomposition %s %.2f us = uffd_copy %.2f + (uffd_copy_xproc - uffd_copy) %.2f + "
-             "tcp_req_4k %.2f + (transport_req_4k - tcp_req_4k) %.2f + rest (engine, server, "
-             "wake-ups) %.2f\n",
-             name, p50, uffd, xproc - uffd, sreq, treq - sreq, p50 - xproc - treq);
+      printf(
+          "# decomposition %s %.2f us = uffd_copy %.2f + (uffd_copy_xproc - uffd_copy) %.2f + "
+          "tcp_req_4k %.2f + (transport_req_4k - tcp_req_4k) %.2f + rest (engine, server, "
+          "wake-ups) %.2f\n",
+          name, p50, uffd, xproc - uffd, sreq, treq - sreq, p50 - xproc - treq);
     }
     if (s.Has("transport_req_4k_xthread")) {
-      printf("# the two-thread pattern (send here, reply taken by another thread that wakes "
-             "this one): transport_req_4k_xthread - transport_req_4k = %.2f us\n",
-             s.Quantile("transport_req_4k_xthread", 0.5) - treq);
+      printf(
+          "# the two-thread pattern (send here, reply taken by another thread that wakes "
+          "this one): transport_req_4k_xthread - transport_req_4k = %.2f us\n",
+          s.Quantile("transport_req_4k_xthread", 0.5) - treq);
     }
   }
   for (const auto& [name, r] : ratios) printf("RATIO %s %.3f\n", name.c_str(), r);
@@ -1142,10 +1141,9 @@ int RunDriver(int argc, char** argv) {
   Warmup();
   {
     Bench& b = *g_bench;
-    printf("pids: server %d, agents A-D %d %d %d %d, programs A-D %d %d %d %d\n",
-           b.roles[0].pid(), b.roles[1].pid(), b.roles[2].pid(), b.roles[3].pid(),
-           b.roles[4].pid(), b.progs[0]->pid(), b.progs[1]->pid(), b.progs[2]->pid(),
-           b.progs[3]->pid());
+    printf("pids: server %d, agents A-D %d %d %d %d, programs A-D %d %d %d %d\n", b.roles[0].pid(),
+           b.roles[1].pid(), b.roles[2].pid(), b.roles[3].pid(), b.roles[4].pid(),
+           b.progs[0]->pid(), b.progs[1]->pid(), b.progs[2]->pid(), b.progs[3]->pid());
     fflush(stdout);
     if (FLAGS_pause_s > 0) absl::SleepFor(absl::Seconds(FLAGS_pause_s));
   }

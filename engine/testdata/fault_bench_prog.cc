@@ -49,9 +49,7 @@ volatile uint64_t* Word(uint64_t page) {
   return reinterpret_cast<volatile uint64_t*>(kRegionBase + page * kPage);
 }
 
-bool InRange(uint64_t page, uint64_t count) {
-  return page < g_pages && count <= g_pages - page;
-}
+bool InRange(uint64_t page, uint64_t count) { return page < g_pages && count <= g_pages - page; }
 
 // Fills `r` for `c`; returns false to exit after replying.
 bool Serve(const Command& c, Reply& r) {

@@ -41,7 +41,7 @@ struct Command {
 };
 
 struct Reply {
-  int32_t error = 0;  // 0, or an errno-like code (the prog also says why on stderr)
+  int32_t error = 0;   // 0, or an errno-like code (the prog also says why on stderr)
   uint32_t count = 0;  // valid entries of ns
   uint64_t value = 0;
   int64_t ns[kMaxSamples] = {};
