@@ -592,7 +592,14 @@ struct Bench {
     progs.clear();
     roles.clear();
     net.reset();
-    if (!dir.empty()) rmdir(dir.c_str());
+    if (!dir.empty()) {
+      // Sockets an agent or a program killed before its clean-up left behind.
+      for (int i = 1; i <= kNodes; ++i) {
+        unlink(absl::StrCat(dir, "/agent", i, ".sock").c_str());
+        unlink(absl::StrCat(dir, "/prog", i, ".ctl").c_str());
+      }
+      rmdir(dir.c_str());
+    }
   }
 
   uint64_t Alloc(uint64_t n) {
