@@ -4,6 +4,7 @@
 #include <signal.h>
 #include <sys/syscall.h>
 
+#include <algorithm>
 #include <fstream>
 #include <sstream>
 
@@ -43,10 +44,23 @@ bool IsFutexWait(const uint64_t (&args)[6]) {
 struct Watch {
   absl::Mutex mu;
   std::vector<pid_t> threads ABSL_GUARDED_BY(mu);  // our-namespace tids, creation order
+  std::vector<pid_t> inner ABSL_GUARDED_BY(mu);    // threads[1..]'s tids in the program
+  int created ABSL_GUARDED_BY(mu) = 1;             // threads ever started, main included
   bool main_blocked ABSL_GUARDED_BY(mu) = false;
   bool exited ABSL_GUARDED_BY(mu) = false;
   int exit_status ABSL_GUARDED_BY(mu) = 0;
 };
+
+// Main counts as waiting for its workers after this many consecutive samples in a futex.
+constexpr absl::Duration kStallSample = absl::Milliseconds(10);
+constexpr int kStallSamples = 5;
+
+// Whether the thread whose /proc/.../syscall this is sits in futex(2) right now.
+bool InFutex(const std::string& syscall_file) {
+  std::ifstream in(syscall_file);
+  int nr = -1;
+  return (in >> nr) && nr == SYS_futex;
+}
 
 }  // namespace
 
@@ -65,8 +79,18 @@ absl::StatusOr<OriginResult> RunOrigin(const OriginOptions& options) {
   }
   SupervisorCallbacks cb;
   cb.on_clone = [&watch](pid_t, pid_t child) {
+    auto inner = InnermostTid(child);
     absl::MutexLock l(&watch.mu);
     watch.threads.push_back(child);
+    ++watch.created;
+    watch.inner.push_back(inner.ok() ? *inner : 0);  // index i: threads[i + 1]
+  };
+  cb.on_thread_exit = [&watch](pid_t tid, int) {
+    absl::MutexLock l(&watch.mu);
+    auto it = std::find(watch.threads.begin(), watch.threads.end(), tid);
+    if (it == watch.threads.end() || it == watch.threads.begin()) return;  // main: see below
+    watch.inner.erase(watch.inner.begin() + (it - watch.threads.begin()) - 1);
+    watch.threads.erase(it);
   };
   cb.on_process_exit = [&watch](int status) {
     absl::MutexLock l(&watch.mu);
@@ -85,28 +109,60 @@ absl::StatusOr<OriginResult> RunOrigin(const OriginOptions& options) {
         if (want_threads > 0 || nr != SYS_futex || !IsFutexWait(args)) {
           return SyscallAction::kContinue;
         }
+        // pthread_join: a wait on a thread's tid word while it still holds the tid.
         absl::MutexLock l(&watch.mu);
-        if (watch.threads.size() < 2) return SyscallAction::kContinue;
+        const auto value = static_cast<pid_t>(args[2]);
+        VLOG(1) << "origin: main waits in futex " << args[0] << " for value " << value << " ("
+                << watch.inner.size() << " threads created)";
+        if (std::find(watch.inner.begin(), watch.inner.end(), value) == watch.inner.end()) {
+          return SyscallAction::kContinue;
+        }
         watch.main_blocked = true;
         return SyscallAction::kPark;
       },
       deadline));
   STRETCH_RETURN_IF_ERROR(app.OpenGate());
 
-  // Wait for the migration point or the end of the program.
-  {
+  // Wait for the migration point or the end of the program. Besides a join, main staying
+  // blocked in a futex wait (a barrier, a condition, a semaphore) once it has workers counts.
+  const std::string main_syscall =
+      absl::StrCat("/proc/", app.pid(), "/task/", app.pid(), "/syscall");
+  sigset_t forward;
+  sigemptyset(&forward);
+  for (int sig : options.forward_signals) sigaddset(&forward, sig);
+  for (int blocked_samples = 0;;) {
+    const struct timespec now = {0, 0};
+    if (int sig = sigtimedwait(&forward, nullptr, &now); sig > 0) {
+      // The supervisor sees it at delivery, as a handler or as the end of the program.
+      kill(app.pid(), sig);
+    }
     absl::MutexLock l(&watch.mu);
     auto reached = [&watch, want_threads]() ABSL_SHARED_LOCKS_REQUIRED(watch.mu) {
       return watch.exited || watch.main_blocked ||
-             (want_threads > 0 && static_cast<int>(watch.threads.size()) >= want_threads);
+             (want_threads > 0 && watch.created >= want_threads);
     };
-    if (!watch.mu.AwaitWithDeadline(absl::Condition(&reached), deadline)) {
+    if (watch.mu.AwaitWithDeadline(absl::Condition(&reached),
+                                   std::min(deadline, absl::Now() + kStallSample))) {
+      break;
+    }
+    if (absl::Now() >= deadline) {
       return absl::DeadlineExceededError("the program reached no migration point in time");
     }
+    if (want_threads > 0 || watch.threads.size() < 2) continue;
+    blocked_samples = InFutex(main_syscall) ? blocked_samples + 1 : 0;
+    if (blocked_samples >= kStallSamples) break;
   }
   OriginResult result;
+  // Stop everything and hand the stopped process to CRIU, unless it ended first (also while
+  // being stopped).
+  absl::Status detached = absl::OkStatus();
   bool exited;
   {
+    absl::MutexLock l(&watch.mu);
+    exited = watch.exited;
+  }
+  if (!exited) {
+    detached = sup->Detach(deadline);
     absl::MutexLock l(&watch.mu);
     exited = watch.exited;
   }
@@ -119,9 +175,7 @@ absl::StatusOr<OriginResult> RunOrigin(const OriginOptions& options) {
     result.exited = true;
     return result;
   }
-
-  // Stop everything and hand the stopped process to CRIU.
-  STRETCH_RETURN_IF_ERROR(sup->Detach(deadline));
+  STRETCH_RETURN_IF_ERROR(detached);
   std::vector<pid_t> outer;
   {
     absl::MutexLock l(&watch.mu);
@@ -132,7 +186,8 @@ absl::StatusOr<OriginResult> RunOrigin(const OriginOptions& options) {
     if (inner.ok()) {
       result.threads.push_back(*inner);
     } else {
-      LOG(WARNING) << "thread " << tid << " not in the checkpoint: " << inner.status();
+      LOG(WARNING) << "thread " << tid
+                   << " ended while the program was being stopped: " << inner.status();
     }
   }
   sup.reset();

@@ -3,10 +3,11 @@
 // then checkpoints it with CRIU (which ends the origin). If the program exits first, that is
 // the result: it simply ran on one machine.
 //
-// Migration point: by default, when the main thread first blocks in a futex wait after having
-// created at least one thread (a worker pool is up and main waits for it: pthread_join, a
-// condition wait, a barrier); with `migrate_at_threads` = N, as soon as the program has N
-// threads. The program is stopped entirely before the dump.
+// Migration point: by default, once the main thread has created at least one thread and waits
+// for them: it calls pthread_join (a futex wait on a live thread's tid word), or it stays blocked
+// in a futex wait (a barrier, a condition, a semaphore) for 50 ms. With `migrate_at_threads` = N,
+// as soon as the program has started N threads (main included; some may have ended since).
+// The program is stopped entirely before the dump.
 //
 // Needs SIGCHLD blocked in every thread (see ThreadSupervisor). Not thread-safe.
 #ifndef STRETCH_MIGRATE_ORIGIN_H_
@@ -33,6 +34,9 @@ struct OriginOptions {
   // Where the checkpoint goes (created if missing).
   std::string images_dir;
   CriuOptions criu;
+  // Signals the caller keeps blocked that, when pending, go to the program (as they would
+  // natively: to its handler, or ending it) while it runs here; e.g. SIGINT, SIGTERM.
+  std::vector<int> forward_signals;
   // Upper bound for reaching the migration point or exiting, and for the dump.
   absl::Duration timeout = absl::Hours(24 * 365);
 };

@@ -65,22 +65,30 @@ std::vector<pid_t> ListTasks(pid_t pid) {
   return out;
 }
 
-bool TaskIsStopped(const std::string& path) {
+// The state letter of /proc/.../stat (R, S, T, t, Z, ...); 'X' if the task is gone.
+char TaskState(const std::string& path) {
   FILE* f = fopen(path.c_str(), "re");
-  if (!f) return false;
+  if (!f) return 'X';
   char buf[512];
   size_t n = fread(buf, 1, sizeof(buf) - 1, f);
   fclose(f);
   buf[n] = '\0';
   const char* p = strrchr(buf, ')');
-  return p && p[1] == ' ' && (p[2] == 'T' || p[2] == 't');
+  return p && p[1] == ' ' ? p[2] : '?';
+}
+
+bool TaskIsStopped(const std::string& path) {
+  char s = TaskState(path);
+  return s == 'T' || s == 't';
 }
 
 bool ProcessIsStopped(pid_t pid) { return TaskIsStopped(absl::StrCat("/proc/", pid, "/stat")); }
 
+// Every task stopped, or dead (a zombie leader whose other threads live on).
 bool AllTasksStopped(pid_t pid) {
   for (pid_t tid : ListTasks(pid)) {
-    if (!TaskIsStopped(absl::StrCat("/proc/", pid, "/task/", tid, "/stat"))) return false;
+    char s = TaskState(absl::StrCat("/proc/", pid, "/task/", tid, "/stat"));
+    if (s != 'T' && s != 't' && s != 'Z' && s != 'X') return false;
   }
   return true;
 }
@@ -241,6 +249,11 @@ class ThreadSupervisor::Impl {
       }
       absl::MutexLock l(&state_mu_);
       Reap();
+      if (detach_ && VLOG_IS_ON(1)) {
+        for (const auto& [tid, t] : threads_) {
+          if (!t.stopped) VLOG(1) << "detach waits for thread " << tid << " to stop";
+        }
+      }
       for (auto& c : cmds) {
         if (c->kind == Command::kShutdown) {
           Shutdown();
@@ -291,7 +304,7 @@ class ThreadSupervisor::Impl {
   void MaybeFinishAttach() ABSL_EXCLUSIVE_LOCKS_REQUIRED(state_mu_) {
     if (!attach_) return;
     for (const auto& [tid, t] : threads_) {
-      if (!t.stopped) return;
+      if (!t.stopped && !t.exiting) return;
     }
     for (auto& [tid, t] : threads_) {
       t.want_running = options_.run_all_at_attach;
@@ -374,9 +387,11 @@ class ThreadSupervisor::Impl {
     for (auto& c : waiting) {
       c->Complete(c->kind == Command::kRunStopped ? c->fn(tid) : absl::OkStatus());
     }
+    // An exiting thread always goes on: holding it would hold its whole group's exit.
+    if (t.exiting) Continue(tid, t);
     if (attach_) return MaybeFinishAttach();
     if (detach_) return FinishDetachIfStopped();
-    if (t.want_running || t.exiting) Continue(tid, t);
+    if (t.want_running && !t.exiting) Continue(tid, t);
   }
 
   void Reap() ABSL_EXCLUSIVE_LOCKS_REQUIRED(state_mu_) {
@@ -412,12 +427,15 @@ class ThreadSupervisor::Impl {
         }
         if (callbacks_.on_process_exit) callbacks_.on_process_exit(status);
       }
+      // An attach or detach may have been waiting for only this thread.
       if (attach_) MaybeFinishAttach();
+      if (detach_) FinishDetachIfStopped();
       return;
     }
     if (!WIFSTOPPED(status)) return;
     const int event = status >> 16;
     const int sig = WSTOPSIG(status);
+    VLOG(2) << "thread " << tid << " stopped: event " << event << " signal " << sig;
     switch (event) {
       case PTRACE_EVENT_CLONE: {
         unsigned long child = 0;
@@ -505,8 +523,16 @@ class ThreadSupervisor::Impl {
   }
 
   void FinishDetachIfStopped() ABSL_EXCLUSIVE_LOCKS_REQUIRED(state_mu_) {
+    // Threads on their way out (always let go on) are waited for until they are reaped, so
+    // that no zombie thread stays behind; if the leader is one, the whole process is ending
+    // and the detach fails once it has.
     for (const auto& [tid, t] : threads_) {
-      if (!t.stopped) return;
+      if (!t.stopped || t.exiting) return;
+    }
+    if (leader_gone_) {
+      detach_->Complete(absl::NotFoundError(absl::StrCat("process ", pid_, " exited")));
+      detach_.reset();
+      return;
     }
     kill(pid_, SIGSTOP);
     for (auto& [tid, t] : threads_) ptrace(PTRACE_DETACH, tid, 0, 0);
