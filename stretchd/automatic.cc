@@ -162,6 +162,7 @@ int RunLauncher(const LaunchOptions& o) {
   oo.images_dir = work + "/images";
   oo.criu = o.criu;
   oo.migrate_at_threads = o.migrate_at_threads;
+  oo.forward_signals = {SIGINT, SIGTERM};
   auto origin = RunOrigin(oo);
   if (!origin.ok()) {
     tail.Stop();
@@ -169,7 +170,18 @@ int RunLauncher(const LaunchOptions& o) {
   }
   if (origin->exited) {
     tail.Stop();
-    LOG(INFO) << "stretchd run: the program ended before its migration point (ran on one node)";
+    if (!origin->status.signaled) {
+      LOG(WARNING) << "stretchd run: the program ended before its migration point (it ran on "
+                      "one node; --migrate_at_threads=N migrates as soon as it has N threads)";
+    }
+    if (!o.stats_json.empty()) {
+      FILE* f = std::fopen(o.stats_json.c_str(), "w");
+      if (f == nullptr) {
+        return Fail(ErrnoStatus(errno, absl::StrCat("write ", o.stats_json)).ToString());
+      }
+      std::fprintf(f, "{\"nodes\":[],\"migrated\":false}\n");
+      std::fclose(f);
+    }
     return origin->status.signaled ? -origin->status.code : origin->status.code;
   }
 
@@ -368,7 +380,9 @@ int RunReplicaAgent(const ReplicaAgentOptions& o) {
     return code;
   };
 
+  // A signal for the program that arrives before "go" is delivered right after it.
   bool closed = false;
+  int early_signal = 0;
   for (;;) {
     auto line = RecvLine(ctl, 600000, &closed);
     if (!line || closed || *line == "stop") {
@@ -376,12 +390,17 @@ int RunReplicaAgent(const ReplicaAgentOptions& o) {
       return finish(0);
     }
     if (*line == "go") break;
+    int sig = 0;
+    if (absl::StartsWith(*line, "kill ") && absl::SimpleAtoi(line->substr(5), &sig)) {
+      early_signal = sig;
+    }
   }
   if (absl::Status s = (*replica)->Go(); !s.ok()) {
     (*replica)->Kill();
     report_error(std::string(s.message()));
     return finish(1);
   }
+  if (early_signal != 0) kill((*replica)->pid(), early_signal);
   for (;;) {
     auto st = (*replica)->Wait(absl::Now() + absl::Milliseconds(100));
     if (st.ok()) {

@@ -50,8 +50,8 @@ DEFINE_string(stats_json, "",
               "per node in \"nodes\")");
 DEFINE_int32(nodes, 2, "run: number of emulated nodes on this machine");
 DEFINE_int32(migrate_at_threads, 0,
-             "run: migrate once the program has this many threads (0: when its main thread first "
-             "blocks after creating threads)");
+             "run: migrate once the program has started this many threads, main included (0: when "
+             "its main thread, having created threads, joins one or stays blocked in a futex)");
 DEFINE_string(migrate_threads, "",
               "run: comma-separated thread ids (in the program's PID namespace, main = 1) to run "
               "away from node 0; default: every thread but main, spread over all nodes");
@@ -449,7 +449,6 @@ int RunRun(const std::vector<std::string>& args) {
   }
   return result;
 }
-
 
 int Main(int argc, char** argv) {
   // Before any thread exists: libfabric reads its environment once, and every thread must

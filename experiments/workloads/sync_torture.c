@@ -6,7 +6,10 @@
  *   abort  a non-main thread calls abort() (killed by SIGABRT)
  *
  * --threads=N (default 4), --rounds=R (default 2000). Exit status 0 unless a check fails (1)
- * or the test is exit/abort. */
+ * or the test is exit/abort.
+ * --start_gate_ms=M: workers created together wait (spinning, no futex) until main has waited
+ * M ms in a timed condition wait, so that all of them are alive at a migration point taken
+ * while they are created (e.g. stretchd run --migrate_at_threads=THREADS+1). */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <pthread.h>
@@ -18,34 +21,72 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <time.h>
 #include <unistd.h>
 
 #define MAX_THREADS 64
 
 static int g_threads = 4;
 static long g_rounds = 2000;
+static long g_start_gate_ms = 0;
 static int g_failed = 0;
 
-#define CHECK(cond, ...)                      \
-  do {                                        \
-    if (!(cond)) {                            \
-      printf("CHECK FAILED: " __VA_ARGS__);   \
-      printf("\n");                           \
-      g_failed = 1;                           \
-    }                                         \
+#define CHECK(cond, ...)                    \
+  do {                                      \
+    if (!(cond)) {                          \
+      printf("CHECK FAILED: " __VA_ARGS__); \
+      printf("\n");                         \
+      g_failed = 1;                         \
+    }                                       \
   } while (0)
 
 typedef void* (*thread_fn)(void*);
 
+/* Workers started by run_threads, held at the start gate. */
+static struct {
+  thread_fn fn;
+  void* arg;
+} g_start[MAX_THREADS];
+static int g_gate_open;
+
+static void* gated_start(void* p) {
+  long i = (long)p;
+  while (!__atomic_load_n(&g_gate_open, __ATOMIC_ACQUIRE)) sched_yield();
+  return g_start[i].fn(g_start[i].arg);
+}
+
+/* Main waits --start_gate_ms in a timed condition wait (a futex), then opens the gate. */
+static void open_gate_after_wait(void) {
+  pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+  pthread_cond_t cv = PTHREAD_COND_INITIALIZER;
+  struct timespec until;
+  clock_gettime(CLOCK_REALTIME, &until);
+  until.tv_sec += g_start_gate_ms / 1000;
+  until.tv_nsec += (g_start_gate_ms % 1000) * 1000000L;
+  if (until.tv_nsec >= 1000000000L) {
+    until.tv_sec++;
+    until.tv_nsec -= 1000000000L;
+  }
+  pthread_mutex_lock(&mu);
+  while (pthread_cond_timedwait(&cv, &mu, &until) != ETIMEDOUT) {
+  }
+  pthread_mutex_unlock(&mu);
+  __atomic_store_n(&g_gate_open, 1, __ATOMIC_RELEASE);
+}
+
 static void run_threads(int n, thread_fn fn, void* args, size_t arg_size, void** results) {
   pthread_t t[MAX_THREADS];
+  __atomic_store_n(&g_gate_open, g_start_gate_ms == 0, __ATOMIC_RELEASE);
   for (int i = 0; i < n; ++i) {
-    int err = pthread_create(&t[i], NULL, fn, (char*)args + i * arg_size);
+    g_start[i].fn = fn;
+    g_start[i].arg = (char*)args + i * arg_size;
+    int err = pthread_create(&t[i], NULL, gated_start, (void*)(long)i);
     if (err) {
       fprintf(stderr, "pthread_create: %s\n", strerror(err));
       exit(1);
     }
   }
+  if (g_start_gate_ms > 0) open_gate_after_wait();
   for (int i = 0; i < n; ++i) pthread_join(t[i], results ? &results[i] : NULL);
 }
 
@@ -215,8 +256,8 @@ static void test_atomic(void) {
   a_turn = 0;
   run_threads(g_threads, atomic_worker, args, sizeof(long), NULL);
   long hops = g_rounds / 100 + 1;
-  CHECK(a_counter == g_threads * g_rounds && a_turn == g_threads * hops, "atomic %ld %d",
-        a_counter, a_turn);
+  CHECK(a_counter == g_threads * g_rounds && a_turn == g_threads * hops, "atomic %ld %d", a_counter,
+        a_turn);
   printf("atomic: counter=%ld relay=%d\n", a_counter, a_turn);
 }
 
@@ -397,8 +438,14 @@ static void test_affinity(void) {
 static volatile sig_atomic_t sig_process_count;
 static __thread volatile sig_atomic_t sig_mine;
 static pthread_barrier_t sig_barrier;
-static void on_usr1(int s) { (void)s; sig_process_count++; }
-static void on_usr2(int s) { (void)s; sig_mine = 1; }
+static void on_usr1(int s) {
+  (void)s;
+  sig_process_count++;
+}
+static void on_usr2(int s) {
+  (void)s;
+  sig_mine = 1;
+}
 static void* signal_worker(void* p) {
   long* got = p;
   pthread_barrier_wait(&sig_barrier); /* main sends signals after this */
@@ -465,21 +512,26 @@ int main(int argc, char** argv) {
       g_threads = atoi(argv[i] + 10);
     } else if (!strncmp(argv[i], "--rounds=", 9)) {
       g_rounds = atol(argv[i] + 9);
+    } else if (!strncmp(argv[i], "--start_gate_ms=", 16)) {
+      g_start_gate_ms = atol(argv[i] + 16);
     } else {
-      fprintf(stderr, "usage: %s [--test=NAME] [--threads=N] [--rounds=R]\n", argv[0]);
+      fprintf(stderr, "usage: %s [--test=NAME] [--threads=N] [--rounds=R] [--start_gate_ms=M]\n",
+              argv[0]);
       return 2;
     }
   }
-  if (g_threads < 2 || g_threads > MAX_THREADS || g_rounds < 1) {
-    fprintf(stderr, "--threads must be 2..%d and --rounds positive\n", MAX_THREADS);
+  if (g_threads < 2 || g_threads > MAX_THREADS || g_rounds < 1 || g_start_gate_ms < 0 ||
+      g_start_gate_ms > 60000) {
+    fprintf(stderr, "--threads must be 2..%d, --rounds positive, --start_gate_ms 0..60000\n",
+            MAX_THREADS);
     return 2;
   }
   struct {
     const char* name;
     void (*fn)(void);
-  } tests[] = {{"mutex", test_mutex},   {"condvar", test_condvar}, {"barrier", test_barrier},
-               {"sem", test_sem},       {"atomic", test_atomic},   {"join", test_join},
-               {"detach", test_detach}, {"malloc", test_malloc},   {"mmap", test_mmap},
+  } tests[] = {{"mutex", test_mutex},       {"condvar", test_condvar}, {"barrier", test_barrier},
+               {"sem", test_sem},           {"atomic", test_atomic},   {"join", test_join},
+               {"detach", test_detach},     {"malloc", test_malloc},   {"mmap", test_mmap},
                {"affinity", test_affinity}, {"signal", test_signal}};
   if (!strcmp(test, "exit")) test_exit(0);
   if (!strcmp(test, "abort")) test_exit(1);

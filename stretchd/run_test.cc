@@ -1,0 +1,175 @@
+// `stretchd run --nodes=2` on unmodified pthread programs: each prints exactly what it prints
+// natively, ends with the native status, and its threads ran on both nodes. Needs root and
+// CRIU (tools/setup), as CI has.
+#include <signal.h>
+#include <sys/wait.h>
+
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "migrate/subprocess.h"
+#include "migrate/testing_criu.h"
+
+namespace stretch {
+namespace {
+
+using ::testing::HasSubstr;
+
+std::string Runfile(const std::string& path) {
+  const char* srcdir = getenv("TEST_SRCDIR");
+  const char* ws = getenv("TEST_WORKSPACE");
+  return srcdir && ws ? absl::StrCat(srcdir, "/", ws, "/", path) : path;
+}
+
+struct Outcome {
+  ExitStatus status;
+  std::string out, err;
+};
+
+Outcome RunCommand(const std::vector<std::string>& argv, const std::string& dir,
+                   const std::string& name) {
+  SubprocessOptions o;
+  o.argv = argv;
+  o.stdout_path = absl::StrCat(dir, "/", name, ".out");
+  o.stderr_path = absl::StrCat(dir, "/", name, ".err");
+  auto st = RunToCompletion(o, absl::Now() + absl::Seconds(120));
+  EXPECT_TRUE(st.ok()) << st.status();
+  return Outcome{st.ok() ? *st : ExitStatus{true, 0}, testing::ReadFileOrEmpty(o.stdout_path),
+                 testing::ReadFileOrEmpty(o.stderr_path)};
+}
+
+class RunTest : public ::testing::Test {
+ protected:
+  // Native run and `stretchd run --nodes=2` of the same command; both outcomes.
+  std::pair<Outcome, Outcome> Both(const std::vector<std::string>& prog,
+                                   const std::vector<std::string>& flags = {}) {
+    static int n = 0;
+    std::string name = absl::StrCat("run", n++);
+    Outcome native = RunCommand(prog, dir_.path(), name + "-native");
+    std::vector<std::string> argv = {
+        Runfile("stretchd/stretchd"), "run", "--nodes=2",
+        absl::StrCat("--stats_json=", dir_.path(), "/", name, ".json")};
+    argv.insert(argv.end(), flags.begin(), flags.end());
+    argv.push_back("--");
+    argv.insert(argv.end(), prog.begin(), prog.end());
+    Outcome stretch = RunCommand(argv, dir_.path(), name + "-stretch");
+    last_stats_ = testing::ReadFileOrEmpty(absl::StrCat(dir_.path(), "/", name, ".json"));
+    return {native, stretch};
+  }
+
+  // threads_run of each node in the last run's stats.
+  std::vector<int> ThreadsRun() const {
+    std::vector<int> out;
+    for (size_t pos = 0; (pos = last_stats_.find("\"threads_run\":", pos)) != std::string::npos;) {
+      pos += 14;
+      out.push_back(std::atoi(last_stats_.c_str() + pos));
+    }
+    return out;
+  }
+
+  testing::TempDir dir_;
+  std::string last_stats_;
+};
+
+TEST_F(RunTest, SynchronizationPrimitivesBehaveAsNatively) {
+  for (const std::string test :
+       {"mutex", "condvar", "barrier", "sem", "atomic", "join", "detach"}) {
+    // The workers wait at a start gate that main opens after a 100 ms timed wait, so all are
+    // alive at the migration point (taken when the 4th is created). detach's workers are not
+    // gated: they compute long enough to outlive the checkpoint.
+    const bool detach = test == "detach";
+    auto [native, stretch] = Both(
+        {Runfile("experiments/workloads/sync_torture"), absl::StrCat("--test=", test),
+         "--threads=4", detach ? "--rounds=200000000" : "--rounds=2000", "--start_gate_ms=100"},
+        {"--migrate_at_threads=5"});
+    EXPECT_EQ(stretch.status.ToString(), native.status.ToString()) << test << ": " << stretch.err;
+    EXPECT_EQ(stretch.out, native.out) << test << ": " << stretch.err;
+    EXPECT_THAT(native.out, HasSubstr(test));
+    // Threads ran on both nodes, and pages moved between them.
+    auto threads = ThreadsRun();
+    ASSERT_EQ(threads.size(), 2u) << last_stats_;
+    EXPECT_GT(threads[0], 0) << test;
+    EXPECT_GT(threads[1], 0) << test;
+    EXPECT_THAT(last_stats_, HasSubstr("\"pages_fetched\":"));
+    EXPECT_THAT(last_stats_, HasSubstr("\"invalidations_received\":"));
+  }
+}
+
+TEST_F(RunTest, SpinningThreadsShareMemoryWithoutFutexes) {
+  auto [native, stretch] =
+      Both({Runfile("stretchd/spin_prog"), "4", "100000"}, {"--migrate_at_threads=5"});
+  EXPECT_EQ(stretch.status.ToString(), "exit status 0") << stretch.err;
+  EXPECT_EQ(stretch.out, native.out);
+  EXPECT_THAT(native.out, HasSubstr("counter 400000 "));
+  EXPECT_EQ(ThreadsRun().size(), 2u) << last_stats_;
+}
+
+TEST_F(RunTest, WorkloadsPrintTheNativeResult) {
+  for (const std::vector<std::string>& w :
+       {std::vector<std::string>{"matrix_multiply", "--size=120"},
+        {"pca", "--size=64"},
+        {"kmeans", "--size=8000"},
+        {"linear_regression", "--size=200000"}}) {
+    auto [native, stretch] = Both({Runfile("experiments/workloads/" + w[0]), w[1], "--threads=4"});
+    EXPECT_EQ(stretch.status.ToString(), "exit status 0") << w[0] << ": " << stretch.err;
+    EXPECT_EQ(stretch.out, native.out) << w[0];
+  }
+}
+
+TEST_F(RunTest, ExitStatusAndFatalSignalsAreNative) {
+  auto [native, stretch] =
+      Both({Runfile("experiments/workloads/sync_torture"), "--test=exit", "--threads=3"},
+           {"--migrate_at_threads=4"});
+  EXPECT_EQ(native.status.ToString(), "exit status 42");
+  EXPECT_EQ(stretch.status.ToString(), "exit status 42") << stretch.err;
+  EXPECT_EQ(stretch.out, native.out);
+  auto [native2, stretch2] =
+      Both({Runfile("experiments/workloads/sync_torture"), "--test=abort", "--threads=3"},
+           {"--migrate_at_threads=4"});
+  EXPECT_EQ(native2.status.ToString(), (ExitStatus{true, SIGABRT}).ToString());
+  EXPECT_EQ(stretch2.status.ToString(), native2.status.ToString()) << stretch2.err;
+}
+
+TEST_F(RunTest, InterruptStopsEverythingAndLeavesNothingBehind) {
+  SubprocessOptions o;
+  o.argv = {Runfile("stretchd/stretchd"),  "run", "--nodes=2",   "--migrate_at_threads=3", "--",
+            Runfile("stretchd/spin_prog"), "2",   "100000000000"};
+  o.stdout_path = dir_.path() + "/int.out";
+  o.stderr_path = dir_.path() + "/int.err";
+  auto p = Subprocess::Start(o);
+  ASSERT_TRUE(p.ok()) << p.status();
+  // The replicas are running once every node's agent is up: wait for their processes.
+  absl::Time end = absl::Now() + absl::Seconds(60);
+  auto count = [](const std::string& pattern) {
+    std::string out;
+    FILE* f = popen(absl::StrCat("pgrep -c ", pattern).c_str(), "r");
+    char buf[32] = {};
+    if (f) {
+      if (fgets(buf, sizeof(buf), f)) out = buf;
+      pclose(f);
+    }
+    return std::atoi(out.c_str());
+  };
+  // Poll until both replicas exist (their command lines read as empty: pgrep -x on the name).
+  while (count("-x spin_prog") < 2 && absl::Now() < end) {
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  ASSERT_EQ(count("-x spin_prog"), 2);
+  p->Kill(SIGINT);
+  auto st = p->Wait(absl::Now() + absl::Seconds(30));
+  ASSERT_TRUE(st.ok()) << st.status();
+  // spin_prog has no SIGINT handler: natively it dies of it, and so does stretchd.
+  EXPECT_EQ(st->ToString(), (ExitStatus{true, SIGINT}).ToString())
+      << testing::ReadFileOrEmpty(o.stderr_path);
+  EXPECT_EQ(count("-x spin_prog"), 0);
+  EXPECT_EQ(count("-f '[s]tretchd node .*--replica_images'"), 0);
+}
+
+}  // namespace
+}  // namespace stretch
