@@ -537,6 +537,12 @@ class NodeAgent::Impl {
       absl::StatusOr<PeerId> peer =
           transport_->Connect(address, absl::Now() + options_.connect_timeout);
       if (peer.ok()) {
+        {
+          // Known before the Hello goes out: the other node answers on this connection as soon
+          // as the Hello arrives, possibly before PeerReadyLocked below runs.
+          absl::MutexLock l(&net_mu_);
+          in_peers_[*peer] = node;
+        }
         wire::Hello hello;
         hello.role = wire::Role::kNode;
         hello.node = self_;
@@ -624,7 +630,7 @@ class NodeAgent::Impl {
           uffd::UffdResult r = att.loop->Protect(addr);
           if (!r.ok() && r.code != uffd::UffdResult::kGone) {
             // A copy we cannot write-protect could be written behind the protocol's back.
-            KillTarget(*att.target, r.ToStatus("UFFDIO_WRITEPROTECT", addr));
+            KillTarget(att, r.ToStatus("UFFDIO_WRITEPROTECT", addr));
           }
           break;
         }
@@ -633,7 +639,7 @@ class NodeAgent::Impl {
           VLOG(2) << "node " << self_.value() << " " << page.ToString() << ": drop -> " << s;
           if (!s.ok() && !att.target->pidfd.Exited()) {
             // The copy may still be readable: the process must not continue.
-            KillTarget(*att.target, Annotate(s, absl::StrCat("invalidating ", page.ToString())));
+            KillTarget(att, Annotate(s, absl::StrCat("invalidating ", page.ToString())));
           }
           stats_.pages_dropped.Add();
           break;
@@ -772,9 +778,8 @@ class NodeAgent::Impl {
     mu_.Await(absl::Condition(&idle));
     if (in.msg.op == wire::CohOp::kNack) {
       mu_.Unlock();
-      KillTarget(*att.target,
-                 absl::DataLossError(absl::StrCat("page ", page.ToString(),
-                                                  " is lost: the node that held it is gone")));
+      KillTarget(att, absl::DataLossError(absl::StrCat("page ", page.ToString(),
+                                                       " is lost: the node that held it is gone")));
       mu_.Lock();
       return;
     }
@@ -979,9 +984,14 @@ class NodeAgent::Impl {
     Fail(absl::DataLossError(msg));
   }
 
-  void KillTarget(Target& t, const absl::Status& why) {
+  void KillTarget(Attachment& att, const absl::Status& why) {
+    Target& t = *att.target;
     LOG(ERROR) << "node " << self_.value() << ": stopping pid " << t.pid << ": " << why;
     (void)t.pidfd.Signal(SIGKILL);
+    // Accesses blocked on pages that will never come (also our own reads of its memory, e.g.
+    // a futex word) must not wait for the process to die: unregistering wakes them, and they
+    // see zero pages of a process that is going away.
+    for (const Range& r : att.ranges) (void)att.uffd->Unregister(r.base, r.length);
     absl::MutexLock l(&health_mu_);
     if (health_.ok()) health_ = why;
   }
