@@ -161,6 +161,7 @@ absl::StatusOr<OriginResult> RunOrigin(const OriginOptions& options) {
     absl::MutexLock l(&watch.mu);
     exited = watch.exited;
   }
+  const absl::Time stop_start = absl::Now();
   if (!exited) {
     detached = sup->Detach(deadline);
     absl::MutexLock l(&watch.mu);
@@ -192,7 +193,10 @@ absl::StatusOr<OriginResult> RunOrigin(const OriginOptions& options) {
   }
   sup.reset();
   Criu criu(options.criu);
+  const absl::Time dump_start = absl::Now();
+  result.stop_time = dump_start - stop_start;
   STRETCH_RETURN_IF_ERROR(criu.Dump(app.pid(), options.images_dir));
+  result.dump_time = absl::Now() - dump_start;
   auto st = app.Wait(deadline);
   if (!st.ok()) return Annotate(st.status(), "origin after checkpoint");
   result.images_dir = options.images_dir;

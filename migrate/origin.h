@@ -49,6 +49,8 @@ struct OriginResult {
   // (identical in every replica), main thread (1) first, then in creation order.
   std::vector<pid_t> threads;
   std::string images_dir;
+  // How long stopping the program and `criu dump` took.
+  absl::Duration stop_time, dump_time;
 };
 
 absl::StatusOr<OriginResult> RunOrigin(const OriginOptions& options);

@@ -205,6 +205,15 @@ int RunLauncher(const LaunchOptions& o) {
     LOG(INFO) << "stretchd run: node " << i << " runs threads " << absl::StrJoin(placement[i], ",");
   }
 
+  // Migration cost: stopping and dumping (above), then restoring every replica (below).
+  uint64_t image_bytes = 0;
+  {
+    std::error_code ec;
+    for (const auto& e : std::filesystem::directory_iterator(oo.images_dir, ec)) {
+      if (e.is_regular_file(ec)) image_bytes += e.file_size(ec);
+    }
+  }
+  const absl::Time restore_start = absl::Now();
   engine::ServerOptions so;
   so.transport = o.transport;
   so.listen = o.transport == "loopback" ? "loop:" : "127.0.0.1:0";
@@ -260,6 +269,11 @@ int RunLauncher(const LaunchOptions& o) {
     }
     (void)absl::SimpleAtoi(line->substr(6), &agents[i].threads_run);
   }
+  const absl::Duration restore_time = absl::Now() - restore_start;
+  LOG(INFO) << "stretchd run: migrated " << origin->threads.size() << " threads: stop "
+            << origin->stop_time << ", checkpoint " << origin->dump_time << " ("
+            << image_bytes / (1 << 20) << " MiB of images), restore on " << o.nodes << " nodes "
+            << restore_time;
   for (auto& a : agents) SendLine(a.control.get(), "go");
 
   // The first replica to end decides the outcome.
@@ -333,7 +347,11 @@ int RunLauncher(const LaunchOptions& o) {
                       node.size() > 2 ? "," : "", node.substr(1));
     }
     absl::StrAppend(&json, "],\"server\":", (*server)->StatsJson(),
-                    ",\"migrated\":true,\"threads\":", origin->threads.size(), "}");
+                    ",\"migrated\":true,\"threads\":", origin->threads.size(),
+                    ",\"migration\":{\"stop_ms\":", absl::ToDoubleMilliseconds(origin->stop_time),
+                    ",\"checkpoint_ms\":", absl::ToDoubleMilliseconds(origin->dump_time),
+                    ",\"image_bytes\":", image_bytes,
+                    ",\"restore_ms\":", absl::ToDoubleMilliseconds(restore_time), "}}");
     FILE* f = std::fopen(o.stats_json.c_str(), "w");
     if (f == nullptr)
       return Fail(ErrnoStatus(errno, absl::StrCat("write ", o.stats_json)).ToString());

@@ -101,6 +101,22 @@ TEST_F(RunTest, SynchronizationPrimitivesBehaveAsNatively) {
   }
 }
 
+// One program using every primitive in turn: the first batch of workers migrates, the later
+// batches are created after migration by main (node 0) and run there.
+TEST_F(RunTest, MixedProgramMatchesItsNativeRun) {
+  auto [native, stretch] = Both({Runfile("experiments/workloads/sync_torture"),
+                                 "--test=mutex,condvar,barrier,sem,atomic,join,detach",
+                                 "--threads=4", "--rounds=2000", "--start_gate_ms=100"},
+                                {"--migrate_at_threads=5"});
+  EXPECT_EQ(stretch.status.ToString(), "exit status 0") << stretch.err;
+  EXPECT_EQ(stretch.out, native.out) << stretch.err;
+  EXPECT_THAT(native.out, HasSubstr("detach: done=4"));
+  auto threads = ThreadsRun();
+  ASSERT_EQ(threads.size(), 2u) << last_stats_;
+  EXPECT_GT(threads[1], 0) << last_stats_;
+  EXPECT_THAT(last_stats_, ::testing::Not(HasSubstr("\"futex_waits\":0,")));
+}
+
 TEST_F(RunTest, SpinningThreadsShareMemoryWithoutFutexes) {
   auto [native, stretch] =
       Both({Runfile("stretchd/spin_prog"), "4", "100000"}, {"--migrate_at_threads=5"});
@@ -108,6 +124,11 @@ TEST_F(RunTest, SpinningThreadsShareMemoryWithoutFutexes) {
   EXPECT_EQ(stretch.out, native.out);
   EXPECT_THAT(native.out, HasSubstr("counter 400000 "));
   EXPECT_EQ(ThreadsRun().size(), 2u) << last_stats_;
+  // What the migration cost is reported.
+  for (const char* key : {"\"stop_ms\":", "\"checkpoint_ms\":", "\"image_bytes\":",
+                          "\"restore_ms\":"}) {
+    EXPECT_THAT(last_stats_, HasSubstr(key));
+  }
 }
 
 TEST_F(RunTest, WorkloadsPrintTheNativeResult) {
@@ -115,7 +136,8 @@ TEST_F(RunTest, WorkloadsPrintTheNativeResult) {
        {std::vector<std::string>{"matrix_multiply", "--size=120"},
         {"pca", "--size=64"},
         {"kmeans", "--size=8000"},
-        {"linear_regression", "--size=200000"}}) {
+        {"linear_regression", "--size=200000"},
+        {"big_heap", "--mib=16"}}) {
     auto [native, stretch] = Both({Runfile("experiments/workloads/" + w[0]), w[1], "--threads=4"});
     EXPECT_EQ(stretch.status.ToString(), "exit status 0") << w[0] << ": " << stretch.err;
     EXPECT_EQ(stretch.out, native.out) << w[0];

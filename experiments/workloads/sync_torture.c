@@ -1,7 +1,8 @@
 /* Synchronization torture: every pthread and process facility a transparent DSM must keep
  * working across nodes, one test per --test=NAME, each printing a deterministic result.
  *
- *   mutex condvar barrier sem atomic join detach malloc mmap affinity signal   (all: each)
+ *   mutex condvar barrier sem atomic join detach malloc mmap affinity signal   (all: each;
+ *   a comma-separated list runs those, in the order above)
  *   exit   a non-main thread calls exit(42) while others are blocked
  *   abort  a non-main thread calls abort() (killed by SIGABRT)
  *
@@ -503,6 +504,19 @@ static void test_exit(int do_abort) {
   for (;;) pause();
 }
 
+/* Whether `name` is one of the comma-separated names in `list`. */
+static int listed(const char* list, const char* name) {
+  size_t n = strlen(name);
+  for (const char* p = list; *p;) {
+    const char* comma = strchr(p, ',');
+    size_t len = comma ? (size_t)(comma - p) : strlen(p);
+    if (len == n && !strncmp(p, name, n)) return 1;
+    if (!comma) break;
+    p = comma + 1;
+  }
+  return 0;
+}
+
 int main(int argc, char** argv) {
   const char* test = "all";
   for (int i = 1; i < argc; ++i) {
@@ -537,7 +551,7 @@ int main(int argc, char** argv) {
   if (!strcmp(test, "abort")) test_exit(1);
   int ran = 0;
   for (size_t i = 0; i < sizeof(tests) / sizeof(tests[0]); ++i) {
-    if (!strcmp(test, "all") || !strcmp(test, tests[i].name)) {
+    if (!strcmp(test, "all") || listed(test, tests[i].name)) {
       tests[i].fn();
       ran = 1;
     }
