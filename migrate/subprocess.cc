@@ -86,6 +86,11 @@ absl::StatusOr<Subprocess> Subprocess::Start(const SubprocessOptions& o) {
   if (o.gate_before_exec && access(program.c_str(), X_OK) != 0) {
     return absl::NotFoundError(absl::StrCat("'", o.argv[0], "' is not an executable program"));
   }
+  UniqueFd netns;
+  if (!o.netns.empty()) {
+    netns.reset(open(o.netns.c_str(), O_RDONLY | O_CLOEXEC));
+    if (!netns.valid()) return ErrnoStatus(errno, absl::StrCat("open ", o.netns));
+  }
   int gate[2] = {-1, -1};
   if (o.gate_before_exec && pipe2(gate, O_CLOEXEC) != 0) return ErrnoStatus(errno, "pipe2");
   int errpipe[2];
@@ -110,6 +115,7 @@ absl::StatusOr<Subprocess> Subprocess::Start(const SubprocessOptions& o) {
       // In a new PID namespace the parent is outside it and getppid() is 0.
       if (!o.new_pid_namespace && getppid() != parent) _exit(127);
     }
+    if (netns.valid() && setns(netns.get(), CLONE_NEWNET) != 0) ChildFail(report, errno);
     sigset_t all;
     sigemptyset(&all);
     sigprocmask(SIG_SETMASK, &all, nullptr);

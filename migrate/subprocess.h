@@ -47,6 +47,8 @@ struct SubprocessOptions {
   // will be checkpointed: CRIU restores the setting and the restored tree's parent, CRIU
   // itself, exits right after the restore, which would kill the replica.
   bool die_with_parent = true;
+  // Enter this network namespace (a path such as /run/netns/NAME) before exec. Empty: stay.
+  std::string netns;
 };
 
 struct ExitStatus {

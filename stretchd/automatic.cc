@@ -9,6 +9,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <cstring>
@@ -31,6 +32,7 @@
 #include "migrate/origin.h"
 #include "migrate/subprocess.h"
 #include "stretchd/replica.h"
+#include "testing/netns.h"
 
 namespace stretch {
 namespace {
@@ -214,11 +216,37 @@ int RunLauncher(const LaunchOptions& o) {
     }
   }
   const absl::Time restore_start = absl::Now();
+  // The emulated nodes: a network namespace each, joined by veth pairs; removed on the way out
+  // (after the agents, declared below, have ended).
+  std::unique_ptr<testing::NetnsCluster> cluster;
+  if (o.netns && o.transport != "loopback") {
+    testing::NetnsCluster::Options co;
+    co.nodes = o.nodes;
+    auto c = testing::NetnsCluster::Create(co);
+    if (!c.ok()) {
+      return Fail(absl::StrCat("creating the nodes' network namespaces: ", c.status().message(),
+                               " (--nonetns runs every node on 127.0.0.1)"));
+    }
+    cluster = std::move(*c);
+  }
+  auto node_ip = [&cluster](int i) {
+    return cluster ? cluster->address(i) : std::string("127.0.0.1");
+  };
   engine::ServerOptions so;
   so.transport = o.transport;
-  so.listen = o.transport == "loopback" ? "loop:" : "127.0.0.1:0";
+  so.listen = o.transport == "loopback" ? "loop:" : absl::StrCat(node_ip(0), ":0");
   so.checkpoint_images = oo.images_dir;
-  auto server = engine::DirectoryServer::Start(so);
+  absl::StatusOr<std::unique_ptr<engine::DirectoryServer>> server =
+      absl::UnavailableError("not started");
+  auto start_server = [&] { server = engine::DirectoryServer::Start(so); };
+  if (cluster) {
+    // Sockets belong to the namespace of the thread that makes them.
+    if (absl::Status s = cluster->RunInThread(0, start_server); !s.ok()) {
+      return Fail(std::string(s.message()));
+    }
+  } else {
+    start_server();
+  }
   if (!server.ok()) return Fail(std::string(server.status().message()));
 
   struct Agent {
@@ -238,7 +266,7 @@ int RunLauncher(const LaunchOptions& o) {
               "node",
               absl::StrCat("--node=", i),
               absl::StrCat("--server=", (*server)->address()),
-              "--listen=127.0.0.1:0",
+              absl::StrCat("--listen=", node_ip(i), ":0"),
               absl::StrCat("--transport=", o.transport),
               absl::StrCat("--replica_images=", oo.images_dir),
               absl::StrCat("--replica_work=", work, "/node", i),
@@ -247,6 +275,7 @@ int RunLauncher(const LaunchOptions& o) {
               absl::StrCat("--criu=", o.criu.binary)};
     if (!VLOG_IS_ON(1)) a.argv.push_back("--minloglevel=1");
     a.control_fd = sv[1];
+    if (cluster) a.netns = cluster->path(i);
     auto p = Subprocess::Start(a);
     close(sv[1]);
     if (!p.ok()) {
@@ -285,11 +314,22 @@ int RunLauncher(const LaunchOptions& o) {
   int result = 1;
   std::string error;
   int interrupts = 0;
+  // An error report may be collateral: when the program ends on one node, the pages that node
+  // held are lost to the others, which stop with an error. So after an error, the other nodes
+  // get a moment to report how the program ended, which is then the outcome.
+  absl::Time error_grace_end = absl::InfiniteFuture();
   for (bool finished = false; !finished;) {
     std::vector<struct pollfd> p;
-    for (auto& a : agents) p.push_back({a.control.get(), POLLIN, 0});
+    for (auto& a : agents) p.push_back({a.done ? -1 : a.control.get(), POLLIN, 0});
     p.push_back({sigfd.get(), POLLIN, 0});
-    if (poll(p.data(), p.size(), -1) < 0 && errno != EINTR) break;
+    int timeout_ms = -1;
+    if (error_grace_end != absl::InfiniteFuture()) {
+      timeout_ms = static_cast<int>(
+          std::max<int64_t>(0, absl::ToInt64Milliseconds(error_grace_end - absl::Now())));
+    }
+    int ready = poll(p.data(), p.size(), timeout_ms);
+    if (ready < 0 && errno != EINTR) break;
+    if (ready == 0 && absl::Now() >= error_grace_end) break;  // the error stands
     if (p.back().revents & POLLIN) {
       struct signalfd_siginfo si;
       if (read(sigfd.get(), &si, sizeof(si)) == sizeof(si)) {
@@ -304,7 +344,7 @@ int RunLauncher(const LaunchOptions& o) {
       }
     }
     for (int i = 0; i < o.nodes && !finished; ++i) {
-      if (!(p[i].revents & (POLLIN | POLLHUP))) continue;
+      if (agents[i].done || !(p[i].revents & (POLLIN | POLLHUP))) continue;
       bool closed = false;
       auto line = RecvLine(agents[i].control.get(), 0, &closed);
       if (!line) continue;
@@ -313,18 +353,23 @@ int RunLauncher(const LaunchOptions& o) {
       if (!closed && absl::StartsWith(*line, "exit ") &&
           absl::SimpleAtoi(line->substr(5), &value)) {
         result = value;
+        error.clear();
+        finished = true;
       } else if (!closed && absl::StartsWith(*line, "signal ") &&
                  absl::SimpleAtoi(line->substr(7), &value)) {
         result = -value;
-      } else {
+        error.clear();
+        finished = true;
+      } else if (error.empty()) {
         error =
             absl::StrCat("node ", i, ": ",
                          closed ? "its agent exited unexpectedly"
                                 : (absl::StartsWith(*line, "error ") ? line->substr(6) : *line));
         result = 1;
+        error_grace_end = absl::Now() + absl::Seconds(2);
       }
-      finished = true;
     }
+    if (std::all_of(agents.begin(), agents.end(), [](const Agent& a) { return a.done; })) break;
   }
   for (auto& a : agents) {
     if (!a.done) SendLine(a.control.get(), "stop");
@@ -422,6 +467,11 @@ int RunReplicaAgent(const ReplicaAgentOptions& o) {
   for (;;) {
     auto st = (*replica)->Wait(absl::Now() + absl::Milliseconds(100));
     if (st.ok()) {
+      // Killed by this agent because the cluster failed: say why, not "signal 9".
+      if (absl::Status h = (*agent)->health(); !h.ok() && st->signaled && st->code == SIGKILL) {
+        report_error(std::string(h.message()));
+        return finish(1);
+      }
       SendLine(ctl, StatusLine(*st));
       return finish(0);
     }

@@ -36,6 +36,9 @@ struct LaunchOptions {
   std::vector<int> migrate_threads;
   CriuOptions criu;
   bool keep_work_dir = false;
+  // Each emulated node (its agent, CRIU and replica) in its own network namespace, the server
+  // in node 0's; false: all on 127.0.0.1 of this namespace.
+  bool netns = true;
 };
 
 // Runs the program; returns the process exit status stretchd should end with (a program killed

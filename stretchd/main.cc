@@ -55,6 +55,9 @@ DEFINE_int32(migrate_at_threads, 0,
 DEFINE_string(migrate_threads, "",
               "run: comma-separated thread ids (in the program's PID namespace, main = 1) to run "
               "away from node 0; default: every thread but main, spread over all nodes");
+DEFINE_bool(netns, true,
+            "run: put each emulated node in its own network namespace (veth-connected, "
+            "10.77.0.N); --nonetns runs them all on 127.0.0.1");
 DEFINE_string(work_dir, "", "run: keep the checkpoint, logs and output files in this directory");
 DEFINE_string(replica_images, "", "node (internal, used by run): restore a replica from here");
 DEFINE_string(replica_work, "", "node (internal, used by run): CRIU work directory");
@@ -120,9 +123,9 @@ const std::vector<Subcommand>& Subcommands() {
        "natively, is checkpointed once its worker threads exist, and continues with its "
        "threads spread over the nodes and its memory kept coherent; exits with its status.",
        "[--nodes=N] [--transport=tcp] [--stats_json=FILE] [--migrate_at_threads=K] "
-       "[--migrate_threads=T,T] [--work_dir=DIR] -- PROG ARGS...",
+       "[--migrate_threads=T,T] [--work_dir=DIR] [--nonetns] -- PROG ARGS...",
        {"nodes", "transport", "stats_json", "migrate_at_threads", "migrate_threads", "work_dir",
-        "criu"},
+        "netns", "criu"},
        RunRun},
       {"version", "Print the stretchd version and wire protocol version.", "", {}, RunVersion},
   };
@@ -421,6 +424,7 @@ int RunRun(const std::vector<std::string>& args) {
   o.stats_json = FLAGS_stats_json;
   o.migrate_at_threads = FLAGS_migrate_at_threads;
   o.work_dir = FLAGS_work_dir;
+  o.netns = FLAGS_netns;
   o.stretchd = SelfPath();
   o.criu.binary = CriuPath();
   if (!ParseIntList(FLAGS_migrate_threads, &o.migrate_threads)) {

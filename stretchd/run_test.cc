@@ -117,16 +117,28 @@ TEST_F(RunTest, MixedProgramMatchesItsNativeRun) {
   EXPECT_THAT(last_stats_, ::testing::Not(HasSubstr("\"futex_waits\":0,")));
 }
 
+TEST_F(RunTest, ThreeNodesInTheirOwnNetworkNamespaces) {
+  auto [native, stretch] =
+      Both({Runfile("experiments/workloads/sync_torture"), "--test=mutex,barrier,join",
+            "--threads=4", "--rounds=2000", "--start_gate_ms=100"},
+           {"--nodes=3", "--migrate_at_threads=5"});
+  EXPECT_EQ(stretch.status.ToString(), "exit status 0") << stretch.err;
+  EXPECT_EQ(stretch.out, native.out) << stretch.err;
+  auto threads = ThreadsRun();
+  ASSERT_EQ(threads.size(), 3u) << last_stats_;
+  for (int t : threads) EXPECT_GT(t, 0) << last_stats_;
+}
+
 TEST_F(RunTest, SpinningThreadsShareMemoryWithoutFutexes) {
   auto [native, stretch] =
-      Both({Runfile("stretchd/spin_prog"), "4", "100000"}, {"--migrate_at_threads=5"});
+      Both({Runfile("stretchd/spin_prog"), "4", "100000"}, {"--migrate_at_threads=5", "--nonetns"});
   EXPECT_EQ(stretch.status.ToString(), "exit status 0") << stretch.err;
   EXPECT_EQ(stretch.out, native.out);
   EXPECT_THAT(native.out, HasSubstr("counter 400000 "));
   EXPECT_EQ(ThreadsRun().size(), 2u) << last_stats_;
   // What the migration cost is reported.
-  for (const char* key : {"\"stop_ms\":", "\"checkpoint_ms\":", "\"image_bytes\":",
-                          "\"restore_ms\":"}) {
+  for (const char* key :
+       {"\"stop_ms\":", "\"checkpoint_ms\":", "\"image_bytes\":", "\"restore_ms\":"}) {
     EXPECT_THAT(last_stats_, HasSubstr(key));
   }
 }
@@ -191,6 +203,14 @@ TEST_F(RunTest, InterruptStopsEverythingAndLeavesNothingBehind) {
       << testing::ReadFileOrEmpty(o.stderr_path);
   EXPECT_EQ(count("-x spin_prog"), 0);
   EXPECT_EQ(count("-f '[s]tretchd node .*--replica_images'"), 0);
+  // Nor the nodes' network namespaces (named stretch-<launcher pid>-...).
+  std::string netns;
+  if (FILE* f = popen("ip netns list", "r")) {
+    char buf[256];
+    while (fgets(buf, sizeof(buf), f)) netns += buf;
+    pclose(f);
+  }
+  EXPECT_THAT(netns, ::testing::Not(HasSubstr(absl::StrCat("stretch-", p->pid(), "-"))));
 }
 
 }  // namespace
