@@ -30,6 +30,11 @@ expect 2 "no program given" err run
 expect 2 "--nodes must be 1..64" err run --nodes=0 -- /bin/true
 expect 2 "--migrate_threads must be thread ids" err run --migrate_threads=x -- /bin/true
 expect 1 "is not an executable program" err run -- /nonexistent/program
+expect 2 "unknown transport" err run --transport=carrier-pigeon -- /bin/true
+expect 2 "use tcp or verbs" err run --transport=loopback -- /bin/true
+if ! ls /sys/class/infiniband/* >/dev/null 2>&1; then  # no RDMA device: verbs is refused up front
+  expect 2 "verbs" err run --transport=verbs -- /bin/true
+fi
 # A program that never creates a thread ends before any migration point: its status is ours.
 "$bin" run -- /bin/sh -c 'echo out; echo err >&2; exit 7' >/tmp/cli_run_out.$$ 2>/tmp/cli_run_err.$$
 rc=$?

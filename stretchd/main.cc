@@ -436,6 +436,17 @@ int RunRun(const std::vector<std::string>& args) {
     std::fprintf(stderr, "stretchd run: --nodes must be 1..%u (got %d)\n", kMaxNodes, o.nodes);
     return 2;
   }
+  // The transport must work here before the program starts (nothing runs, nothing is lost).
+  if (o.transport == "loopback") {
+    std::fprintf(stderr,
+                 "stretchd run: --transport=loopback only connects endpoints inside one process "
+                 "(tests); the nodes of run are processes: use tcp or verbs\n");
+    return 2;
+  }
+  if (auto probe = transport::CreateTransport(o.transport, {}); !probe.ok()) {
+    std::fprintf(stderr, "stretchd run: %s\n", std::string(probe.status().message()).c_str());
+    return 2;
+  }
   int result = RunLauncher(o);
   if (result < 0) {
     // The program was killed by a signal: so is stretchd, for the caller to see it.
