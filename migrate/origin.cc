@@ -64,6 +64,43 @@ bool InFutex(const std::string& syscall_file) {
 
 }  // namespace
 
+namespace {
+
+// CRIU could not dump the (stopped, untraced) program and left it as it was: let it go on and
+// wait for its end, passing it the forwarded signals as the kernel would deliver them natively
+// (it is init of its PID namespace, which drops signals it has no handler for).
+absl::StatusOr<OriginResult> FinishHere(Subprocess& app, const sigset_t& forward,
+                                        absl::Time deadline, absl::Status why) {
+  LOG(WARNING) << "the program cannot be migrated, so it goes on running on this node only: "
+               << why.message();
+  kill(app.pid(), SIGCONT);
+  OriginResult result;
+  result.migration_error = std::move(why);
+  int fatal_signal = 0;
+  for (;;) {
+    const struct timespec now = {0, 0};
+    if (int sig = sigtimedwait(&forward, nullptr, &now); sig > 0) {
+      if (SignalKillsByDefault(sig) && !ProcessHandlesSignal(app.pid(), sig)) {
+        fatal_signal = sig;
+        kill(app.pid(), SIGKILL);
+      } else {
+        kill(app.pid(), sig);
+      }
+    }
+    auto st = app.Wait(std::min(deadline, absl::Now() + absl::Milliseconds(20)));
+    if (st.ok()) {
+      result.exited = true;
+      result.status = fatal_signal != 0 ? ExitStatus{true, fatal_signal} : *st;
+      return result;
+    }
+    if (st.status().code() != absl::StatusCode::kDeadlineExceeded || absl::Now() >= deadline) {
+      return st.status();
+    }
+  }
+}
+
+}  // namespace
+
 absl::StatusOr<OriginResult> RunOrigin(const OriginOptions& options) {
   const absl::Time deadline = absl::Now() + options.timeout;
   SubprocessOptions prog = options.program;
@@ -195,7 +232,9 @@ absl::StatusOr<OriginResult> RunOrigin(const OriginOptions& options) {
   Criu criu(options.criu);
   const absl::Time dump_start = absl::Now();
   result.stop_time = dump_start - stop_start;
-  STRETCH_RETURN_IF_ERROR(criu.Dump(app.pid(), options.images_dir));
+  if (absl::Status dumped = criu.Dump(app.pid(), options.images_dir); !dumped.ok()) {
+    return FinishHere(app, forward, deadline, std::move(dumped));
+  }
   result.dump_time = absl::Now() - dump_start;
   auto st = app.Wait(deadline);
   if (!st.ok()) return Annotate(st.status(), "origin after checkpoint");

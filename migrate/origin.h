@@ -7,7 +7,8 @@
 // for them: it calls pthread_join (a futex wait on a live thread's tid word), or it stays blocked
 // in a futex wait (a barrier, a condition, a semaphore) for 50 ms. With `migrate_at_threads` = N,
 // as soon as the program has started N threads (main included; some may have ended since).
-// The program is stopped entirely before the dump.
+// The program is stopped entirely before the dump. If CRIU cannot dump it, it is resumed and
+// runs to its end here (nothing is lost), with the reason in `migration_error`.
 //
 // Needs SIGCHLD blocked in every thread (see ThreadSupervisor). Not thread-safe.
 #ifndef STRETCH_MIGRATE_ORIGIN_H_
@@ -51,6 +52,9 @@ struct OriginResult {
   std::string images_dir;
   // How long stopping the program and `criu dump` took.
   absl::Duration stop_time, dump_time;
+  // Set when the program could not be checkpointed (e.g. an established TCP connection): it
+  // then went on running here to its end (`exited`, `status`), as if never migrated.
+  absl::Status migration_error;
 };
 
 absl::StatusOr<OriginResult> RunOrigin(const OriginOptions& options);

@@ -93,8 +93,12 @@ bool AllTasksStopped(pid_t pid) {
   return true;
 }
 
-// Signals whose default action ends the process (terminate or core dump).
-bool KillsByDefault(int sig) {
+constexpr int kPtraceOptions = PTRACE_O_TRACECLONE | PTRACE_O_TRACEEXIT | PTRACE_O_TRACEEXEC |
+                               PTRACE_O_TRACESYSGOOD | PTRACE_O_TRACESECCOMP;
+
+}  // namespace
+
+bool SignalKillsByDefault(int sig) {
   switch (sig) {
     case SIGCHLD:
     case SIGCONT:
@@ -110,8 +114,7 @@ bool KillsByDefault(int sig) {
   }
 }
 
-// True if `pid` has a handler for `sig` or ignores it (/proc/<pid>/status SigCgt, SigIgn).
-bool Handled(pid_t pid, int sig) {
+bool ProcessHandlesSignal(pid_t pid, int sig) {
   std::string path = absl::StrCat("/proc/", pid, "/status");
   FILE* f = fopen(path.c_str(), "re");
   if (!f) return false;
@@ -126,11 +129,6 @@ bool Handled(pid_t pid, int sig) {
   fclose(f);
   return (mask >> (sig - 1)) & 1;
 }
-
-constexpr int kPtraceOptions = PTRACE_O_TRACECLONE | PTRACE_O_TRACEEXIT | PTRACE_O_TRACEEXEC |
-                               PTRACE_O_TRACESYSGOOD | PTRACE_O_TRACESECCOMP;
-
-}  // namespace
 
 class ThreadSupervisor::Impl {
  public:
@@ -482,8 +480,8 @@ class ThreadSupervisor::Impl {
           break;
         }
         // Signal-delivery-stop: deliver the signal when the thread next runs.
-        if (event == 0 && options_.emulate_init_signals && KillsByDefault(sig) &&
-            !Handled(pid_, sig)) {
+        if (event == 0 && options_.emulate_init_signals && SignalKillsByDefault(sig) &&
+            !ProcessHandlesSignal(pid_, sig)) {
           // The program is init of its PID namespace, whose kernel would ignore this
           // signal; natively it dies of it. So it does here (and reports it).
           if (emulated_signal_ == 0) emulated_signal_ = sig;

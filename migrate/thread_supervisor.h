@@ -110,6 +110,11 @@ class ThreadSupervisor {
   std::unique_ptr<Impl> impl_;
 };
 
+// Whether `sig`'s default action ends a process (terminate or core dump).
+bool SignalKillsByDefault(int sig);
+// Whether process `pid` catches or ignores `sig` (/proc/<pid>/status SigCgt, SigIgn).
+bool ProcessHandlesSignal(pid_t pid, int sig);
+
 }  // namespace stretch
 
 #endif  // STRETCH_MIGRATE_THREAD_SUPERVISOR_H_

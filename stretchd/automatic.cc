@@ -172,7 +172,11 @@ int RunLauncher(const LaunchOptions& o) {
   }
   if (origin->exited) {
     tail.Stop();
-    if (!origin->status.signaled) {
+    if (!origin->migration_error.ok()) {
+      cleanup.remove = false;  // CRIU's log is in there
+      std::fprintf(stderr, "stretchd run: the program ran on one node only; kept %s\n",
+                   work.c_str());
+    } else if (!origin->status.signaled) {
       LOG(WARNING) << "stretchd run: the program ended before its migration point (it ran on "
                       "one node; --migrate_at_threads=N migrates as soon as it has N threads)";
     }

@@ -1,7 +1,10 @@
 // `stretchd run --nodes=2` on unmodified pthread programs: each prints exactly what it prints
 // natively, ends with the native status, and its threads ran on both nodes. Needs root and
 // CRIU (tools/setup), as CI has.
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 
 #include <fstream>
@@ -11,6 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "core/unique_fd.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "migrate/subprocess.h"
@@ -168,6 +172,36 @@ TEST_F(RunTest, ExitStatusAndFatalSignalsAreNative) {
            {"--migrate_at_threads=4"});
   EXPECT_EQ(native2.status.ToString(), (ExitStatus{true, SIGABRT}).ToString());
   EXPECT_EQ(stretch2.status.ToString(), native2.status.ToString()) << stretch2.err;
+}
+
+// A program CRIU cannot dump (an established TCP connection to a process outside it) is not
+// lost: it goes on running on one node, and the reason is given.
+TEST_F(RunTest, AProgramThatCannotBeCheckpointedRunsToItsEndHere) {
+  UniqueFd listener(socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  ASSERT_TRUE(listener.valid());
+  struct sockaddr_in addr = {};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(bind(listener.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  ASSERT_EQ(listen(listener.get(), 4), 0);
+  socklen_t len = sizeof(addr);
+  ASSERT_EQ(getsockname(listener.get(), reinterpret_cast<sockaddr*>(&addr), &len), 0);
+  const std::string script = absl::StrCat(
+      "import socket, threading, time\n"
+      "s = socket.create_connection(('127.0.0.1', ",
+      ntohs(addr.sin_port),
+      "))\n"
+      "ts = [threading.Thread(target=time.sleep, args=(0.3,)) for _ in range(3)]\n"
+      "for t in ts: t.start()\n"
+      "for t in ts: t.join()\n"
+      "print('done')\n");
+  auto [native, stretch] =
+      Both({"/usr/bin/python3", "-c", script}, {absl::StrCat("--work_dir=", dir_.path(), "/w")});
+  EXPECT_EQ(stretch.status.ToString(), "exit status 0") << stretch.err;
+  EXPECT_EQ(stretch.out, "done\n");
+  EXPECT_THAT(stretch.err, HasSubstr("cannot be migrated"));
+  EXPECT_THAT(stretch.err, HasSubstr("TCP"));
+  EXPECT_THAT(last_stats_, HasSubstr("\"migrated\":false"));
 }
 
 TEST_F(RunTest, InterruptStopsEverythingAndLeavesNothingBehind) {
