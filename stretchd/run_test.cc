@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 
 #include <fstream>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -204,47 +205,76 @@ TEST_F(RunTest, AProgramThatCannotBeCheckpointedRunsToItsEndHere) {
   EXPECT_THAT(last_stats_, HasSubstr("\"migrated\":false"));
 }
 
-TEST_F(RunTest, InterruptStopsEverythingAndLeavesNothingBehind) {
+// Number of processes `pgrep -c PATTERN` counts.
+int CountProcesses(const std::string& pattern) {
+  std::string out;
+  FILE* f = popen(absl::StrCat("pgrep -c ", pattern).c_str(), "r");
+  char buf[32] = {};
+  if (f) {
+    if (fgets(buf, sizeof(buf), f)) out = buf;
+    pclose(f);
+  }
+  return std::atoi(out.c_str());
+}
+
+// Starts `stretchd run --nodes=2` of two threads spinning for a very long time and waits until
+// both replicas run (their command lines read as empty: pgrep -x on the name).
+std::optional<Subprocess> StartLongSpin(const std::string& dir) {
   SubprocessOptions o;
   o.argv = {Runfile("stretchd/stretchd"),  "run", "--nodes=2",   "--migrate_at_threads=3", "--",
             Runfile("stretchd/spin_prog"), "2",   "100000000000"};
-  o.stdout_path = dir_.path() + "/int.out";
-  o.stderr_path = dir_.path() + "/int.err";
+  o.stdout_path = dir + "/long.out";
+  o.stderr_path = dir + "/long.err";
   auto p = Subprocess::Start(o);
-  ASSERT_TRUE(p.ok()) << p.status();
-  // The replicas are running once every node's agent is up: wait for their processes.
+  EXPECT_TRUE(p.ok()) << p.status();
+  if (!p.ok()) return std::nullopt;
   absl::Time end = absl::Now() + absl::Seconds(60);
-  auto count = [](const std::string& pattern) {
-    std::string out;
-    FILE* f = popen(absl::StrCat("pgrep -c ", pattern).c_str(), "r");
-    char buf[32] = {};
-    if (f) {
-      if (fgets(buf, sizeof(buf), f)) out = buf;
-      pclose(f);
-    }
-    return std::atoi(out.c_str());
-  };
-  // Poll until both replicas exist (their command lines read as empty: pgrep -x on the name).
-  while (count("-x spin_prog") < 2 && absl::Now() < end) {
+  while (CountProcesses("-x spin_prog") < 2 && absl::Now() < end) {
     absl::SleepFor(absl::Milliseconds(20));
   }
-  ASSERT_EQ(count("-x spin_prog"), 2);
-  p->Kill(SIGINT);
-  auto st = p->Wait(absl::Now() + absl::Seconds(30));
-  ASSERT_TRUE(st.ok()) << st.status();
-  // spin_prog has no SIGINT handler: natively it dies of it, and so does stretchd.
-  EXPECT_EQ(st->ToString(), (ExitStatus{true, SIGINT}).ToString())
-      << testing::ReadFileOrEmpty(o.stderr_path);
-  EXPECT_EQ(count("-x spin_prog"), 0);
-  EXPECT_EQ(count("-f '[s]tretchd node .*--replica_images'"), 0);
-  // Nor the nodes' network namespaces (named stretch-<launcher pid>-...).
+  EXPECT_EQ(CountProcesses("-x spin_prog"), 2);
+  return std::move(*p);
+}
+
+// Nothing of a run is left: no replica, no agent, no network namespace of launcher `pid`.
+void ExpectNothingLeftOf(pid_t pid) {
+  EXPECT_EQ(CountProcesses("-x spin_prog"), 0);
+  EXPECT_EQ(CountProcesses("-f '[s]tretchd node .*--replica_images'"), 0);
   std::string netns;
   if (FILE* f = popen("ip netns list", "r")) {
     char buf[256];
     while (fgets(buf, sizeof(buf), f)) netns += buf;
     pclose(f);
   }
-  EXPECT_THAT(netns, ::testing::Not(HasSubstr(absl::StrCat("stretch-", p->pid(), "-"))));
+  EXPECT_THAT(netns, ::testing::Not(HasSubstr(absl::StrCat("stretch-", pid, "-"))));
+}
+
+TEST_F(RunTest, InterruptStopsEverythingAndLeavesNothingBehind) {
+  auto p = StartLongSpin(dir_.path());
+  ASSERT_TRUE(p.has_value());
+  p->Kill(SIGINT);
+  auto st = p->Wait(absl::Now() + absl::Seconds(30));
+  ASSERT_TRUE(st.ok()) << st.status();
+  // spin_prog has no SIGINT handler: natively it dies of it, and so does stretchd.
+  EXPECT_EQ(st->ToString(), (ExitStatus{true, SIGINT}).ToString())
+      << testing::ReadFileOrEmpty(dir_.path() + "/long.err");
+  ExpectNothingLeftOf(p->pid());
+}
+
+// A node's agent killed (with its keeper): the pages it held are gone, so the program stops
+// everywhere with a message naming the node, stretchd fails, and nothing hangs or stays.
+TEST_F(RunTest, AKilledNodeStopsTheProgramWithAClearError) {
+  auto p = StartLongSpin(dir_.path());
+  ASSERT_TRUE(p.has_value());
+  ASSERT_EQ(system("pkill -KILL -f '[s]tretchd node --node=1 .*--replica_images'"), 0);
+  auto st = p->Wait(absl::Now() + absl::Seconds(30));
+  ASSERT_TRUE(st.ok()) << st.status();
+  EXPECT_EQ(st->ToString(), "exit status 1");
+  const std::string err = testing::ReadFileOrEmpty(dir_.path() + "/long.err");
+  EXPECT_THAT(err, HasSubstr("node 1"));
+  EXPECT_THAT(err, HasSubstr("was lost"));
+  EXPECT_THAT(err, HasSubstr("cannot be recovered"));
+  ExpectNothingLeftOf(p->pid());
 }
 
 }  // namespace
