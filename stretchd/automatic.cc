@@ -320,7 +320,8 @@ int RunLauncher(const LaunchOptions& o) {
   int interrupts = 0;
   // An error report may be collateral: when the program ends on one node, the pages that node
   // held are lost to the others, which stop with an error. So after an error, the other nodes
-  // get a moment to report how the program ended, which is then the outcome.
+  // get a moment to report how the program ended, which is then the outcome, or their view of
+  // the failure.
   absl::Time error_grace_end = absl::InfiniteFuture();
   for (bool finished = false; !finished;) {
     std::vector<struct pollfd> p;
@@ -364,13 +365,16 @@ int RunLauncher(const LaunchOptions& o) {
         result = -value;
         error.clear();
         finished = true;
-      } else if (error.empty()) {
-        error =
-            absl::StrCat("node ", i, ": ",
-                         closed ? "its agent exited unexpectedly"
-                                : (absl::StartsWith(*line, "error ") ? line->substr(6) : *line));
+      } else {
+        // Every node's view, in the order they came: the first is often just "gone".
+        absl::StrAppend(&error, error.empty() ? "" : "; ", "node ", i, ": ",
+                        closed ? "its agent exited unexpectedly"
+                               : (absl::StartsWith(*line, "error ") ? line->substr(6) : *line));
         result = 1;
-        error_grace_end = absl::Now() + absl::Seconds(2);
+        if (error_grace_end == absl::InfiniteFuture()) {
+          // Longer than the cluster's failure detection (peer_timeout, 2 s by default).
+          error_grace_end = absl::Now() + absl::Seconds(5);
+        }
       }
     }
     if (std::all_of(agents.begin(), agents.end(), [](const Agent& a) { return a.done; })) break;
