@@ -7,6 +7,7 @@
 #include <sys/ptrace.h>
 #include <sys/signalfd.h>
 #include <sys/syscall.h>
+#include <sys/user.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -485,6 +486,7 @@ class ThreadSupervisor::Impl {
           // The program is init of its PID namespace, whose kernel would ignore this
           // signal; natively it dies of it. So it does here (and reports it).
           if (emulated_signal_ == 0) emulated_signal_ = sig;
+          LogFatalSignal(tid, sig);
           kill(pid_, SIGKILL);
           OnStopped(tid, t);
           break;
@@ -493,6 +495,21 @@ class ThreadSupervisor::Impl {
         OnStopped(tid, t);
         break;
     }
+  }
+
+  // Where a program fault (SIGSEGV, SIGBUS, SIGILL, SIGFPE) happened, for the log: the core
+  // dump it would have written natively is not written (the process is killed instead).
+  void LogFatalSignal(pid_t tid, int sig) {
+    if (sig != SIGSEGV && sig != SIGBUS && sig != SIGILL && sig != SIGFPE) return;
+    siginfo_t si;
+    struct user_regs_struct regs;
+    if (ptrace(PTRACE_GETSIGINFO, tid, 0, &si) != 0 || ptrace(PTRACE_GETREGS, tid, 0, &regs) != 0) {
+      return;
+    }
+    LOG(ERROR) << "process " << pid_ << " thread " << tid << ": " << strsignal(sig) << " (code "
+               << si.si_code << ") at address 0x" << std::hex
+               << reinterpret_cast<uintptr_t>(si.si_addr) << ", ip 0x" << regs.rip << ", sp 0x"
+               << regs.rsp << std::dec;
   }
 
   void OnSyscallStop(pid_t tid, Thread& t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(state_mu_) {

@@ -159,6 +159,14 @@ int RunLauncher(const LaunchOptions& o) {
 
   OriginOptions oo;
   oo.program.argv = o.argv;
+  if (o.one_malloc_arena) {
+    const char* tunables = getenv("GLIBC_TUNABLES");
+    std::string value = tunables != nullptr ? tunables : "";
+    if (value.find("glibc.malloc.arena_max=") == std::string::npos) {
+      absl::StrAppend(&value, value.empty() ? "" : ":", "glibc.malloc.arena_max=1");
+    }
+    oo.program.env_add.push_back(absl::StrCat("GLIBC_TUNABLES=", value));
+  }
   oo.program.stdout_path = out;
   oo.program.stderr_path = err;
   oo.images_dir = work + "/images";

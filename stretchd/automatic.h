@@ -39,6 +39,10 @@ struct LaunchOptions {
   // Each emulated node (its agent, CRIU and replica) in its own network namespace, the server
   // in node 0's; false: all on 127.0.0.1 of this namespace.
   bool netns = true;
+  // Start the program with glibc.malloc.arena_max=1 (added to GLIBC_TUNABLES): a thread's first
+  // malloc then does not map a new arena, a mapping the other nodes would not have (mappings
+  // made after migration are not replicated yet).
+  bool one_malloc_arena = true;
 };
 
 // Runs the program; returns the process exit status stretchd should end with (a program killed

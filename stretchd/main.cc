@@ -58,6 +58,10 @@ DEFINE_string(migrate_threads, "",
 DEFINE_bool(netns, true,
             "run: put each emulated node in its own network namespace (veth-connected, "
             "10.77.0.N); --nonetns runs them all on 127.0.0.1");
+DEFINE_bool(one_malloc_arena, true,
+            "run: start the program with GLIBC_TUNABLES glibc.malloc.arena_max=1, so that its "
+            "threads do not map new malloc arenas after migration (mappings made after "
+            "migration are not replicated to other nodes yet)");
 DEFINE_string(work_dir, "", "run: keep the checkpoint, logs and output files in this directory");
 DEFINE_string(replica_images, "", "node (internal, used by run): restore a replica from here");
 DEFINE_string(replica_work, "", "node (internal, used by run): CRIU work directory");
@@ -125,7 +129,7 @@ const std::vector<Subcommand>& Subcommands() {
        "[--nodes=N] [--transport=tcp] [--stats_json=FILE] [--migrate_at_threads=K] "
        "[--migrate_threads=T,T] [--work_dir=DIR] [--nonetns] -- PROG ARGS...",
        {"nodes", "transport", "stats_json", "migrate_at_threads", "migrate_threads", "work_dir",
-        "netns", "criu"},
+        "netns", "one_malloc_arena", "criu"},
        RunRun},
       {"version", "Print the stretchd version and wire protocol version.", "", {}, RunVersion},
   };
@@ -425,6 +429,7 @@ int RunRun(const std::vector<std::string>& args) {
   o.migrate_at_threads = FLAGS_migrate_at_threads;
   o.work_dir = FLAGS_work_dir;
   o.netns = FLAGS_netns;
+  o.one_malloc_arena = FLAGS_one_malloc_arena;
   o.stretchd = SelfPath();
   o.criu.binary = CriuPath();
   if (!ParseIntList(FLAGS_migrate_threads, &o.migrate_threads)) {
