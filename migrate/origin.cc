@@ -122,6 +122,13 @@ absl::StatusOr<OriginResult> RunOrigin(const OriginOptions& options) {
     ++watch.created;
     watch.inner.push_back(inner.ok() ? *inner : 0);  // index i: threads[i + 1]
   };
+  // With --migrate_at_threads, the clone that reaches the count is the migration point: park
+  // its creator and the new thread right there (the others are stopped by the detach).
+  const int want = options.migrate_at_threads;
+  cb.park_after_clone = [&watch, want](pid_t, pid_t) {
+    absl::MutexLock l(&watch.mu);
+    return want > 0 && watch.created >= want;
+  };
   cb.on_thread_exit = [&watch](pid_t tid, int) {
     absl::MutexLock l(&watch.mu);
     auto it = std::find(watch.threads.begin(), watch.threads.end(), tid);

@@ -443,6 +443,11 @@ class ThreadSupervisor::Impl {
         // The child reports its own initial stop; it then runs if its creator runs.
         c.want_running = t.want_running;
         if (callbacks_.on_clone) callbacks_.on_clone(tid, static_cast<pid_t>(child));
+        if (callbacks_.park_after_clone &&
+            callbacks_.park_after_clone(tid, static_cast<pid_t>(child))) {
+          c.want_running = false;
+          t.want_running = false;
+        }
         OnStopped(tid, t);
         break;
       }

@@ -62,6 +62,9 @@ using SyscallHook = std::function<SyscallAction(pid_t tid, int nr, const uint64_
 struct SupervisorCallbacks {
   // `parent` created `child`; the child is already running or parked like its parent.
   std::function<void(pid_t parent, pid_t child)> on_clone;
+  // Asked right after on_clone: true parks both `parent` (stopped at its clone event) and
+  // `child` (before its first instruction), as Park would, so nothing of either runs on.
+  std::function<bool(pid_t parent, pid_t child)> park_after_clone;
   // A thread is about to exit (its exit code or signal in `status`, as waitpid reports).
   std::function<void(pid_t tid, int status)> on_thread_exit;
   // The whole replica is gone (every thread exited); `status` is the leader's wait status.

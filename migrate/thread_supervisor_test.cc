@@ -178,6 +178,32 @@ TEST_F(ThreadSupervisorTest, CloneExitAndProcessExitAreReported) {
   }
 }
 
+TEST_F(ThreadSupervisorTest, ParkAfterCloneHoldsCreatorAndNewThread) {
+  absl::Mutex mu;
+  pid_t child = 0;
+  SupervisorCallbacks cb;
+  cb.park_after_clone = [&](pid_t parent, pid_t c) {
+    absl::MutexLock l(&mu);
+    child = c;
+    return parent == app_->pid();
+  };
+  auto sup = ThreadSupervisor::Attach(app_->pid(), {.run_all_at_attach = true}, cb, Deadline());
+  ASSERT_TRUE(sup.ok()) << sup.status();
+  WriteRemote<int>(app_->pid(), spawn_, 1);
+  {
+    absl::MutexLock l(&mu);
+    auto have = [&] { return child != 0; };
+    ASSERT_TRUE(mu.AwaitWithDeadline(absl::Condition(&have), Deadline()));
+  }
+  // Both are parked; the workers that were running still run.
+  EXPECT_THAT((*sup)->RunningThreads(), UnorderedElementsAre(workers_[0], workers_[1]));
+  EXPECT_EQ((*sup)->Threads().size(), 4u);
+  EXPECT_TRUE(Advances(0, 1000000));
+  // Resumed, the new thread runs (its counter is the third).
+  ASSERT_TRUE((*sup)->Resume(child, Deadline()).ok());
+  EXPECT_TRUE(Advances(2, 1000000));
+}
+
 TEST_F(ThreadSupervisorTest, DetachLeavesTheWholeProcessStopped) {
   auto sup = ThreadSupervisor::Attach(app_->pid(), {.run_all_at_attach = true}, {}, Deadline());
   ASSERT_TRUE(sup.ok()) << sup.status();
