@@ -15,6 +15,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstring>
+#include <fstream>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -56,6 +57,24 @@ static_assert(sizeof(HelperControl) <= kPageSize);
 const size_t InvalidationHelper::kMaxRanges = sizeof(HelperControl::iov) / sizeof(struct iovec);
 
 namespace {
+
+// What the helper thread is doing, for an error message: "[helper 12: state S, wchan
+// futex_wait_queue, syscall 202 ...]".
+std::string HelperState(pid_t pid, pid_t tid) {
+  auto read = [&](const char* file) {
+    std::ifstream in(absl::StrCat("/proc/", pid, "/task/", tid, "/", file));
+    std::string line;
+    std::getline(in, line);
+    return line;
+  };
+  std::string stat = read("stat");
+  size_t paren = stat.rfind(')');
+  std::string state =
+      paren != std::string::npos && paren + 2 < stat.size() ? stat.substr(paren + 2, 1) : "?";
+  std::string syscall = read("syscall");
+  return absl::StrCat("[helper ", tid, ": state ", state, ", wchan ", read("wchan"), ", syscall ",
+                      syscall.substr(0, syscall.find(' ')), "]");
+}
 
 constexpr uint32_t kOpDontneed = 1;
 constexpr uint32_t kOpExit = 2;
@@ -403,7 +422,8 @@ absl::Status InvalidationHelper::RunCommand(uint32_t op, uint32_t count, uint64_
         c->agent_waiting.store(0);
         return absl::DeadlineExceededError(absl::StrCat(
             "the invalidation helper of pid ", target_.pid(), " did not answer within ",
-            absl::FormatDuration(options_.timeout), " (is the process stopped or frozen?)"));
+            absl::FormatDuration(options_.timeout), " (is the process stopped or frozen?) ",
+            HelperState(target_.pid(), c->helper_tid.load())));
       }
       struct timespec slice = {0, 10 * 1000 * 1000};
       Futex(&c->done, FUTEX_WAIT, d, &slice);
