@@ -123,9 +123,10 @@ const std::vector<Subcommand>& Subcommands() {
        {"server", "transport"},
        RunStats},
       {"run",
-       "Run an unmodified pthread program on N emulated nodes of this machine: it starts "
-       "natively, is checkpointed once its worker threads exist, and continues with its "
-       "threads spread over the nodes and its memory kept coherent; exits with its status.",
+       "Run an unmodified pthread program on N emulated nodes of this machine (network "
+       "namespaces): it starts natively, is checkpointed once its worker threads exist, and "
+       "continues with its threads spread over the nodes and its memory kept coherent; exits "
+       "with its status.",
        "[--nodes=N] [--transport=tcp] [--stats_json=FILE] [--migrate_at_threads=K] "
        "[--migrate_threads=T,T] [--work_dir=DIR] [--nonetns] -- PROG ARGS...",
        {"nodes", "transport", "stats_json", "migrate_at_threads", "migrate_threads", "work_dir",
