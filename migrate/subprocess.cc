@@ -91,6 +91,15 @@ absl::StatusOr<Subprocess> Subprocess::Start(const SubprocessOptions& o) {
     netns.reset(open(o.netns.c_str(), O_RDONLY | O_CLOEXEC));
     if (!netns.valid()) return ErrnoStatus(errno, absl::StrCat("open ", o.netns));
   }
+  cpu_set_t cpu_set;
+  CPU_ZERO(&cpu_set);
+  const std::vector<int>& cpus_set = o.cpus;
+  for (int cpu : o.cpus) {
+    if (cpu < 0 || cpu >= CPU_SETSIZE) {
+      return absl::InvalidArgumentError(absl::StrCat("CPU ", cpu, " out of range"));
+    }
+    CPU_SET(cpu, &cpu_set);
+  }
   int gate[2] = {-1, -1};
   if (o.gate_before_exec && pipe2(gate, O_CLOEXEC) != 0) return ErrnoStatus(errno, "pipe2");
   int errpipe[2];
@@ -116,6 +125,9 @@ absl::StatusOr<Subprocess> Subprocess::Start(const SubprocessOptions& o) {
       if (!o.new_pid_namespace && getppid() != parent) _exit(127);
     }
     if (netns.valid() && setns(netns.get(), CLONE_NEWNET) != 0) ChildFail(report, errno);
+    if (!cpus_set.empty() && sched_setaffinity(0, sizeof(cpu_set), &cpu_set) != 0) {
+      ChildFail(report, errno);
+    }
     sigset_t all;
     sigemptyset(&all);
     sigprocmask(SIG_SETMASK, &all, nullptr);

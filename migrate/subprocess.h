@@ -49,6 +49,8 @@ struct SubprocessOptions {
   bool die_with_parent = true;
   // Enter this network namespace (a path such as /run/netns/NAME) before exec. Empty: stay.
   std::string netns;
+  // Run on these CPUs only (sched_setaffinity before exec). Empty: inherit.
+  std::vector<int> cpus;
 };
 
 struct ExitStatus {

@@ -288,6 +288,7 @@ int RunLauncher(const LaunchOptions& o) {
     if (!VLOG_IS_ON(1)) a.argv.push_back("--minloglevel=1");
     a.control_fd = sv[1];
     if (cluster) a.netns = cluster->path(i);
+    if (i < static_cast<int>(o.node_cpus.size())) a.cpus = o.node_cpus[i];
     auto p = Subprocess::Start(a);
     close(sv[1]);
     if (!p.ok()) {

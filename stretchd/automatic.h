@@ -43,6 +43,8 @@ struct LaunchOptions {
   // malloc then does not map a new arena, a mapping the other nodes would not have (mappings
   // made after migration are not replicated yet).
   bool one_malloc_arena = true;
+  // Optional, per node: the CPUs its agent, CRIU and replica run on (node i: node_cpus[i]).
+  std::vector<std::vector<int>> node_cpus;
 };
 
 // Runs the program; returns the process exit status stretchd should end with (a program killed

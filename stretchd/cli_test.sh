@@ -31,6 +31,9 @@ expect 2 "--nodes must be 1..64" err run --nodes=0 -- /bin/true
 expect 2 "--migrate_threads must be thread ids" err run --migrate_threads=x -- /bin/true
 expect 1 "is not an executable program" err run -- /nonexistent/program
 expect 2 "unknown transport" err run --transport=carrier-pigeon -- /bin/true
+expect 2 "--node_cpus must be CPU lists" err run --node_cpus='0;x' -- /bin/true
+expect 2 "--node_cpus must be CPU lists" err run --node_cpus='0;;1' -- /bin/true
+expect 2 "--node_cpus must be CPU lists" err run --node_cpus=100000 -- /bin/true
 expect 2 "use tcp or verbs" err run --transport=loopback -- /bin/true
 if ! ls /sys/class/infiniband/* >/dev/null 2>&1; then  # no RDMA device: verbs is refused up front
   expect 2 "verbs" err run --transport=verbs -- /bin/true

@@ -62,6 +62,9 @@ DEFINE_bool(one_malloc_arena, true,
             "run: start the program with GLIBC_TUNABLES glibc.malloc.arena_max=1, so that its "
             "threads do not map new malloc arenas after migration (mappings made after "
             "migration are not replicated to other nodes yet)");
+DEFINE_string(node_cpus, "",
+              "run: the CPUs of each emulated node, nodes separated by ';' and CPUs by ',' "
+              "(e.g. '0;1': node 0 on CPU 0, node 1 on CPU 1); default: all CPUs for every node");
 DEFINE_string(work_dir, "", "run: keep the checkpoint, logs and output files in this directory");
 DEFINE_string(replica_images, "", "node (internal, used by run): restore a replica from here");
 DEFINE_string(replica_work, "", "node (internal, used by run): CRIU work directory");
@@ -130,7 +133,7 @@ const std::vector<Subcommand>& Subcommands() {
        "[--nodes=N] [--transport=tcp] [--stats_json=FILE] [--migrate_at_threads=K] "
        "[--migrate_threads=T,T] [--work_dir=DIR] [--nonetns] -- PROG ARGS...",
        {"nodes", "transport", "stats_json", "migrate_at_threads", "migrate_threads", "work_dir",
-        "netns", "one_malloc_arena", "criu"},
+        "netns", "one_malloc_arena", "node_cpus", "criu"},
        RunRun},
       {"version", "Print the stretchd version and wire protocol version.", "", {}, RunVersion},
   };
@@ -431,6 +434,26 @@ int RunRun(const std::vector<std::string>& args) {
   o.work_dir = FLAGS_work_dir;
   o.netns = FLAGS_netns;
   o.one_malloc_arena = FLAGS_one_malloc_arena;
+  if (!FLAGS_node_cpus.empty()) {
+    const long ncpu = sysconf(_SC_NPROCESSORS_CONF);
+    for (absl::string_view node : absl::StrSplit(FLAGS_node_cpus, ';')) {
+      std::vector<int> cpus;
+      bool ok = true;
+      for (absl::string_view part : absl::StrSplit(node, ',')) {
+        int c = -1;
+        ok = ok && absl::SimpleAtoi(part, &c) && c >= 0 && c < ncpu;
+        cpus.push_back(c);
+      }
+      if (!ok) {
+        std::fprintf(stderr,
+                     "stretchd run: --node_cpus must be CPU lists (0..%ld) separated by ';', "
+                     "like '0;1' (got '%s')\n",
+                     ncpu - 1, FLAGS_node_cpus.c_str());
+        return 2;
+      }
+      o.node_cpus.push_back(cpus);
+    }
+  }
   o.stretchd = SelfPath();
   o.criu.binary = CriuPath();
   if (!ParseIntList(FLAGS_migrate_threads, &o.migrate_threads)) {

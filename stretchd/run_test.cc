@@ -6,6 +6,7 @@
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <fstream>
 #include <optional>
@@ -222,10 +223,15 @@ int CountProcesses(const std::string& pattern) {
 
 // Starts `stretchd run --nodes=2` of two threads spinning for a very long time and waits until
 // both replicas run (their command lines read as empty: pgrep -x on the name).
-std::optional<Subprocess> StartLongSpin(const std::string& dir) {
+std::optional<Subprocess> StartLongSpin(const std::string& dir,
+                                        const std::vector<std::string>& flags = {}) {
   SubprocessOptions o;
-  o.argv = {Runfile("stretchd/stretchd"),  "run", "--nodes=2",   "--migrate_at_threads=3", "--",
-            Runfile("stretchd/spin_prog"), "2",   "100000000000"};
+  o.argv = {Runfile("stretchd/stretchd"), "run", "--nodes=2", "--migrate_at_threads=3"};
+  o.argv.insert(o.argv.end(), flags.begin(), flags.end());
+  for (const std::string& a : {std::string("--"), Runfile("stretchd/spin_prog"), std::string("2"),
+                               std::string("100000000000")}) {
+    o.argv.push_back(a);
+  }
   o.stdout_path = dir + "/long.out";
   o.stderr_path = dir + "/long.err";
   auto p = Subprocess::Start(o);
@@ -261,6 +267,27 @@ TEST_F(RunTest, InterruptStopsEverythingAndLeavesNothingBehind) {
   // spin_prog has no SIGINT handler: natively it dies of it, and so does stretchd.
   EXPECT_EQ(st->ToString(), (ExitStatus{true, SIGINT}).ToString())
       << testing::ReadFileOrEmpty(dir_.path() + "/long.err");
+  ExpectNothingLeftOf(p->pid());
+}
+
+// --node_cpus pins each node's replica (and agent) to its CPUs.
+TEST_F(RunTest, NodeCpusPinEachNodesReplica) {
+  if (sysconf(_SC_NPROCESSORS_ONLN) < 2) GTEST_SKIP() << "needs 2 CPUs";
+  auto p = StartLongSpin(dir_.path(), {"--node_cpus=0;1"});
+  ASSERT_TRUE(p.has_value());
+  std::vector<std::string> allowed;
+  if (FILE* f = popen("for p in $(pgrep -x spin_prog); do grep Cpus_allowed_list "
+                      "/proc/$p/status; done | sort",
+                      "r")) {
+    char buf[256];
+    while (fgets(buf, sizeof(buf), f)) allowed.push_back(buf);
+    pclose(f);
+  }
+  EXPECT_THAT(allowed,
+              ::testing::ElementsAre("Cpus_allowed_list:\t0\n", "Cpus_allowed_list:\t1\n"));
+  p->Kill(SIGINT);
+  auto st = p->Wait(absl::Now() + absl::Seconds(30));
+  ASSERT_TRUE(st.ok()) << st.status();
   ExpectNothingLeftOf(p->pid());
 }
 
