@@ -1,5 +1,6 @@
 #include "uffd/invalidate.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <linux/futex.h>
@@ -58,21 +59,43 @@ const size_t InvalidationHelper::kMaxRanges = sizeof(HelperControl::iov) / sizeo
 
 namespace {
 
-// What the helper thread is doing, for an error message: "[helper 12: state S, wchan
-// futex_wait_queue, syscall 202 ...]".
-std::string HelperState(pid_t pid, pid_t tid) {
-  auto read = [&](const char* file) {
-    std::ifstream in(absl::StrCat("/proc/", pid, "/task/", tid, "/", file));
+// What the helper thread (`inner_tid` in the target's PID namespace) is doing, for an error
+// message: "[helper 6 (tid 1234 here): state S, wchan futex_wait_queue, syscall 202]".
+std::string HelperState(pid_t pid, pid_t inner_tid) {
+  auto read = [](const std::string& path) {
+    std::ifstream in(path);
     std::string line;
     std::getline(in, line);
     return line;
   };
-  std::string stat = read("stat");
+  // Our tid of the thread: the task whose NSpid line ends in `inner_tid`.
+  const std::string tasks = absl::StrCat("/proc/", pid, "/task");
+  std::string dir;
+  if (DIR* d = opendir(tasks.c_str())) {
+    while (struct dirent* e = readdir(d)) {
+      if (e->d_name[0] == '.') continue;
+      std::ifstream status(absl::StrCat(tasks, "/", e->d_name, "/status"));
+      std::string line;
+      while (std::getline(status, line)) {
+        if (line.rfind("NSpid:", 0) != 0) continue;
+        size_t last = line.find_last_of(" \t");
+        if (last != std::string::npos && line.substr(last + 1) == std::to_string(inner_tid)) {
+          dir = absl::StrCat(tasks, "/", e->d_name);
+        }
+        break;
+      }
+      if (!dir.empty()) break;
+    }
+    closedir(d);
+  }
+  if (dir.empty()) return absl::StrCat("[helper ", inner_tid, ": not found in pid ", pid, "]");
+  std::string stat = read(dir + "/stat");
   size_t paren = stat.rfind(')');
   std::string state =
       paren != std::string::npos && paren + 2 < stat.size() ? stat.substr(paren + 2, 1) : "?";
-  std::string syscall = read("syscall");
-  return absl::StrCat("[helper ", tid, ": state ", state, ", wchan ", read("wchan"), ", syscall ",
+  std::string syscall = read(dir + "/syscall");
+  return absl::StrCat("[helper ", inner_tid, " (", dir.substr(dir.rfind('/') + 1), " here): state ",
+                      state, ", wchan ", read(dir + "/wchan"), ", syscall ",
                       syscall.substr(0, syscall.find(' ')), "]");
 }
 
