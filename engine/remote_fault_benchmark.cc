@@ -81,6 +81,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "benchmark/benchmark.h"
+#include "core/fd_io.h"
 #include "core/page.h"
 #include "core/unique_fd.h"
 #include "engine/node_agent.h"
@@ -88,6 +89,7 @@
 #include "engine/testdata/fault_bench_protocol.h"
 #include "gflags/gflags.h"
 #include "glog/logging.h"
+#include "testing/bench_samples.h"
 #include "testing/netns.h"
 #include "testing/subprocess.h"
 #include "transport/create_transport.h"
@@ -158,34 +160,6 @@ void PinThisThread(int cpu) {
   CPU_ZERO(&set);
   CPU_SET(cpu, &set);
   pthread_setaffinity_np(pthread_self(), sizeof set, &set);
-}
-
-bool ReadFull(int fd, void* buf, size_t n) {
-  auto* p = static_cast<uint8_t*>(buf);
-  while (n > 0) {
-    ssize_t r = read(fd, p, n);
-    if (r <= 0) {
-      if (r < 0 && errno == EINTR) continue;
-      return false;
-    }
-    p += r;
-    n -= static_cast<size_t>(r);
-  }
-  return true;
-}
-
-bool WriteFull(int fd, const void* buf, size_t n) {
-  auto* p = static_cast<const uint8_t*>(buf);
-  while (n > 0) {
-    ssize_t r = write(fd, p, n);
-    if (r <= 0) {
-      if (r < 0 && errno == EINTR) continue;
-      return false;
-    }
-    p += r;
-    n -= static_cast<size_t>(r);
-  }
-  return true;
 }
 
 // ---- Roles: the server and the node agents, each this binary in its namespace -------------
@@ -300,30 +274,8 @@ int RunRole() {
 
 // ---- Samples ------------------------------------------------------------------------------
 
-// Per-event samples in microseconds, by name, over every repetition of the run.
-class Samples {
- public:
-  static Samples& Get() {
-    static Samples* s = new Samples;
-    return *s;
-  }
-  void Add(const std::string& name, double us) { by_name_[name].push_back(us); }
-  bool Has(const std::string& name) const { return by_name_.count(name) > 0; }
-  double Quantile(const std::string& name, double q) {
-    std::vector<double>& v = by_name_.at(name);
-    std::sort(v.begin(), v.end());
-    return v[std::min(v.size() - 1, static_cast<size_t>(q * v.size()))];
-  }
-  size_t Count(const std::string& name) const { return by_name_.at(name).size(); }
-
- private:
-  std::map<std::string, std::vector<double>> by_name_;
-};
-
-void Record(benchmark::State& state, const std::string& name, int64_t ns) {
-  state.SetIterationTime(static_cast<double>(ns) * 1e-9);
-  Samples::Get().Add(name, static_cast<double>(ns) * 1e-3);
-}
+using ::stretch::testing::Record;
+using ::stretch::testing::Samples;
 
 // ---- Floors: userfaultfd --------------------------------------------------------------------
 

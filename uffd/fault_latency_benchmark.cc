@@ -51,6 +51,7 @@
 #include "core/page.h"
 #include "gflags/gflags.h"
 #include "glog/logging.h"
+#include "testing/bench_samples.h"
 #include "uffd/fault_loop.h"
 #include "uffd/inject.h"
 #include "uffd/invalidate.h"
@@ -88,30 +89,8 @@ inline int64_t NowNs() {
   return int64_t{ts.tv_sec} * 1'000'000'000 + ts.tv_nsec;
 }
 
-// Per-event samples in microseconds, by name, over every repetition of the run.
-class Samples {
- public:
-  static Samples& Get() {
-    static Samples* s = new Samples;
-    return *s;
-  }
-  void Add(const std::string& name, double us) { by_name_[name].push_back(us); }
-  bool Has(const std::string& name) const { return by_name_.count(name) > 0; }
-  double Quantile(const std::string& name, double q) {
-    std::vector<double>& v = by_name_.at(name);
-    std::sort(v.begin(), v.end());
-    return v[std::min(v.size() - 1, static_cast<size_t>(q * v.size()))];
-  }
-  size_t Count(const std::string& name) const { return by_name_.at(name).size(); }
-
- private:
-  std::map<std::string, std::vector<double>> by_name_;
-};
-
-void Record(benchmark::State& state, const std::string& name, int64_t ns) {
-  state.SetIterationTime(static_cast<double>(ns) * 1e-9);
-  Samples::Get().Add(name, static_cast<double>(ns) * 1e-3);
-}
+using ::stretch::testing::Record;
+using ::stretch::testing::Samples;
 
 void SetBlocking(int fd, bool blocking) {
   int flags = fcntl(fd, F_GETFL);
