@@ -141,6 +141,10 @@ const char* Name(AddressSpaceOp op) {
       return "brk";
     case AddressSpaceOp::kMadvise:
       return "madvise";
+    case AddressSpaceOp::kLock:
+      return "lock";
+    case AddressSpaceOp::kDone:
+      return "done";
   }
   return nullptr;
 }
@@ -567,9 +571,12 @@ absl::Status Validate(const Futex& m) {
 }
 absl::Status Validate(const FutexReply&) { return absl::OkStatus(); }
 absl::Status Validate(const AddressSpace& m) {
-  if (m.op != AddressSpaceOp::kBrk && !IsPageAligned(m.address)) {
+  if (m.op != AddressSpaceOp::kBrk &&
+      (!IsPageAligned(m.address) || !IsPageAligned(m.length) || !IsPageAligned(m.new_address) ||
+       !IsPageAligned(m.new_length))) {
     return Invalid("AddressSpace",
-                   absl::StrFormat("%s address 0x%x is not page-aligned", Name(m.op), m.address));
+                   absl::StrFormat("%s range [0x%x, +0x%x) -> [0x%x, +0x%x) is not page-aligned",
+                                   Name(m.op), m.address, m.length, m.new_address, m.new_length));
   }
   if (!ValidUserRange(m.address, m.length) || !ValidUserRange(m.new_address, m.new_length)) {
     return Invalid("AddressSpace", "range exceeds the user address space");

@@ -208,13 +208,21 @@ struct FutexReply {
   int64_t result = 0;  // the syscall's return value, or -errno
 };
 
+// Address-space changes are made one at a time cluster-wide: a node asks the server for the
+// address-space lock (kLock; the server answers kLock when it holds it), makes the change in
+// its replica, and sends it (kMmap ... kBrk, with the addresses the kernel chose); the server
+// sends it to every other node, each replays it at the same addresses and answers kDone
+// (flags != 0: the replay failed); when all have, the server answers kDone to the holder and
+// the lock passes on. A holder whose call failed sends kDone instead of a change.
 enum class AddressSpaceOp : uint8_t {
-  kMmap = 1,
-  kMunmap = 2,
-  kMprotect = 3,
-  kMremap = 4,
-  kBrk = 5,
+  kMmap = 1,      // [address, +length) mapped anonymous private, `prot`, mmap `flags`
+  kMunmap = 2,    // [address, +length) unmapped
+  kMprotect = 3,  // [address, +length) now `prot`
+  kMremap = 4,    // [address, +length) moved to [new_address, +new_length), mremap `flags`
+  kBrk = 5,       // the program break moved from `address` to `new_address` (not page-aligned)
   kMadvise = 6,
+  kLock = 7,
+  kDone = 8,
 };
 const char* Name(AddressSpaceOp op);
 

@@ -7,6 +7,7 @@
 
 #include <memory>
 #include <optional>
+#include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/types/span.h"
@@ -25,14 +26,23 @@ class HomeStore {
   absl::Span<const uint8_t> Get(PageId page) const;
   // Replaces the home copy of `page`; `data` is one page.
   void Store(PageId page, absl::Span<const uint8_t> data);
+  // The pages of [base, +length) were unmapped: their home copies are zeros from now on (not
+  // the checkpoint's).
+  void EraseRange(uint64_t base, uint64_t length);
+  // The pages of [from, +length) moved to [to, +length) (mremap), taking their home copies.
+  void MoveRange(uint64_t from, uint64_t to, uint64_t length);
 
-  size_t stored_pages() const { return pages_.size(); }
+  size_t stored_pages() const;
 
  private:
+  // Pages in [base, +length) with a home copy other than zeros.
+  std::vector<PageId> PagesIn(uint64_t base, uint64_t length) const;
+
   struct Page {
     uint8_t bytes[kPageSize];
   };
   std::optional<CheckpointMemory> checkpoint_;
+  // nullptr: zeros (erased, overriding the checkpoint).
   absl::flat_hash_map<PageId, std::unique_ptr<Page>> pages_;
 };
 

@@ -24,6 +24,7 @@
 #include "core/status.h"
 #include "core/unix_socket.h"
 #include "core/wire.h"
+#include "engine/address_space.h"
 #include "glog/logging.h"
 #include "transport/create_transport.h"
 #include "uffd/fault_loop.h"
@@ -337,6 +338,126 @@ class NodeAgent::Impl {
   }
 
   absl::Status SendToServer(const wire::Message& m) { return SendMessage(server_, m); }
+
+  absl::Status ApplyAddressSpace(pid_t pid, const wire::AddressSpace& change) {
+    const AddressSpaceEffect e = EffectOf(change);
+    Attachment* att = nullptr;
+    {
+      absl::ReaderMutexLock l(&attach_mu_);
+      for (auto& a : attachments_) {
+        if (a->target->pid == pid && !a->finished) att = a.get();
+      }
+    }
+    if (att == nullptr) {
+      return absl::NotFoundError(absl::StrCat("address-space change: pid ", pid,
+                                              " has no memory attached to node ", self_.value()));
+    }
+    // Page states first: moved pages keep theirs, forgotten ones start over (as never seen).
+    {
+      absl::MutexLock l(&mu_);
+      auto pages_in = [&](uint64_t base, uint64_t length) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        std::vector<PageId> out;
+        if (length / kPageSize <= pages_.size()) {
+          for (uint64_t a = base; a < base + length; a += kPageSize) {
+            if (pages_.contains(PageId::Containing(a))) out.push_back(PageId::Containing(a));
+          }
+        } else {
+          for (const auto& [page, ps] : pages_) {
+            if (page.address() >= base && page.address() < base + length) out.push_back(page);
+          }
+        }
+        return out;
+      };
+      auto idle = [&](const std::vector<PageId>& pages) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return [this, &pages]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+          for (PageId p : pages) {
+            auto it = pages_.find(p);
+            if (it != pages_.end() && it->second.busy) return false;
+          }
+          return true;
+        };
+      };
+      if (e.moved) {
+        std::vector<PageId> from = pages_in(e.moved->from, e.moved->length);
+        auto ready = idle(from);
+        mu_.Await(absl::Condition(&ready));
+        std::vector<std::pair<PageId, PageState>> moved;
+        for (PageId page : from) {
+          auto it = pages_.find(page);
+          moved.emplace_back(PageId::Containing(page.address() - e.moved->from + e.moved->to),
+                             std::move(it->second));
+          pages_.erase(it);
+        }
+        for (PageId page : pages_in(e.moved->to, e.moved->length)) pages_.erase(page);
+        for (auto& [page, ps] : moved) pages_[page] = std::move(ps);
+      }
+      for (const Span& s : e.forgotten) {
+        std::vector<PageId> gone = pages_in(s.base, s.length);
+        auto ready = idle(gone);
+        mu_.Await(absl::Condition(&ready));
+        for (PageId page : gone) pages_.erase(page);
+      }
+    }
+    absl::MutexLock l(&attach_mu_);
+    auto remove = [&](const Span& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(attach_mu_) {
+      // Split what overlaps s in ranges_ and in the attachment's list.
+      auto it = ranges_.upper_bound(s.base);
+      if (it != ranges_.begin()) --it;
+      while (it != ranges_.end() && it->first < s.end()) {
+        const uint64_t base = it->first, end = it->second.first;
+        Attachment* owner = it->second.second;
+        if (end <= s.base) {
+          ++it;
+          continue;
+        }
+        it = ranges_.erase(it);
+        if (base < s.base) ranges_[base] = {s.base, owner};
+        if (end > s.end()) ranges_[s.end()] = {end, owner};
+      }
+      std::vector<Range> kept;
+      for (const Range& r : att->ranges) {
+        const uint64_t end = r.base + r.length;
+        if (end <= s.base || r.base >= s.end()) {
+          kept.push_back(r);
+          continue;
+        }
+        if (r.base < s.base) kept.push_back({r.region, r.base, s.base - r.base});
+        if (end > s.end()) kept.push_back({r.region, s.end(), end - s.end()});
+      }
+      att->ranges = std::move(kept);
+    };
+    for (const Span& s : e.removed) remove(s);
+    for (const Span& s : e.added) {
+      auto reg = att->uffd->Register(s.base, s.length,
+                                     UFFDIO_REGISTER_MODE_MISSING | UFFDIO_REGISTER_MODE_WP);
+      if (!reg.ok()) {
+        return Annotate(reg.status(),
+                        absl::StrFormat("registering [0x%x, +0x%x) of pid %d after %s", s.base,
+                                        s.length, pid, wire::Name(change.op)));
+      }
+      remove(s);
+      ranges_[s.base] = {s.end(), att};
+      att->ranges.push_back({RegionId(0), s.base, s.length});
+    }
+    VLOG(1) << absl::StrFormat("node %d: pid %d %s [0x%x, +0x%x) -> [0x%x, +0x%x)", self_.value(),
+                               pid, wire::Name(change.op), change.address, change.length,
+                               change.new_address, change.new_length);
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<uintptr_t> HelperSyscallSite(pid_t pid) const {
+    absl::ReaderMutexLock l(&attach_mu_);
+    auto it = targets_.find(pid);
+    if (it == targets_.end() || !it->second->helper) {
+      return absl::NotFoundError(absl::StrCat("no invalidation helper in pid ", pid));
+    }
+    return it->second->helper->remote_syscall_site();
+  }
+
+  void SetAddressSpaceHandler(std::function<void(const wire::AddressSpace&)> handler) {
+    absl::MutexLock l(&futex_mu_);
+    address_space_handler_ = std::move(handler);
+  }
 
   absl::StatusOr<uintptr_t> HelperCodePage(pid_t pid) const {
     absl::ReaderMutexLock l(&attach_mu_);
@@ -914,6 +1035,24 @@ class NodeAgent::Impl {
       if (handler) handler(*reply);
       return;
     }
+    if (auto* as = std::get_if<wire::AddressSpace>(&*decoded)) {
+      if (peer != server_) return;
+      std::function<void(const wire::AddressSpace&)> handler;
+      {
+        absl::MutexLock l(&futex_mu_);
+        handler = address_space_handler_;
+      }
+      if (handler) {
+        handler(*as);
+      } else if (as->op != wire::AddressSpaceOp::kLock && as->op != wire::AddressSpaceOp::kDone) {
+        // Nothing of the program runs here: nothing to replay.
+        wire::AddressSpace done;
+        done.op = wire::AddressSpaceOp::kDone;
+        done.seq = as->seq;
+        (void)SendMessage(server_, done);
+      }
+      return;
+    }
     if (auto* error = std::get_if<wire::Error>(&*decoded)) {
       Fail(absl::Status(static_cast<absl::StatusCode>(error->code),
                         absl::StrCat("from the server: ", error->message)));
@@ -1134,6 +1273,7 @@ class NodeAgent::Impl {
 
   absl::Mutex futex_mu_;
   std::function<void(const wire::FutexReply&)> futex_handler_ ABSL_GUARDED_BY(futex_mu_);
+  std::function<void(const wire::AddressSpace&)> address_space_handler_ ABSL_GUARDED_BY(futex_mu_);
 
   mutable absl::Mutex health_mu_;
   absl::Status health_ ABSL_GUARDED_BY(health_mu_);
@@ -1156,6 +1296,15 @@ absl::Status NodeAgent::Attach(AttachRequest request) { return impl_->Attach(std
 absl::Status NodeAgent::SendToServer(const wire::Message& m) { return impl_->SendToServer(m); }
 absl::StatusOr<uintptr_t> NodeAgent::HelperCodePage(pid_t pid) const {
   return impl_->HelperCodePage(pid);
+}
+absl::Status NodeAgent::ApplyAddressSpace(pid_t pid, const wire::AddressSpace& change) {
+  return impl_->ApplyAddressSpace(pid, change);
+}
+absl::StatusOr<uintptr_t> NodeAgent::HelperSyscallSite(pid_t pid) const {
+  return impl_->HelperSyscallSite(pid);
+}
+void NodeAgent::SetAddressSpaceHandler(std::function<void(const wire::AddressSpace&)> h) {
+  impl_->SetAddressSpaceHandler(std::move(h));
 }
 void NodeAgent::SetFutexReplyHandler(std::function<void(const wire::FutexReply&)> h) {
   impl_->SetFutexReplyHandler(std::move(h));

@@ -117,6 +117,17 @@ class NodeAgent {
   // must bypass a seccomp filter placed in that process).
   absl::StatusOr<uintptr_t> HelperCodePage(pid_t pid) const;
 
+  // A `syscall` instruction in the invalidation helper's code, whose calls bypass the filter.
+  absl::StatusOr<uintptr_t> HelperSyscallSite(pid_t pid) const;
+
+  // An address-space change (wire.h) made in attached process `pid` already, by it or by a
+  // replay: new ranges are registered and served, unmapped pages forgotten (they are zeros
+  // when mapped again), moved pages keep their state at their new address.
+  absl::Status ApplyAddressSpace(pid_t pid, const wire::AddressSpace& change);
+  // Where AddressSpace messages from the server go (network thread; must not block). Without
+  // one, the agent answers every change with kDone at once (it runs no program).
+  void SetAddressSpaceHandler(std::function<void(const wire::AddressSpace&)> handler);
+
   // Sends a message to the server (the futex service uses it).
   absl::Status SendToServer(const wire::Message& message);
   // Where FutexReply messages from the server go (called on the network thread; must not

@@ -1,7 +1,9 @@
 #include "engine/server.h"
 
+#include <deque>
 #include <map>
 #include <optional>
+#include <set>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -12,6 +14,7 @@
 #include "core/json.h"
 #include "core/status.h"
 #include "core/wire.h"
+#include "engine/address_space.h"
 #include "engine/futex_table.h"
 #include "engine/home_store.h"
 #include "glog/logging.h"
@@ -107,6 +110,7 @@ class DirectoryServer::Impl {
     w.Field("protocol_errors", protocol_errors_);
     w.Field("futex_waits", futex_waits_);
     w.Field("futex_wakes", futex_wakes_);
+    w.Field("address_space_changes", address_space_changes_);
     w.EndObject();
     return w.str();
   }
@@ -122,6 +126,12 @@ class DirectoryServer::Impl {
   };
   struct Region {
     uint64_t base, length;
+  };
+  // The address-space lock (wire::AddressSpaceOp): who holds it, whether its change came in,
+  // and which nodes still replay it.
+  struct AsRequest {
+    NodeId node;
+    uint64_t seq = 0;
   };
 
   void Loop() {
@@ -187,6 +197,7 @@ class DirectoryServer::Impl {
     futexes_.ForgetNode(*id);
     if (node.left) {
       LOG(INFO) << "server: node " << id->value() << " left";
+      ForgetAddressSpaceNode(*id);
       return;
     }
     node.lost = true;
@@ -198,6 +209,19 @@ class DirectoryServer::Impl {
       if (n.alive)
         SendTo(n.peer, wire::Error{static_cast<uint32_t>(absl::StatusCode::kDataLoss), msg});
     }
+    ForgetAddressSpaceNode(*id);
+  }
+
+  // A node that is gone neither holds the address-space lock nor replays.
+  void ForgetAddressSpaceNode(NodeId id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (as_holder_ && as_holder_->node == id) {
+      as_holder_.reset();
+      as_committed_ = false;
+      as_replaying_.clear();
+    }
+    as_replaying_.erase(id);
+    MaybeFinishAddressSpace();
+    MaybeGrantAddressSpace();
   }
 
   void OnMessage(PeerId peer, absl::Span<const uint8_t> bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -240,6 +264,8 @@ class DirectoryServer::Impl {
       OnFutex(peer, *id, *f);
     } else if (auto* seed = std::get_if<wire::PageSeed>(&m)) {
       OnSeed(peer, *id, *seed);
+    } else if (auto* as = std::get_if<wire::AddressSpace>(&m)) {
+      OnAddressSpace(peer, *id, *as);
     } else if (auto* e = std::get_if<wire::Error>(&m)) {
       // A node lost data (a page whose only copy went with its process): everyone stops.
       LOG(ERROR) << "server: node " << id->value() << " reports: " << e->message;
@@ -317,23 +343,156 @@ class DirectoryServer::Impl {
       }
       return;
     }
-    for (const auto& [rid, reg] : regions_) {
-      if (r.base < reg.base + reg.length && reg.base < r.base + r.length) {
-        Reject(peer, absl::StrFormat("region %d [0x%x,+0x%x) overlaps region %d", r.region.value(),
-                                     r.base, r.length, rid));
-        return;
-      }
+    if (coherent_.Overlaps({r.base, r.length})) {
+      Reject(peer, absl::StrFormat("region %d [0x%x,+0x%x) overlaps coherent memory",
+                                   r.region.value(), r.base, r.length));
+      return;
     }
     regions_[r.region.value()] = Region{r.base, r.length};
+    coherent_.Add({r.base, r.length});
     LOG(INFO) << absl::StrFormat("server: region %d [0x%x, +0x%x) from node %d", r.region.value(),
                                  r.base, r.length, from.value());
   }
 
   bool InRegion(PageId page) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    for (const auto& [rid, reg] : regions_) {
-      if (page.address() >= reg.base && page.address() < reg.base + reg.length) return true;
+    return coherent_.Contains(page.address());
+  }
+
+  void OnAddressSpace(PeerId peer, NodeId from, const wire::AddressSpace& a)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    const bool holder = as_holder_ && as_holder_->node == from;
+    switch (a.op) {
+      case wire::AddressSpaceOp::kLock:
+        as_waiting_.push_back({from, a.seq});
+        MaybeGrantAddressSpace();
+        return;
+      case wire::AddressSpaceOp::kDone:
+        if (holder && !as_committed_) {  // its call failed: nothing to replay
+          as_holder_.reset();
+          MaybeGrantAddressSpace();
+        } else if (as_replaying_.erase(from) > 0) {
+          if (a.flags != 0) {
+            LOG(ERROR) << "server: node " << from.value() << " could not replay address-space "
+                       << "change " << as_holder_->seq << " (it stops its program)";
+          }
+          MaybeFinishAddressSpace();
+        } else {
+          Reject(peer, absl::StrCat("node ", from.value(),
+                                    " sent an unexpected address-space "
+                                    "done"));
+        }
+        return;
+      case wire::AddressSpaceOp::kMadvise:
+        Reject(peer, absl::StrCat("node ", from.value(), " sent an address-space madvise"));
+        return;
+      default:
+        break;
     }
-    return false;
+    if (!holder || as_committed_) {
+      Reject(peer, absl::StrCat("node ", from.value(), " sent an address-space ", wire::Name(a.op),
+                                " without holding the address-space lock"));
+      return;
+    }
+    as_committed_ = true;
+    ++address_space_changes_;
+    ApplyEffect(EffectOf(a));
+    VLOG(1) << absl::StrFormat("server: node %d %s [0x%x, +0x%x) -> [0x%x, +0x%x)", from.value(),
+                               wire::Name(a.op), a.address, a.length, a.new_address, a.new_length);
+    for (const auto& [id, n] : nodes_) {
+      if (!n.alive || id == from) continue;
+      as_replaying_.insert(id);
+      SendTo(n.peer, a);
+    }
+    MaybeFinishAddressSpace();
+  }
+
+  void MaybeGrantAddressSpace() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    while (!as_holder_ && !as_waiting_.empty()) {
+      AsRequest r = as_waiting_.front();
+      as_waiting_.pop_front();
+      auto it = nodes_.find(r.node);
+      if (it == nodes_.end() || !it->second.alive) continue;
+      as_holder_ = r;
+      as_committed_ = false;
+      wire::AddressSpace grant;
+      grant.op = wire::AddressSpaceOp::kLock;
+      grant.seq = r.seq;
+      SendTo(it->second.peer, grant);
+    }
+  }
+
+  void MaybeFinishAddressSpace() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (!as_holder_ || !as_committed_ || !as_replaying_.empty()) return;
+    wire::AddressSpace done;
+    done.op = wire::AddressSpaceOp::kDone;
+    done.seq = as_holder_->seq;
+    SendToNode(as_holder_->node, done);
+    as_holder_.reset();
+    as_committed_ = false;
+    MaybeGrantAddressSpace();
+  }
+
+  // Pages in [base, +length) the directory has entries for.
+  std::vector<PageId> DirPagesIn(uint64_t base, uint64_t length) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    std::vector<PageId> out;
+    if (length / kPageSize <= pages_.size()) {
+      for (uint64_t a = base; a < base + length; a += kPageSize) {
+        if (pages_.contains(PageId::Containing(a))) out.push_back(PageId::Containing(a));
+      }
+    } else {
+      for (const auto& [page, p] : pages_) {
+        if (page.address() >= base && page.address() < base + length) out.push_back(page);
+      }
+    }
+    return out;
+  }
+
+  // The directory's side of an address-space change. The memory is unmapped or moved on
+  // every node, so no transaction should be in flight on those pages; one that is (a thread
+  // touching memory while another unmaps it) keeps its entry, and is logged.
+  void ApplyEffect(const AddressSpaceEffect& e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    int busy = 0;
+    auto stable = [](const coherence::DirPage& p) {
+      return coherence::IsStable(p.line.state) && p.queue.empty();
+    };
+    if (e.moved) {
+      std::vector<std::pair<PageId, coherence::DirPage>> moved;
+      for (PageId page : DirPagesIn(e.moved->from, e.moved->length)) {
+        auto it = pages_.find(page);
+        if (!stable(it->second)) {
+          ++busy;
+          continue;
+        }
+        moved.emplace_back(PageId::Containing(page.address() - e.moved->from + e.moved->to),
+                           std::move(it->second));
+        pages_.erase(it);
+      }
+      for (PageId page : DirPagesIn(e.moved->to, e.moved->length)) pages_.erase(page);
+      for (auto& [page, p] : moved) pages_[page] = std::move(p);
+      home_.MoveRange(e.moved->from, e.moved->to, e.moved->length);
+    }
+    for (const Span& s : e.forgotten) {
+      for (PageId page : DirPagesIn(s.base, s.length)) {
+        auto it = pages_.find(page);
+        if (stable(it->second)) {
+          pages_.erase(it);
+        } else {
+          ++busy;
+        }
+      }
+      home_.EraseRange(s.base, s.length);
+      for (auto it = seeded_.begin(); it != seeded_.end();) {
+        auto cur = it++;
+        if (cur->address() >= s.base && cur->address() < s.end()) seeded_.erase(cur);
+      }
+    }
+    for (const Span& s : e.removed) coherent_.Remove(s);
+    for (const Span& s : e.added) coherent_.Add(s);
+    if (busy > 0) {
+      LOG(WARNING) << "server: " << busy << " page(s) changed by an address-space change while "
+                   << "a node was using them";
+    }
   }
 
   void OnFutex(PeerId peer, NodeId from, const wire::Futex& f) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -499,7 +658,13 @@ class DirectoryServer::Impl {
   FutexTable futexes_ ABSL_GUARDED_BY(mu_);
   uint64_t futex_waits_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t futex_wakes_ ABSL_GUARDED_BY(mu_) = 0;
-  std::map<uint32_t, Region> regions_ ABSL_GUARDED_BY(mu_);
+  std::map<uint32_t, Region> regions_ ABSL_GUARDED_BY(mu_);  // as announced
+  RangeSet coherent_ ABSL_GUARDED_BY(mu_);  // announced regions with later changes applied
+  std::optional<AsRequest> as_holder_ ABSL_GUARDED_BY(mu_);
+  bool as_committed_ ABSL_GUARDED_BY(mu_) = false;
+  std::deque<AsRequest> as_waiting_ ABSL_GUARDED_BY(mu_);
+  std::set<NodeId> as_replaying_ ABSL_GUARDED_BY(mu_);
+  uint64_t address_space_changes_ ABSL_GUARDED_BY(mu_) = 0;
   absl::flat_hash_map<PageId, coherence::DirPage> pages_ ABSL_GUARDED_BY(mu_);
   HomeStore home_ ABSL_GUARDED_BY(mu_);
   std::vector<coherence::Action> actions_ ABSL_GUARDED_BY(mu_);

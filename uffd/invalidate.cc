@@ -250,6 +250,12 @@ stretch_helper_setup:
   syscall
   ud2
 
+  .globl stretch_helper_syscall
+  .hidden stretch_helper_syscall
+stretch_helper_syscall:         # for calls injected by the agent (RemoteThread::SyscallAt)
+  syscall
+  int3
+
   .p2align 3
 .Lhelper_allmask:
   .quad -1
@@ -261,6 +267,7 @@ stretch_helper_end:
 )");
 
 extern "C" const char stretch_helper_begin[];
+extern "C" const char stretch_helper_syscall[];
 extern "C" const char stretch_helper_setup[];
 extern "C" const char stretch_helper_end[];
 
@@ -300,6 +307,10 @@ void ToRanges(absl::Span<const uintptr_t> pages, std::vector<std::pair<uintptr_t
 }
 
 }  // namespace
+
+uintptr_t InvalidationHelper::remote_syscall_site() const {
+  return remote_code_ + (stretch_helper_syscall - stretch_helper_begin);
+}
 
 absl::StatusOr<std::unique_ptr<InvalidationHelper>> InvalidationHelper::Inject(
     RemoteThread& thread, const Options& options) {

@@ -110,6 +110,9 @@ class InvalidationHelper {
   pid_t helper_tid() const;
   // Where its code+stack and control page are in the target (for tests and diagnostics).
   uintptr_t remote_code() const { return remote_code_; }
+  // A `syscall` instruction in its code: calls injected there (RemoteThread::SyscallAt) come
+  // from the helper's page, which a seccomp filter may exempt.
+  uintptr_t remote_syscall_site() const;
   uintptr_t remote_control() const { return remote_control_; }
 
  private:
