@@ -35,7 +35,7 @@ namespace {
 
 // A request from another thread, completed on the tracer thread.
 struct Command {
-  enum Kind { kAttach, kResume, kPark, kRunStopped, kTraceSyscalls, kDetach, kShutdown };
+  enum Kind { kAttach, kResume, kPark, kRunStopped, kRelease, kTraceSyscalls, kDetach, kShutdown };
   Kind kind;
   pid_t tid = 0;
   std::function<absl::Status(pid_t)> fn;
@@ -195,6 +195,7 @@ class ThreadSupervisor::Impl {
     bool stopped = false;      // in a ptrace-stop we have not resumed
     bool interrupted = false;  // PTRACE_INTERRUPT sent, stop not yet seen
     bool exiting = false;
+    bool held = false;       // on_seccomp holds it stopped until Release
     int pending_signal = 0;  // to deliver when it next resumes
     SyscallHook hook;        // set: resume with PTRACE_SYSCALL and ask it at each entry
     std::vector<std::shared_ptr<Command>> waiting;  // Park / RunStopped waiting for a stop
@@ -210,6 +211,8 @@ class ThreadSupervisor::Impl {
         return "park";
       case Command::kRunStopped:
         return "run-stopped";
+      case Command::kRelease:
+        return "release";
       case Command::kTraceSyscalls:
         return "trace-syscalls";
       case Command::kDetach:
@@ -341,7 +344,12 @@ class ThreadSupervisor::Impl {
     switch (c->kind) {
       case Command::kResume:
         t.want_running = true;
-        if (t.stopped && t.waiting.empty()) Continue(c->tid, t);
+        if (t.stopped && t.waiting.empty() && !t.held) Continue(c->tid, t);
+        c->Complete(absl::OkStatus());
+        break;
+      case Command::kRelease:
+        t.held = false;
+        if (t.stopped && t.waiting.empty() && t.want_running) Continue(c->tid, t);
         c->Complete(absl::OkStatus());
         break;
       case Command::kPark:
@@ -390,7 +398,7 @@ class ThreadSupervisor::Impl {
     if (t.exiting) Continue(tid, t);
     if (attach_) return MaybeFinishAttach();
     if (detach_) return FinishDetachIfStopped();
-    if (t.want_running && !t.exiting) Continue(tid, t);
+    if (t.want_running && !t.exiting && !t.held) Continue(tid, t);
   }
 
   void Reap() ABSL_EXCLUSIVE_LOCKS_REQUIRED(state_mu_) {
@@ -477,7 +485,7 @@ class ThreadSupervisor::Impl {
         OnStopped(tid, t);
         break;
       case PTRACE_EVENT_SECCOMP:
-        if (callbacks_.on_seccomp) callbacks_.on_seccomp(tid);
+        if (callbacks_.on_seccomp && callbacks_.on_seccomp(tid)) t.held = true;
         OnStopped(tid, t);
         break;
       default:
@@ -597,6 +605,15 @@ ThreadSupervisor::~ThreadSupervisor() = default;
 absl::StatusOr<std::unique_ptr<ThreadSupervisor>> ThreadSupervisor::Attach(
     pid_t pid, const SupervisorOptions& options, SupervisorCallbacks callbacks,
     absl::Time deadline) {
+  if (options.wait_for_stop) {
+    while (!AllTasksStopped(pid)) {
+      if (absl::Now() > deadline) {
+        return absl::DeadlineExceededError(
+            absl::StrCat("ThreadSupervisor: pid ", pid, " did not stop before the attach"));
+      }
+      absl::SleepFor(absl::Microseconds(200));
+    }
+  }
   auto impl = std::make_unique<Impl>(pid, options, std::move(callbacks));
   STRETCH_RETURN_IF_ERROR(impl->Start());
   auto c = std::make_shared<Command>();
@@ -626,6 +643,13 @@ absl::Status ThreadSupervisor::RunStopped(pid_t tid, std::function<absl::Status(
   c->kind = Command::kRunStopped;
   c->tid = tid;
   c->fn = std::move(fn);
+  return impl_->Run(c, deadline);
+}
+
+absl::Status ThreadSupervisor::Release(pid_t tid, absl::Time deadline) {
+  auto c = std::make_shared<Command>();
+  c->kind = Command::kRelease;
+  c->tid = tid;
   return impl_->Run(c, deadline);
 }
 

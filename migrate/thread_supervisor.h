@@ -35,6 +35,11 @@ namespace stretch {
 void BlockSigchldInThisThread();
 
 struct SupervisorOptions {
+  // The process is being stopped (e.g. CRIU restored it with --leave-stopped and sent it
+  // SIGSTOP as it went): wait until every thread has stopped before attaching. A group-stop
+  // still under way would otherwise catch threads created later (such as an injected helper
+  // thread, which nobody traces) and leave them stopped for good.
+  bool wait_for_stop = false;
   // Run threads that were stopped when attached (e.g. restored with --leave-stopped) right
   // away; otherwise every thread starts parked.
   bool run_all_at_attach = false;
@@ -71,8 +76,10 @@ struct SupervisorCallbacks {
   std::function<void(int status)> on_process_exit;
   // A thread is in a PTRACE_EVENT_SECCOMP stop (its filter returned SECCOMP_RET_TRACE) at the
   // entry of a system call; the callback may read and change its registers (changing orig_rax
-  // changes the call made). The thread then continues as it would have.
-  std::function<void(pid_t tid)> on_seccomp;
+  // changes the call made). Returning false: the thread then continues as it would have.
+  // Returning true holds it stopped, whatever Resume/Park say, until Release(tid): meanwhile
+  // RunStopped may run code on it (e.g. make the call itself and set the result).
+  std::function<bool(pid_t tid)> on_seccomp;
 };
 
 class ThreadSupervisor {
@@ -91,6 +98,9 @@ class ThreadSupervisor {
   // Stops `tid` if it runs, calls fn(tid) on the tracer thread, and restores its run/park
   // state. `fn` may use ptrace on tid (it is in a ptrace-stop).
   absl::Status RunStopped(pid_t tid, std::function<absl::Status(pid_t)> fn, absl::Time deadline);
+
+  // Ends the hold of a thread that on_seccomp held; it then runs or stays parked as wanted.
+  absl::Status Release(pid_t tid, absl::Time deadline);
 
   // Runs `tid` (it must be running or resumed) stopping at every syscall entry to ask `hook`;
   // the hook's kPark parks it there (what the launcher uses to find the migration point).

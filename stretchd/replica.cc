@@ -31,6 +31,7 @@
 #include "migrate/lazy_pages.h"
 #include "migrate/origin.h"
 #include "migrate/seccomp_notify.h"
+#include "stretchd/address_space_service.h"
 #include "uffd/inject.h"
 #include "uffd/process.h"
 #include "uffd/uffd_compat.h"
@@ -117,9 +118,11 @@ int ProtOf(const std::string& perms) {
 // cluster-wide before it happens), and the invalidation helper's own calls (from its code page)
 // pass untouched. The filter program is written into a page mapped for the purpose.
 absl::StatusOr<UniqueFd> InstallFilter(uffd::RemoteThread& thread, const uffd::Pidfd& pidfd,
-                                       uintptr_t helper_code) {
+                                       uintptr_t helper_code, uintptr_t helper_syscall) {
   uffd::RemoteMemory memory(pidfd.pid());
-  std::vector<sock_filter> prog = BuildFilter({SYS_futex}, {SYS_exit}, helper_code);
+  std::vector<int> traced = AddressSpaceService::TracedCalls();
+  traced.push_back(SYS_exit);
+  std::vector<sock_filter> prog = BuildFilter({SYS_futex}, traced, helper_code);
   STRETCH_ASSIGN_OR_RETURN(
       uint64_t scratch,
       thread.SyscallOrError("mmap", SYS_mmap,
@@ -141,8 +144,10 @@ absl::StatusOr<UniqueFd> InstallFilter(uffd::RemoteThread& thread, const uffd::P
   STRETCH_ASSIGN_OR_RETURN(UniqueFd listener, pidfd.GetFd(static_cast<int>(*fd)));
   STRETCH_RETURN_IF_ERROR(
       thread.SyscallOrError("close", SYS_close, {static_cast<uint64_t>(*fd)}).status());
-  STRETCH_RETURN_IF_ERROR(
-      thread.SyscallOrError("munmap", SYS_munmap, {scratch, kPageSize}).status());
+  // munmap is traced now: make it from the helper's code, which the filter lets through.
+  STRETCH_ASSIGN_OR_RETURN(int64_t unmapped,
+                           thread.SyscallAt(helper_syscall, SYS_munmap, {scratch, kPageSize}));
+  if (unmapped != 0) return ErrnoStatus(static_cast<int>(-unmapped), "munmap in the replica");
   return listener;
 }
 
@@ -243,10 +248,11 @@ absl::StatusOr<std::unique_ptr<Replica>> Replica::Restore(engine::NodeAgent* age
     self->exited_ = true;
     self->exit_status_ = status;
   };
-  cb.on_seccomp = [self](pid_t tid) { self->OnThreadExitCall(tid); };
+  cb.on_seccomp = [self](pid_t tid) { return self->OnSeccomp(tid); };
   cb.on_clone = [self](pid_t parent, pid_t child) { self->OnClone(parent, child); };
   SupervisorOptions so;
   so.run_all_at_attach = false;
+  so.wait_for_stop = true;  // --leave-stopped: CRIU's SIGSTOP may still be under way
   STRETCH_ASSIGN_OR_RETURN(r->supervisor_,
                            ThreadSupervisor::Attach(r->pid_, so, std::move(cb), deadline));
   for (pid_t tid : r->supervisor_->Threads()) {
@@ -360,11 +366,20 @@ absl::StatusOr<std::unique_ptr<Replica>> Replica::Restore(engine::NodeAgent* age
   STRETCH_RETURN_IF_ERROR(agent->Attach(std::move(req)));
   for (const auto& [base, bytes] : seeds) STRETCH_RETURN_IF_ERROR(agent->SeedPages(base, bytes));
   STRETCH_ASSIGN_OR_RETURN(uintptr_t helper_code, agent->HelperCodePage(pid));
+  STRETCH_ASSIGN_OR_RETURN(uintptr_t helper_syscall, agent->HelperSyscallSite(pid));
+  STRETCH_ASSIGN_OR_RETURN(
+      auto address_space,
+      AddressSpaceService::Start(agent, r->supervisor_.get(), pid, helper_syscall));
+  {
+    absl::MutexLock l(&r->mu_);
+    r->address_space_ = std::move(address_space);
+  }
   STRETCH_RETURN_IF_ERROR(r->supervisor_->RunStopped(
       pid,
       [&](pid_t tid) -> absl::Status {
         STRETCH_ASSIGN_OR_RETURN(auto thread, uffd::RemoteThread::Adopt(tid));
-        STRETCH_ASSIGN_OR_RETURN(seccomp_listener, InstallFilter(*thread, pidfd, helper_code));
+        STRETCH_ASSIGN_OR_RETURN(seccomp_listener,
+                                 InstallFilter(*thread, pidfd, helper_code, helper_syscall));
         return absl::OkStatus();
       },
       deadline));
@@ -383,6 +398,12 @@ absl::StatusOr<std::unique_ptr<Replica>> Replica::Restore(engine::NodeAgent* age
 
 Replica::~Replica() {
   if (supervisor_ && !supervisor_->ProcessExited()) Kill();
+  std::unique_ptr<AddressSpaceService> address_space;
+  {
+    absl::MutexLock l(&mu_);
+    address_space = std::move(address_space_);
+  }
+  address_space.reset();
   supervisor_.reset();
   futexes_.reset();
 }
@@ -419,7 +440,20 @@ void Replica::OnClone(pid_t parent, pid_t child) {
   ctid_[child] = ctid;
 }
 
-// Tracer thread, `tid` stopped at the entry of a traced call (exit). A joiner on another node
+// Tracer thread, `tid` stopped at the entry of a traced call.
+bool Replica::OnSeccomp(pid_t tid) {
+  struct user_regs_struct regs;
+  if (ptrace(PTRACE_GETREGS, tid, 0, &regs) != 0) return false;
+  if (regs.orig_rax == SYS_exit) {
+    OnThreadExitCall(tid);
+    return false;
+  }
+  // Under mu_: the destructor takes the service away under it too.
+  absl::MutexLock l(&mu_);
+  return address_space_ != nullptr && address_space_->OnSyscall(tid, regs);
+}
+
+// Tracer thread, `tid` stopped at the entry of exit(). A joiner on another node
 // waits on the thread's clear_child_tid word through the cluster futex table, which the
 // kernel's own store-and-wake at exit never reaches (and that store, from a dying task, would
 // be dropped by userfaultfd if the page is not writable here). So: store 0 through the DSM,

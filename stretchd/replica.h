@@ -34,6 +34,7 @@
 #include "migrate/criu.h"
 #include "migrate/subprocess.h"
 #include "migrate/thread_supervisor.h"
+#include "stretchd/address_space_service.h"
 #include "stretchd/futex_service.h"
 
 namespace stretch {
@@ -77,6 +78,8 @@ class Replica {
  private:
   Replica() = default;
 
+  // A thread is at the entry of a traced call; true holds it (AddressSpaceService).
+  bool OnSeccomp(pid_t tid);
   // A thread is at the entry of exit(): publish its exit cluster-wide (see replica.cc).
   void OnThreadExitCall(pid_t tid);
   // A thread was created: remember where the kernel would clear its tid at exit.
@@ -87,6 +90,7 @@ class Replica {
   engine::NodeAgent* agent_ = nullptr;
   pid_t pid_ = 0;  // the restored root, in our PID namespace
   std::unique_ptr<FutexService> futexes_;
+  std::unique_ptr<AddressSpaceService> address_space_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<ThreadSupervisor> supervisor_;
   // Our-namespace tids of the threads this node runs.
   std::vector<pid_t> run_;

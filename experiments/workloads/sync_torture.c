@@ -1,7 +1,7 @@
 /* Synchronization torture: every pthread and process facility a transparent DSM must keep
  * working across nodes, one test per --test=NAME, each printing a deterministic result.
  *
- *   mutex condvar barrier sem atomic join detach malloc mmap affinity signal   (all: each;
+ *   mutex condvar barrier sem atomic join detach malloc mmap remap affinity signal   (all: each;
  *   a comma-separated list runs those, in the order above)
  *   exit   a non-main thread calls exit(42) while others are blocked
  *   abort  a non-main thread calls abort() (killed by SIGABRT)
@@ -75,12 +75,13 @@ static void open_gate_after_wait(void) {
   __atomic_store_n(&g_gate_open, 1, __ATOMIC_RELEASE);
 }
 
-static void run_threads(int n, thread_fn fn, void* args, size_t arg_size, void** results) {
+/* Runs fns[i](args[i]) in n threads started together (behind the start gate), joins them. */
+static void run_each(int n, const thread_fn* fns, void* const* args, void** results) {
   pthread_t t[MAX_THREADS];
   __atomic_store_n(&g_gate_open, g_start_gate_ms == 0, __ATOMIC_RELEASE);
   for (int i = 0; i < n; ++i) {
-    g_start[i].fn = fn;
-    g_start[i].arg = (char*)args + i * arg_size;
+    g_start[i].fn = fns[i];
+    g_start[i].arg = args[i];
     int err = pthread_create(&t[i], NULL, gated_start, (void*)(long)i);
     if (err) {
       fprintf(stderr, "pthread_create: %s\n", strerror(err));
@@ -89,6 +90,16 @@ static void run_threads(int n, thread_fn fn, void* args, size_t arg_size, void**
   }
   if (g_start_gate_ms > 0) open_gate_after_wait();
   for (int i = 0; i < n; ++i) pthread_join(t[i], results ? &results[i] : NULL);
+}
+
+static void run_threads(int n, thread_fn fn, void* args, size_t arg_size, void** results) {
+  thread_fn fns[MAX_THREADS];
+  void* a[MAX_THREADS];
+  for (int i = 0; i < n; ++i) {
+    fns[i] = fn;
+    a[i] = (char*)args + i * arg_size;
+  }
+  run_each(n, fns, a, results);
 }
 
 /* ---- mutex: a shared counter under one lock, and per-thread counters. */
@@ -403,15 +414,69 @@ static void* mmap_user(void* p) {
 }
 static void test_mmap(void) {
   mm_stage = 0;
-  pthread_t a, b;
   unsigned long sum = 0;
-  pthread_create(&a, NULL, mmap_maker, NULL);
-  pthread_create(&b, NULL, mmap_user, &sum);
-  pthread_join(a, NULL);
-  pthread_join(b, NULL);
+  const thread_fn fns[2] = {mmap_maker, mmap_user};
+  void* const args[2] = {NULL, &sum};
+  run_each(2, fns, args, NULL);
   munmap(mm_a, 64 * PG);
   munmap(mm_b + 8 * PG, 40 * PG);
   printf("mmap: sum=%lu\n", sum);
+}
+
+/* ---- remap: memory unmapped (munmap, brk shrinking) by one thread reads as zeros when mapped
+ * again by another, whatever it held before. */
+static unsigned long rm_sum(const unsigned char* p, size_t n) {
+  unsigned long s = 0;
+  for (size_t i = 0; i < n; ++i) s += p[i];
+  return s;
+}
+static unsigned long rm_results[4];
+static void* remap_maker(void* arg) {
+  (void)arg;
+  unsigned char* p =
+      mmap(NULL, 32 * PG, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) mm_die("mmap");
+  memset(p, 0xab, 32 * PG);
+  mm_a = p;
+  mm_set_stage(1);
+  mm_wait_stage(2); /* the user unmapped the first half */
+  unsigned char* q =
+      mmap(p, 16 * PG, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
+  if (q != p) mm_die("mmap(MAP_FIXED)");
+  rm_results[1] = rm_sum(q, 16 * PG); /* 0 */
+  memset(q, 0x11, 16 * PG);
+  mm_set_stage(3);
+  mm_wait_stage(4); /* the user grew and shrank the heap */
+  unsigned char* b = sbrk(16 * PG);
+  if (b == (void*)-1) mm_die("sbrk");
+  rm_results[3] = rm_sum(b, 16 * PG); /* 0, not what the user wrote there */
+  if (sbrk(-16 * PG) == (void*)-1) mm_die("sbrk");
+  return NULL;
+}
+static void* remap_user(void* arg) {
+  (void)arg;
+  mm_wait_stage(1);
+  rm_results[0] = rm_sum(mm_a, 32 * PG);
+  if (munmap(mm_a, 16 * PG) != 0) mm_die("munmap");
+  mm_set_stage(2);
+  mm_wait_stage(3);
+  rm_results[2] = rm_sum(mm_a, 32 * PG);
+  unsigned char* b = sbrk(16 * PG);
+  if (b == (void*)-1) mm_die("sbrk");
+  memset(b, 0xcd, 16 * PG);
+  if (sbrk(-16 * PG) == (void*)-1) mm_die("sbrk");
+  mm_set_stage(4);
+  return NULL;
+}
+static void test_remap(void) {
+  mm_stage = 0;
+  const thread_fn fns[2] = {remap_maker, remap_user};
+  void* const args[2] = {NULL, NULL};
+  run_each(2, fns, args, NULL);
+  munmap(mm_a, 32 * PG);
+  printf("remap: first=%lu zeroed=%lu second=%lu brk_zeroed=%lu\n", rm_results[0], rm_results[1],
+         rm_results[2], rm_results[3]);
+  CHECK(rm_results[1] == 0 && rm_results[3] == 0, "memory mapped again was not zeros");
 }
 
 /* ---- affinity: pin each thread to a CPU this process was started with. */
@@ -543,10 +608,10 @@ int main(int argc, char** argv) {
   struct {
     const char* name;
     void (*fn)(void);
-  } tests[] = {{"mutex", test_mutex},       {"condvar", test_condvar}, {"barrier", test_barrier},
-               {"sem", test_sem},           {"atomic", test_atomic},   {"join", test_join},
-               {"detach", test_detach},     {"malloc", test_malloc},   {"mmap", test_mmap},
-               {"affinity", test_affinity}, {"signal", test_signal}};
+  } tests[] = {{"mutex", test_mutex},   {"condvar", test_condvar},   {"barrier", test_barrier},
+               {"sem", test_sem},       {"atomic", test_atomic},     {"join", test_join},
+               {"detach", test_detach}, {"malloc", test_malloc},     {"mmap", test_mmap},
+               {"remap", test_remap},   {"affinity", test_affinity}, {"signal", test_signal}};
   if (!strcmp(test, "exit")) test_exit(0);
   if (!strcmp(test, "abort")) test_exit(1);
   int ran = 0;

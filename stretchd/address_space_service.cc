@@ -1,0 +1,431 @@
+#include "stretchd/address_space_service.h"
+
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/ptrace.h>
+#include <sys/syscall.h>
+
+#include <algorithm>
+#include <atomic>
+#include <deque>
+#include <thread>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/synchronization/mutex.h"
+#include "core/page.h"
+#include "core/status.h"
+#include "glog/logging.h"
+#include "uffd/inject.h"
+
+namespace stretch {
+namespace {
+
+// How long a change may wait for the lock and for every node's replay.
+constexpr absl::Duration kChangeTimeout = absl::Seconds(30);
+// How long injecting one call into a thread may take.
+constexpr absl::Duration kCallTimeout = absl::Seconds(10);
+
+bool IsError(uint64_t result) { return result > static_cast<uint64_t>(-4096); }
+
+int64_t NowNs() { return absl::ToUnixNanos(absl::Now()); }
+
+// Flags that would make the kernel fill a mapping before Stretch serves it.
+constexpr uint64_t kPopulating = MAP_POPULATE | MAP_LOCKED;
+
+}  // namespace
+
+class AddressSpaceService::Impl {
+ public:
+  Impl(engine::NodeAgent* agent, ThreadSupervisor* supervisor, pid_t pid, uintptr_t site)
+      : agent_(agent), supervisor_(supervisor), pid_(pid), site_(site) {}
+
+  void Start() {
+    agent_->SetAddressSpaceHandler([this](const wire::AddressSpace& m) { OnServer(m); });
+    local_thread_ = std::thread([this] { LocalLoop(); });
+    replay_thread_ = std::thread([this] { ReplayLoop(); });
+  }
+
+  ~Impl() {
+    agent_->SetAddressSpaceHandler(nullptr);
+    {
+      absl::MutexLock l(&mu_);
+      stop_ = true;
+    }
+    local_thread_.join();
+    replay_thread_.join();
+  }
+
+  bool OnSyscall(pid_t tid, const struct user_regs_struct& regs) {
+    Call c;
+    c.tid = tid;
+    c.nr = static_cast<int>(regs.orig_rax);
+    c.args = {regs.rdi, regs.rsi, regs.rdx, regs.r10, regs.r8, regs.r9};
+    c.start_ns = NowNs();
+    switch (c.nr) {
+      case SYS_madvise: {
+        const int advice = static_cast<int>(c.args[2]);
+        if (advice == MADV_DONTNEED || advice == MADV_FREE || advice == MADV_DONTNEED_LOCKED) {
+          stats_.skipped_advice.Add();
+          Skip(tid, regs, 0);
+        }
+        return false;
+      }
+      case SYS_mmap: {
+        const uint64_t flags = c.args[3];
+        if (!(flags & MAP_ANONYMOUS) || (flags & MAP_TYPE) != MAP_PRIVATE) {
+          stats_.refused.Add();
+          LOG_FIRST_N(WARNING, 5)
+              << "pid " << pid_ << " thread " << tid << ": a "
+              << ((flags & MAP_ANONYMOUS) ? "shared" : "file-backed")
+              << " mmap after migration fails with ENODEV: Stretch replicates only anonymous "
+                 "private memory in automatic mode";
+          Skip(tid, regs, -ENODEV);
+          return false;
+        }
+        c.args[3] &= ~kPopulating;
+        break;
+      }
+      case SYS_mremap:
+        if (c.args[3] & MREMAP_DONTUNMAP) {
+          stats_.refused.Add();
+          LOG_FIRST_N(WARNING, 5) << "pid " << pid_ << ": mremap(MREMAP_DONTUNMAP) after "
+                                  << "migration fails with EINVAL (not supported by Stretch)";
+          Skip(tid, regs, -EINVAL);
+          return false;
+        }
+        break;
+      case SYS_brk:
+        if (c.args[0] == 0) return false;  // a query
+        break;
+      case SYS_munmap:
+      case SYS_mprotect:
+        break;
+      default:
+        return false;
+    }
+    absl::MutexLock l(&mu_);
+    held_.insert(tid);
+    local_.push_back(c);
+    return true;
+  }
+
+  const AddressSpaceStats& stats() const { return stats_; }
+
+ private:
+  struct Call {
+    pid_t tid = 0;
+    int nr = 0;
+    std::array<uint64_t, 6> args{};
+    int64_t start_ns = 0;
+  };
+
+  // Tracer thread: the call is skipped and returns `value`.
+  static void Skip(pid_t tid, const struct user_regs_struct& regs, int64_t value) {
+    struct user_regs_struct r = regs;
+    r.orig_rax = static_cast<uint64_t>(-1);
+    r.rax = static_cast<uint64_t>(value);
+    if (ptrace(PTRACE_SETREGS, tid, 0, &r) != 0) PLOG(WARNING) << "PTRACE_SETREGS " << tid;
+  }
+
+  // Network thread.
+  void OnServer(const wire::AddressSpace& m) {
+    absl::MutexLock l(&mu_);
+    if (m.op == wire::AddressSpaceOp::kLock || m.op == wire::AddressSpaceOp::kDone) {
+      replies_[m.seq] = m.op;
+    } else {
+      replays_.push_back(m);
+    }
+  }
+
+  absl::Status Send(const wire::AddressSpace& m) { return agent_->SendToServer(m); }
+
+  absl::Status AwaitReply(uint64_t seq, wire::AddressSpaceOp op) {
+    absl::MutexLock l(&mu_);
+    auto arrived = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      auto it = replies_.find(seq);
+      return stop_ || (it != replies_.end() && it->second == op);
+    };
+    if (!mu_.AwaitWithDeadline(absl::Condition(&arrived), absl::Now() + kChangeTimeout)) {
+      return absl::DeadlineExceededError(
+          absl::StrFormat("the server did not answer address-space change %d (%s) within %s", seq,
+                          wire::Name(op), absl::FormatDuration(kChangeTimeout)));
+    }
+    if (stop_) return absl::CancelledError("stopping");
+    replies_.erase(seq);
+    return absl::OkStatus();
+  }
+
+  // Something is wrong with the replica's address space: it must not run on.
+  void Fail(const absl::Status& why) {
+    if (absl::IsCancelled(why)) return;
+    LOG(ERROR) << "replica pid " << pid_ << ": " << why.message() << "; killing it";
+    kill(pid_, SIGKILL);
+  }
+
+  void LocalLoop() {
+    for (;;) {
+      Call c;
+      {
+        absl::MutexLock l(&mu_);
+        auto ready = [this]()
+                         ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_ || !local_.empty(); };
+        mu_.Await(absl::Condition(&ready));
+        if (stop_) return;
+        c = local_.front();
+        local_.pop_front();
+      }
+      absl::Status s = MakeChange(c);
+      {
+        absl::MutexLock l(&mu_);
+        held_.erase(c.tid);
+      }
+      if (!s.ok()) Fail(s);
+    }
+  }
+
+  absl::Status MakeChange(const Call& c) {
+    const uint64_t seq = ++seq_;
+    wire::AddressSpace lock;
+    lock.op = wire::AddressSpaceOp::kLock;
+    lock.seq = seq;
+    STRETCH_RETURN_IF_ERROR(Send(lock));
+    STRETCH_RETURN_IF_ERROR(AwaitReply(seq, wire::AddressSpaceOp::kLock));
+
+    uint64_t result = 0, old_brk = 0;
+    absl::Status made = supervisor_->RunStopped(
+        c.tid,
+        [&](pid_t tid) -> absl::Status {
+          STRETCH_ASSIGN_OR_RETURN(auto thread, uffd::RemoteThread::Adopt(tid));
+          if (c.nr == SYS_brk) {
+            STRETCH_ASSIGN_OR_RETURN(int64_t b, thread->SyscallAt(site_, SYS_brk, {0}));
+            old_brk = static_cast<uint64_t>(b);
+          }
+          STRETCH_ASSIGN_OR_RETURN(int64_t r, thread->SyscallAt(site_, c.nr,
+                                                                {c.args[0], c.args[1], c.args[2],
+                                                                 c.args[3], c.args[4], c.args[5]},
+                                                                kCallTimeout));
+          result = static_cast<uint64_t>(r);
+          // The held thread's own call returns what ours did.
+          struct user_regs_struct regs;
+          if (ptrace(PTRACE_GETREGS, tid, 0, &regs) != 0) {
+            return ErrnoStatus(errno, absl::StrCat("PTRACE_GETREGS ", tid));
+          }
+          regs.rax = result;
+          if (ptrace(PTRACE_SETREGS, tid, 0, &regs) != 0) {
+            return ErrnoStatus(errno, absl::StrCat("PTRACE_SETREGS ", tid));
+          }
+          return absl::OkStatus();
+        },
+        absl::Now() + kCallTimeout);
+    if (!made.ok()) {
+      if (absl::IsNotFound(made)) return absl::CancelledError("the thread is gone");
+      return Annotate(made, "making an address-space change");
+    }
+
+    wire::AddressSpace change;
+    change.seq = seq;
+    bool changed = !IsError(result);
+    switch (c.nr) {
+      case SYS_mmap:
+        change.op = wire::AddressSpaceOp::kMmap;
+        change.address = result;
+        change.length = PageUp(c.args[1]);
+        change.prot = static_cast<uint32_t>(c.args[2]);
+        change.flags = static_cast<uint32_t>(c.args[3]);
+        break;
+      case SYS_munmap:
+        change.op = wire::AddressSpaceOp::kMunmap;
+        change.address = c.args[0];
+        change.length = PageUp(c.args[1]);
+        break;
+      case SYS_mprotect:
+        change.op = wire::AddressSpaceOp::kMprotect;
+        change.address = c.args[0];
+        change.length = PageUp(c.args[1]);
+        change.prot = static_cast<uint32_t>(c.args[2]);
+        break;
+      case SYS_mremap:
+        change.op = wire::AddressSpaceOp::kMremap;
+        change.address = c.args[0];
+        change.length = PageUp(c.args[1]);
+        change.new_address = result;
+        change.new_length = PageUp(c.args[2]);
+        change.flags = static_cast<uint32_t>(c.args[3]);
+        break;
+      case SYS_brk:
+        change.op = wire::AddressSpaceOp::kBrk;
+        change.address = old_brk;
+        change.new_address = result;
+        changed = result != old_brk;
+        break;
+    }
+    if (!changed) {
+      if (IsError(result)) stats_.failed_calls.Add();
+      wire::AddressSpace done;
+      done.op = wire::AddressSpaceOp::kDone;
+      done.seq = seq;
+      STRETCH_RETURN_IF_ERROR(Send(done));
+      return Release(c.tid);
+    }
+    STRETCH_RETURN_IF_ERROR(agent_->ApplyAddressSpace(pid_, change));
+    STRETCH_RETURN_IF_ERROR(Send(change));
+    STRETCH_RETURN_IF_ERROR(AwaitReply(seq, wire::AddressSpaceOp::kDone));
+    stats_.changes.Add();
+    stats_.change_latency.Record(static_cast<uint64_t>(NowNs() - c.start_ns));
+    return Release(c.tid);
+  }
+
+  absl::Status Release(pid_t tid) {
+    absl::Status s = supervisor_->Release(tid, absl::Now() + kCallTimeout);
+    return absl::IsNotFound(s) ? absl::OkStatus() : s;
+  }
+
+  void ReplayLoop() {
+    for (;;) {
+      wire::AddressSpace m;
+      {
+        absl::MutexLock l(&mu_);
+        auto ready = [this]()
+                         ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_ || !replays_.empty(); };
+        mu_.Await(absl::Condition(&ready));
+        if (stop_) return;
+        m = replays_.front();
+        replays_.pop_front();
+      }
+      absl::Status s = Replay(m);
+      wire::AddressSpace done;
+      done.op = wire::AddressSpaceOp::kDone;
+      done.seq = m.seq;
+      done.flags = s.ok() ? 0 : 1;
+      (void)Send(done);
+      if (s.ok()) {
+        stats_.replays.Add();
+      } else {
+        Fail(s);
+      }
+    }
+  }
+
+  // A thread to make a replayed call in: a parked one if there is one (it is stopped anyway),
+  // never one held for its own change.
+  absl::StatusOr<pid_t> PickThread() {
+    std::vector<pid_t> all = supervisor_->Threads();
+    std::vector<pid_t> running = supervisor_->RunningThreads();
+    absl::MutexLock l(&mu_);
+    pid_t fallback = 0;
+    for (pid_t t : all) {
+      if (held_.contains(t)) continue;
+      if (std::find(running.begin(), running.end(), t) == running.end()) return t;
+      if (fallback == 0) fallback = t;
+    }
+    if (fallback != 0) return fallback;
+    return absl::NotFoundError("no thread of the replica can make the call");
+  }
+
+  absl::Status Replay(const wire::AddressSpace& m) {
+    int nr = 0;
+    std::array<uint64_t, 6> a{};
+    uint64_t expect = 0;
+    switch (m.op) {
+      case wire::AddressSpaceOp::kMmap: {
+        uint64_t flags = m.flags & ~(MAP_FIXED | MAP_FIXED_NOREPLACE | kPopulating);
+        // Where the original asked for MAP_FIXED it replaced a mapping; anywhere else the
+        // range must be free here too.
+        flags |= (m.flags & MAP_FIXED) ? MAP_FIXED : MAP_FIXED_NOREPLACE;
+        nr = SYS_mmap;
+        a = {m.address, m.length, m.prot, flags, static_cast<uint64_t>(-1), 0};
+        expect = m.address;
+        break;
+      }
+      case wire::AddressSpaceOp::kMunmap:
+        nr = SYS_munmap;
+        a = {m.address, m.length};
+        break;
+      case wire::AddressSpaceOp::kMprotect:
+        nr = SYS_mprotect;
+        a = {m.address, m.length, m.prot};
+        break;
+      case wire::AddressSpaceOp::kMremap:
+        nr = SYS_mremap;
+        if (m.new_address == m.address) {
+          a = {m.address, m.length, m.new_length, 0};
+        } else {
+          a = {m.address, m.length, m.new_length, MREMAP_MAYMOVE | MREMAP_FIXED, m.new_address};
+        }
+        expect = m.new_address;
+        break;
+      case wire::AddressSpaceOp::kBrk:
+        nr = SYS_brk;
+        a = {m.new_address};
+        expect = m.new_address;
+        break;
+      default:
+        return absl::InvalidArgumentError(
+            absl::StrCat("unexpected address-space ", wire::Name(m.op), " from the server"));
+    }
+    STRETCH_ASSIGN_OR_RETURN(pid_t tid, PickThread());
+    uint64_t result = 0;
+    STRETCH_RETURN_IF_ERROR(supervisor_->RunStopped(
+        tid,
+        [&](pid_t t) -> absl::Status {
+          STRETCH_ASSIGN_OR_RETURN(auto thread, uffd::RemoteThread::Adopt(t));
+          STRETCH_ASSIGN_OR_RETURN(
+              int64_t r,
+              thread->SyscallAt(site_, nr, {a[0], a[1], a[2], a[3], a[4], a[5]}, kCallTimeout));
+          result = static_cast<uint64_t>(r);
+          return absl::OkStatus();
+        },
+        absl::Now() + kCallTimeout));
+    if (result != expect) {
+      return absl::InternalError(absl::StrFormat(
+          "replaying another node's %s of [0x%x, +0x%x) -> [0x%x, +0x%x) returned %s here: the "
+          "address spaces of the replicas differ",
+          wire::Name(m.op), m.address, m.length, m.new_address, m.new_length,
+          IsError(result) ? absl::StrCat("error ", ErrnoName(static_cast<int>(-result)))
+                          : absl::StrFormat("0x%x", result)));
+    }
+    return agent_->ApplyAddressSpace(pid_, m);
+  }
+
+  engine::NodeAgent* const agent_;
+  ThreadSupervisor* const supervisor_;
+  const pid_t pid_;
+  const uintptr_t site_;
+  AddressSpaceStats stats_;
+  std::atomic<uint64_t> seq_{0};
+
+  absl::Mutex mu_;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  std::deque<Call> local_ ABSL_GUARDED_BY(mu_);
+  std::deque<wire::AddressSpace> replays_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<uint64_t, wire::AddressSpaceOp> replies_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_set<pid_t> held_ ABSL_GUARDED_BY(mu_);
+
+  std::thread local_thread_;
+  std::thread replay_thread_;
+};
+
+std::vector<int> AddressSpaceService::TracedCalls() {
+  return {SYS_mmap, SYS_munmap, SYS_mprotect, SYS_mremap, SYS_brk, SYS_madvise};
+}
+
+absl::StatusOr<std::unique_ptr<AddressSpaceService>> AddressSpaceService::Start(
+    engine::NodeAgent* agent, ThreadSupervisor* supervisor, pid_t pid, uintptr_t syscall_site) {
+  auto impl = std::make_unique<Impl>(agent, supervisor, pid, syscall_site);
+  impl->Start();
+  return std::unique_ptr<AddressSpaceService>(new AddressSpaceService(std::move(impl)));
+}
+
+AddressSpaceService::AddressSpaceService(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+AddressSpaceService::~AddressSpaceService() = default;
+
+bool AddressSpaceService::OnSyscall(pid_t tid, const struct user_regs_struct& regs) {
+  return impl_->OnSyscall(tid, regs);
+}
+
+const AddressSpaceStats& AddressSpaceService::stats() const { return impl_->stats(); }
+
+}  // namespace stretch

@@ -1,0 +1,78 @@
+// AddressSpaceService: keeps a replica's address space the same on every node (automatic
+// mode). The replica's seccomp filter stops a thread at each mmap, munmap, mprotect, mremap,
+// brk and madvise (SECCOMP_RET_TRACE); the tracer asks OnSyscall what to do.
+//
+// A change (mmap ... brk) is made one at a time cluster-wide (wire::AddressSpaceOp): the thread
+// is held, the service takes the server's address-space lock, makes the call itself in the
+// held thread (from the invalidation helper's code page, which the filter lets through), tells
+// the node agent (new ranges become coherent, unmapped pages are forgotten), sends the change
+// with the addresses the kernel chose, and only when every other node has replayed it at the
+// same addresses does the thread get its result and go on. So no thread anywhere can use a
+// mapping before it exists everywhere, and the changes happen in one order on all nodes. A
+// failed call is not replayed. Replays of other nodes' changes are made in a parked thread
+// (or, if none, a running one, briefly stopped); a replay that fails (the address spaces
+// diverged) kills the replica with a message: never a silently different address space.
+//
+// madvise(MADV_DONTNEED / MADV_FREE) on the program's memory does nothing (returns 0): its
+// pages are the DSM's, and dropping them locally would lose them (glibc calls it on the stacks
+// of exited threads and to trim heaps; neither relies on the zeros). File-backed and shared
+// mappings made after migration fail with ENODEV and a warning: only anonymous private memory
+// is replicated.
+//
+// Thread-safe; two threads of its own (own changes, replays).
+#ifndef STRETCH_STRETCHD_ADDRESS_SPACE_SERVICE_H_
+#define STRETCH_STRETCHD_ADDRESS_SPACE_SERVICE_H_
+
+#include <sys/types.h>
+#include <sys/user.h>
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "core/ids.h"
+#include "core/stats.h"
+#include "engine/node_agent.h"
+#include "migrate/thread_supervisor.h"
+
+namespace stretch {
+
+struct AddressSpaceStats {
+  Counter changes;                  // made here and replayed everywhere
+  Counter replays;                  // other nodes' changes replayed here
+  Counter failed_calls;             // calls that failed here (nothing replayed)
+  Counter skipped_advice;           // madvise calls that did nothing
+  Counter refused;                  // file-backed or shared mappings refused (ENODEV)
+  LatencyHistogram change_latency;  // a change's call until every node replayed it
+};
+
+class AddressSpaceService {
+ public:
+  // The system calls the replica's filter must trace for OnSyscall.
+  static std::vector<int> TracedCalls();
+
+  // `syscall_site`: a `syscall` instruction the filter exempts (NodeAgent::HelperSyscallSite).
+  static absl::StatusOr<std::unique_ptr<AddressSpaceService>> Start(engine::NodeAgent* agent,
+                                                                    ThreadSupervisor* supervisor,
+                                                                    pid_t pid,
+                                                                    uintptr_t syscall_site);
+  ~AddressSpaceService();
+
+  // Tracer thread: `tid` is in a seccomp stop at one of TracedCalls() with `regs`. Returns
+  // true to hold the thread (the service releases it with the call's result); false lets it
+  // go on (the registers may have been changed to skip the call).
+  bool OnSyscall(pid_t tid, const struct user_regs_struct& regs);
+
+  const AddressSpaceStats& stats() const;
+
+  class Impl;
+
+ private:
+  explicit AddressSpaceService(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace stretch
+
+#endif  // STRETCH_STRETCHD_ADDRESS_SPACE_SERVICE_H_
