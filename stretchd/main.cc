@@ -58,10 +58,10 @@ DEFINE_string(migrate_threads, "",
 DEFINE_bool(netns, true,
             "run: put each emulated node in its own network namespace (veth-connected, "
             "10.77.0.N); --nonetns runs them all on 127.0.0.1");
-DEFINE_bool(one_malloc_arena, true,
-            "run: start the program with GLIBC_TUNABLES glibc.malloc.arena_max=1, so that its "
-            "threads do not map new malloc arenas after migration (mappings made after "
-            "migration are not replicated to other nodes yet)");
+DEFINE_bool(one_malloc_arena, false,
+            "run: start the program with GLIBC_TUNABLES glibc.malloc.arena_max=1 (all threads "
+            "share the main malloc arena; by default each thread gets its own, which keeps "
+            "threads on different nodes off each other's heap pages)");
 DEFINE_string(node_cpus, "",
               "run: the CPUs of each emulated node, nodes separated by ';' and CPUs by ',' "
               "(e.g. '0;1': node 0 on CPU 0, node 1 on CPU 1); default: all CPUs for every node");

@@ -438,6 +438,28 @@ void Replica::OnClone(pid_t parent, pid_t child) {
   if (!(flags & CLONE_CHILD_CLEARTID)) ctid = 0;
   absl::MutexLock l(&mu_);
   ctid_[child] = ctid;
+  if (attached_) ++created_;
+}
+
+int Replica::threads_created() {
+  absl::MutexLock l(&mu_);
+  return created_;
+}
+
+std::string Replica::StatsJsonFields() {
+  absl::MutexLock l(&mu_);
+  std::string out =
+      absl::StrCat("\"threads_run\":", run_.size() + created_, ",\"threads_created\":", created_);
+  if (address_space_) {
+    const AddressSpaceStats& s = address_space_->stats();
+    LatencyHistogram::Snapshot lat = s.change_latency.Snap();
+    absl::StrAppend(&out, ",\"address_space\":{\"changes\":", s.changes.Get(),
+                    ",\"replays\":", s.replays.Get(), ",\"failed_calls\":", s.failed_calls.Get(),
+                    ",\"skipped_advice\":", s.skipped_advice.Get(),
+                    ",\"refused\":", s.refused.Get(),
+                    ",\"change_mean_us\":", static_cast<uint64_t>(lat.MeanNs() / 1000), "}");
+  }
+  return out;
 }
 
 // Tracer thread, `tid` stopped at the entry of a traced call.

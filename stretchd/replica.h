@@ -74,6 +74,11 @@ class Replica {
   pid_t pid() const { return pid_; }
   // Threads of the replica that run here (program-namespace tids) and how many there are.
   int threads_run() const { return static_cast<int>(run_.size()); }
+  // Threads created here since the replica started (they run here).
+  int threads_created();
+  // {"threads_run":..,"threads_created":..,"address_space":{"changes":..,...}}, without the
+  // braces, for the node's stats.
+  std::string StatsJsonFields();
 
  private:
   Replica() = default;
@@ -104,6 +109,7 @@ class Replica {
   absl::flat_hash_map<pid_t, bool> exit_published_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<pid_t, pid_t> inner_tid_ ABSL_GUARDED_BY(mu_);
   bool attached_ ABSL_GUARDED_BY(mu_) = false;  // memory is coherent: exits may be published
+  int created_ ABSL_GUARDED_BY(mu_) = 0;        // threads created since attached_
 };
 
 }  // namespace stretch

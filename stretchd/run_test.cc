@@ -79,6 +79,17 @@ class RunTest : public ::testing::Test {
     return out;
   }
 
+  // Every number called `key` in the last run's stats, in order.
+  std::vector<int64_t> Numbers(const std::string& key) const {
+    std::vector<int64_t> out;
+    const std::string k = absl::StrCat("\"", key, "\":");
+    for (size_t pos = 0; (pos = last_stats_.find(k, pos)) != std::string::npos;) {
+      pos += k.size();
+      out.push_back(std::atoll(last_stats_.c_str() + pos));
+    }
+    return out;
+  }
+
   // The first number called `key` in the last run's stats (-1 if there is none).
   int64_t StatNumber(const std::string& key) const {
     size_t pos = last_stats_.find(absl::StrCat("\"", key, "\":"));
@@ -166,8 +177,8 @@ TEST_F(RunTest, AddressSpaceChangesAreReplicatedOnEveryNode) {
     int threads;
     std::vector<std::string> flags;
   };
-  for (const Case& c : {Case{"mmap", 2, {}}, Case{"remap", 2, {}},
-                        Case{"malloc", 4, {"--noone_malloc_arena"}}, Case{"malloc", 4, {}}}) {
+  for (const Case& c : {Case{"mmap", 2, {}}, Case{"remap", 2, {}}, Case{"spawn", 4, {}}, Case{"malloc", 4, {}},
+                        Case{"malloc", 4, {"--one_malloc_arena"}}}) {
     std::vector<std::string> flags = c.flags;
     flags.push_back(absl::StrCat("--migrate_at_threads=", c.threads + 1));
     auto [native, stretch] =
@@ -182,6 +193,10 @@ TEST_F(RunTest, AddressSpaceChangesAreReplicatedOnEveryNode) {
     EXPECT_GT(threads[0], 0) << c.test;
     EXPECT_GT(threads[1], 0) << c.test;
     EXPECT_GT(StatNumber("address_space_changes"), 0) << c.test << ": " << last_stats_;
+    if (c.test == "spawn") {
+      // Workers on both nodes created their threads there (new stacks are mmaps).
+      EXPECT_EQ(Numbers("threads_created"), (std::vector<int64_t>{6, 6})) << last_stats_;
+    }
   }
 }
 

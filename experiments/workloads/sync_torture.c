@@ -1,8 +1,8 @@
 /* Synchronization torture: every pthread and process facility a transparent DSM must keep
  * working across nodes, one test per --test=NAME, each printing a deterministic result.
  *
- *   mutex condvar barrier sem atomic join detach malloc mmap remap affinity signal   (all: each;
- *   a comma-separated list runs those, in the order above)
+ *   mutex condvar barrier sem atomic join detach malloc mmap remap spawn affinity signal
+ *   (all: each; a comma-separated list runs those, in the order above)
  *   exit   a non-main thread calls exit(42) while others are blocked
  *   abort  a non-main thread calls abort() (killed by SIGABRT)
  *
@@ -479,6 +479,36 @@ static void test_remap(void) {
   CHECK(rm_results[1] == 0 && rm_results[3] == 0, "memory mapped again was not zeros");
 }
 
+/* ---- spawn: every worker creates and joins threads of its own (wherever it runs). */
+static long sp_results[MAX_THREADS * 3];
+static void* spawn_child(void* p) {
+  long i = (long)p, s = 0;
+  for (long k = 0; k < g_rounds * 100; ++k) s += (k ^ i) & 7;
+  sp_results[i] = s;
+  return NULL;
+}
+static void* spawn_worker(void* p) {
+  long id = *(long*)p;
+  pthread_t t[3];
+  for (long j = 0; j < 3; ++j) {
+    int err = pthread_create(&t[j], NULL, spawn_child, (void*)(id * 3 + j));
+    if (err) {
+      fprintf(stderr, "pthread_create: %s\n", strerror(err));
+      exit(1);
+    }
+  }
+  for (int j = 0; j < 3; ++j) pthread_join(t[j], NULL);
+  return NULL;
+}
+static void test_spawn(void) {
+  long args[MAX_THREADS];
+  for (int i = 0; i < g_threads; ++i) args[i] = i;
+  run_threads(g_threads, spawn_worker, args, sizeof(long), NULL);
+  long sum = 0;
+  for (int i = 0; i < g_threads * 3; ++i) sum += sp_results[i];
+  printf("spawn: threads=%d sum=%ld\n", g_threads * 3, sum);
+}
+
 /* ---- affinity: pin each thread to a CPU this process was started with. */
 static void* affinity_worker(void* p) {
   long id = *(long*)p;
@@ -608,10 +638,11 @@ int main(int argc, char** argv) {
   struct {
     const char* name;
     void (*fn)(void);
-  } tests[] = {{"mutex", test_mutex},   {"condvar", test_condvar},   {"barrier", test_barrier},
-               {"sem", test_sem},       {"atomic", test_atomic},     {"join", test_join},
-               {"detach", test_detach}, {"malloc", test_malloc},     {"mmap", test_mmap},
-               {"remap", test_remap},   {"affinity", test_affinity}, {"signal", test_signal}};
+  } tests[] = {{"mutex", test_mutex},   {"condvar", test_condvar}, {"barrier", test_barrier},
+               {"sem", test_sem},       {"atomic", test_atomic},   {"join", test_join},
+               {"detach", test_detach}, {"malloc", test_malloc},   {"mmap", test_mmap},
+               {"remap", test_remap},   {"spawn", test_spawn},     {"affinity", test_affinity},
+               {"signal", test_signal}};
   if (!strcmp(test, "exit")) test_exit(0);
   if (!strcmp(test, "abort")) test_exit(1);
   int ran = 0;

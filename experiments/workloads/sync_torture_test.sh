@@ -10,7 +10,7 @@ a=$("$bin" --threads=4 --rounds=3000); rc=$?
 [ "$rc" = 0 ] || { echo "FAIL: all exited $rc: $a"; fail=1; }
 b=$("$bin" --threads=4 --rounds=3000)
 [ "$a" = "$b" ] || { echo "FAIL: output differs between runs"; diff <(echo "$a") <(echo "$b"); fail=1; }
-[ "$(echo "$a" | wc -l)" = 12 ] || { echo "FAIL: expected 12 result lines: $a"; fail=1; }
+[ "$(echo "$a" | wc -l)" = 13 ] || { echo "FAIL: expected 13 result lines: $a"; fail=1; }
 case "$a" in *"CHECK FAILED"*) echo "FAIL: $a"; fail=1;; esac
 "$bin" --test=exit --threads=3 >/dev/null; rc=$?
 [ "$rc" = 42 ] || { echo "FAIL: exit test status $rc, want 42"; fail=1; }
