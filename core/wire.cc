@@ -109,6 +109,8 @@ const char* Name(ThreadAction a) {
       return "exited";
     case ThreadAction::kMigrate:
       return "migrate";
+    case ThreadAction::kSignal:
+      return "signal";
   }
   return nullptr;
 }
@@ -555,6 +557,9 @@ absl::Status Validate(const RegionAnnounce& m) {
   return CheckRegion("RegionAnnounce", m.base, m.length, m.flags);
 }
 absl::Status Validate(const ThreadControl& m) {
+  if (m.action == ThreadAction::kSignal && (m.status < 1 || m.status > 64)) {
+    return Invalid("ThreadControl", absl::StrFormat("signal %d out of range", m.status));
+  }
   return CheckEndpoint("ThreadControl", "node", m.node);
 }
 absl::Status Validate(const Futex& m) {

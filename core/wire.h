@@ -167,6 +167,7 @@ enum class ThreadAction : uint8_t {
   kPark = 2,     // this node keeps the thread stopped
   kExited = 3,   // the thread exited on the node that ran it (mirror the exit)
   kMigrate = 4,  // move the thread to `node`
+  kSignal = 5,   // deliver signal `status` to the thread, on the node that runs it
 };
 const char* Name(ThreadAction a);
 

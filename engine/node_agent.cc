@@ -454,6 +454,11 @@ class NodeAgent::Impl {
     return it->second->helper->remote_syscall_site();
   }
 
+  void SetThreadControlHandler(std::function<void(const wire::ThreadControl&)> handler) {
+    absl::MutexLock l(&futex_mu_);
+    thread_handler_ = std::move(handler);
+  }
+
   void SetAddressSpaceHandler(std::function<void(const wire::AddressSpace&)> handler) {
     absl::MutexLock l(&futex_mu_);
     address_space_handler_ = std::move(handler);
@@ -1035,6 +1040,16 @@ class NodeAgent::Impl {
       if (handler) handler(*reply);
       return;
     }
+    if (auto* tc = std::get_if<wire::ThreadControl>(&*decoded)) {
+      if (peer != server_) return;
+      std::function<void(const wire::ThreadControl&)> handler;
+      {
+        absl::MutexLock l(&futex_mu_);
+        handler = thread_handler_;
+      }
+      if (handler) handler(*tc);
+      return;
+    }
     if (auto* as = std::get_if<wire::AddressSpace>(&*decoded)) {
       if (peer != server_) return;
       std::function<void(const wire::AddressSpace&)> handler;
@@ -1274,6 +1289,7 @@ class NodeAgent::Impl {
   absl::Mutex futex_mu_;
   std::function<void(const wire::FutexReply&)> futex_handler_ ABSL_GUARDED_BY(futex_mu_);
   std::function<void(const wire::AddressSpace&)> address_space_handler_ ABSL_GUARDED_BY(futex_mu_);
+  std::function<void(const wire::ThreadControl&)> thread_handler_ ABSL_GUARDED_BY(futex_mu_);
 
   mutable absl::Mutex health_mu_;
   absl::Status health_ ABSL_GUARDED_BY(health_mu_);
@@ -1302,6 +1318,9 @@ absl::Status NodeAgent::ApplyAddressSpace(pid_t pid, const wire::AddressSpace& c
 }
 absl::StatusOr<uintptr_t> NodeAgent::HelperSyscallSite(pid_t pid) const {
   return impl_->HelperSyscallSite(pid);
+}
+void NodeAgent::SetThreadControlHandler(std::function<void(const wire::ThreadControl&)> h) {
+  impl_->SetThreadControlHandler(std::move(h));
 }
 void NodeAgent::SetAddressSpaceHandler(std::function<void(const wire::AddressSpace&)> h) {
   impl_->SetAddressSpaceHandler(std::move(h));

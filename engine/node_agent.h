@@ -128,6 +128,9 @@ class NodeAgent {
   // one, the agent answers every change with kDone at once (it runs no program).
   void SetAddressSpaceHandler(std::function<void(const wire::AddressSpace&)> handler);
 
+  // Where ThreadControl messages from the server go (network thread; must not block).
+  void SetThreadControlHandler(std::function<void(const wire::ThreadControl&)> handler);
+
   // Sends a message to the server (the futex service uses it).
   absl::Status SendToServer(const wire::Message& message);
   // Where FutexReply messages from the server go (called on the network thread; must not

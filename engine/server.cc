@@ -266,6 +266,12 @@ class DirectoryServer::Impl {
       OnSeed(peer, *id, *seed);
     } else if (auto* as = std::get_if<wire::AddressSpace>(&m)) {
       OnAddressSpace(peer, *id, *as);
+    } else if (auto* tc = std::get_if<wire::ThreadControl>(&m);
+               tc != nullptr && tc->action == wire::ThreadAction::kSignal) {
+      // A signal for a thread the sender does not run: the node that runs it delivers it.
+      for (const auto& [other, n] : nodes_) {
+        if (n.alive && other != *id) SendTo(n.peer, *tc);
+      }
     } else if (auto* e = std::get_if<wire::Error>(&m)) {
       // A node lost data (a page whose only copy went with its process): everyone stops.
       LOG(ERROR) << "server: node " << id->value() << " reports: " << e->message;

@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <linux/sched.h>
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/eventfd.h>
 #include <sys/mman.h>
@@ -122,6 +123,9 @@ absl::StatusOr<UniqueFd> InstallFilter(uffd::RemoteThread& thread, const uffd::P
   uffd::RemoteMemory memory(pidfd.pid());
   std::vector<int> traced = AddressSpaceService::TracedCalls();
   traced.push_back(SYS_exit);
+  traced.push_back(SYS_tgkill);
+  traced.push_back(SYS_tkill);
+  traced.push_back(SYS_sched_setaffinity);
   std::vector<sock_filter> prog = BuildFilter({SYS_futex}, traced, helper_code);
   STRETCH_ASSIGN_OR_RETURN(
       uint64_t scratch,
@@ -193,6 +197,12 @@ absl::StatusOr<std::unique_ptr<Replica>> Replica::Restore(engine::NodeAgent* age
                                                           const ReplicaOptions& options) {
   std::unique_ptr<Replica> r(new Replica);
   r->options_ = options;
+  cpu_set_t node_cpus;
+  if (sched_getaffinity(0, sizeof(node_cpus), &node_cpus) == 0) {
+    for (int c = 0; c < CPU_SETSIZE; ++c) {
+      if (CPU_ISSET(c, &node_cpus)) r->cpus_.push_back(c);
+    }
+  }
   const absl::Time deadline = absl::Now() + absl::Minutes(2);
   if (mkdir(options.work_dir.c_str(), 0700) != 0 && errno != EEXIST) {
     return ErrnoStatus(errno, absl::StrCat("mkdir ", options.work_dir));
@@ -390,6 +400,8 @@ absl::StatusOr<std::unique_ptr<Replica>> Replica::Restore(engine::NodeAgent* age
     absl::MutexLock l(&r->mu_);
     r->attached_ = true;
   }
+  agent->SetThreadControlHandler(
+      [self](const wire::ThreadControl& tc) { self->OnThreadControl(tc); });
   LOG(INFO) << "replica pid " << pid << ": restored, " << ranges.size() << " coherent ranges, "
             << seeds.size() << " seeded, " << r->run_.size() << " of "
             << r->supervisor_->Threads().size() << " threads run here";
@@ -397,6 +409,7 @@ absl::StatusOr<std::unique_ptr<Replica>> Replica::Restore(engine::NodeAgent* age
 }
 
 Replica::~Replica() {
+  if (agent_ != nullptr) agent_->SetThreadControlHandler(nullptr);
   if (supervisor_ && !supervisor_->ProcessExited()) Kill();
   std::unique_ptr<AddressSpaceService> address_space;
   {
@@ -436,9 +449,59 @@ void Replica::OnClone(pid_t parent, pid_t child) {
     ctid = regs.r10;
   }
   if (!(flags & CLONE_CHILD_CLEARTID)) ctid = 0;
+  auto inner = InnermostTid(child);
   absl::MutexLock l(&mu_);
   ctid_[child] = ctid;
-  if (attached_) ++created_;
+  if (attached_) {
+    // Only threads that run here create threads here, which run here too.
+    ++created_;
+    if (inner.ok()) runs_here_[*inner] = child;
+  }
+}
+
+// The program pins threads to CPUs of the machine it started on (Phoenix does at every phase,
+// and gives up if that fails); this node may have fewer, or others. CPU c becomes this node's
+// cpus_[c % size], the call is made here for the thread and skipped in the program.
+void Replica::EmulateSetAffinity(pid_t tid, struct user_regs_struct& regs) {
+  if (cpus_.empty()) return;
+  const pid_t target_inner = static_cast<pid_t>(regs.rdi);
+  const size_t len = std::min<uint64_t>(regs.rsi, 1024);
+  std::vector<uint8_t> mask(len);
+  uffd::RemoteIo io{regs.rdx, mask.data(), len};
+  int64_t result = 0;
+  if (len == 0 || !uffd::RemoteMemory(pid_).Read({&io, 1}).ok()) {
+    result = -EFAULT;
+  } else {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    for (size_t c = 0; c < len * 8; ++c) {
+      if (mask[c / 8] & (1u << (c % 8))) CPU_SET(cpus_[c % cpus_.size()], &set);
+    }
+    pid_t target = tid;
+    if (target_inner != 0) {
+      absl::MutexLock l(&mu_);
+      auto it = runs_here_.find(target_inner);
+      target = it == runs_here_.end() ? 0 : it->second;
+    }
+    if (CPU_COUNT(&set) == 0) {
+      result = -EINVAL;
+    } else if (target != 0 && sched_setaffinity(target, sizeof(set), &set) != 0) {
+      result = -errno;
+    }
+  }
+  regs.orig_rax = static_cast<uint64_t>(-1);
+  regs.rax = static_cast<uint64_t>(result);
+  ptrace(PTRACE_SETREGS, tid, 0, &regs);
+}
+
+void Replica::OnThreadControl(const wire::ThreadControl& tc) {
+  if (tc.action != wire::ThreadAction::kSignal) return;
+  absl::MutexLock l(&mu_);
+  auto it = runs_here_.find(static_cast<pid_t>(tc.thread.value()));
+  if (it == runs_here_.end()) return;
+  if (syscall(SYS_tgkill, pid_, it->second, tc.status) != 0) {
+    VLOG(1) << "tgkill " << it->second << " " << tc.status << ": " << ErrnoName(errno);
+  }
 }
 
 int Replica::threads_created() {
@@ -468,6 +531,32 @@ bool Replica::OnSeccomp(pid_t tid) {
   if (ptrace(PTRACE_GETREGS, tid, 0, &regs) != 0) return false;
   if (regs.orig_rax == SYS_exit) {
     OnThreadExitCall(tid);
+    return false;
+  }
+  if (regs.orig_rax == SYS_sched_setaffinity) {
+    EmulateSetAffinity(tid, regs);
+    return false;
+  }
+  if (regs.orig_rax == SYS_tgkill || regs.orig_rax == SYS_tkill) {
+    // A thread-directed signal for a thread another node runs goes there (here that thread
+    // is parked and would never see it, or does not exist).
+    const bool tg = regs.orig_rax == SYS_tgkill;
+    const pid_t target = static_cast<pid_t>(tg ? regs.rsi : regs.rdi);
+    const int sig = static_cast<int>(tg ? regs.rdx : regs.rsi);
+    if (sig <= 0 || sig > 64 || (tg && regs.rdi != 1)) return false;
+    {
+      absl::MutexLock l(&mu_);
+      if (!attached_ || runs_here_.contains(target)) return false;
+    }
+    wire::ThreadControl tc;
+    tc.thread = ThreadId(static_cast<uint32_t>(target));
+    tc.node = agent_->node();
+    tc.action = wire::ThreadAction::kSignal;
+    tc.status = sig;
+    if (!agent_->SendToServer(tc).ok()) return false;
+    regs.orig_rax = static_cast<uint64_t>(-1);
+    regs.rax = 0;
+    ptrace(PTRACE_SETREGS, tid, 0, &regs);
     return false;
   }
   // Under mu_: the destructor takes the service away under it too.
@@ -510,6 +599,11 @@ void Replica::OnThreadExitCall(pid_t tid) {
 }
 
 absl::Status Replica::Go() {
+  for (pid_t tid : run_) {
+    auto inner = InnermostTid(tid);
+    absl::MutexLock l(&mu_);
+    if (inner.ok()) runs_here_[*inner] = tid;
+  }
   for (pid_t tid : run_) {
     STRETCH_RETURN_IF_ERROR(supervisor_->Resume(tid, absl::Now() + absl::Seconds(10)));
   }

@@ -87,6 +87,11 @@ class Replica {
   bool OnSeccomp(pid_t tid);
   // A thread is at the entry of exit(): publish its exit cluster-wide (see replica.cc).
   void OnThreadExitCall(pid_t tid);
+  // Tracer thread: sched_setaffinity(pid, len, mask) made by `tid`, emulated on this node's
+  // CPUs.
+  void EmulateSetAffinity(pid_t tid, struct user_regs_struct& regs);
+  // Network thread: a signal for a thread, sent by a node that does not run it.
+  void OnThreadControl(const wire::ThreadControl& tc);
   // A thread was created: remember where the kernel would clear its tid at exit.
   void OnClone(pid_t parent, pid_t child);
   ThreadId ThreadOf(pid_t tid);
@@ -99,6 +104,8 @@ class Replica {
   std::unique_ptr<ThreadSupervisor> supervisor_;
   // Our-namespace tids of the threads this node runs.
   std::vector<pid_t> run_;
+  // This node's CPUs (the agent's affinity): CPU c the program asks for is cpus_[c % size].
+  std::vector<int> cpus_;
 
   absl::Mutex mu_;
   bool exited_ ABSL_GUARDED_BY(mu_) = false;
@@ -110,6 +117,8 @@ class Replica {
   absl::flat_hash_map<pid_t, pid_t> inner_tid_ ABSL_GUARDED_BY(mu_);
   bool attached_ ABSL_GUARDED_BY(mu_) = false;  // memory is coherent: exits may be published
   int created_ ABSL_GUARDED_BY(mu_) = 0;        // threads created since attached_
+  // Threads this node runs: tid in the program's namespace -> ours.
+  absl::flat_hash_map<pid_t, pid_t> runs_here_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace stretch

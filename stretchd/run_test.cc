@@ -103,7 +103,7 @@ class RunTest : public ::testing::Test {
 
 TEST_F(RunTest, SynchronizationPrimitivesBehaveAsNatively) {
   for (const std::string test :
-       {"mutex", "condvar", "barrier", "sem", "atomic", "join", "detach"}) {
+       {"mutex", "condvar", "barrier", "sem", "atomic", "join", "detach", "signal"}) {
     // The workers wait at a start gate that main opens after a 100 ms timed wait, so all are
     // alive at the migration point (taken when the 4th is created). detach's workers are not
     // gated: they compute long enough to outlive the checkpoint.
@@ -177,8 +177,8 @@ TEST_F(RunTest, AddressSpaceChangesAreReplicatedOnEveryNode) {
     int threads;
     std::vector<std::string> flags;
   };
-  for (const Case& c : {Case{"mmap", 2, {}}, Case{"remap", 2, {}}, Case{"spawn", 4, {}}, Case{"malloc", 4, {}},
-                        Case{"malloc", 4, {"--one_malloc_arena"}}}) {
+  for (const Case& c : {Case{"mmap", 2, {}}, Case{"remap", 2, {}}, Case{"spawn", 4, {}},
+                        Case{"malloc", 4, {}}, Case{"malloc", 4, {"--one_malloc_arena"}}}) {
     std::vector<std::string> flags = c.flags;
     flags.push_back(absl::StrCat("--migrate_at_threads=", c.threads + 1));
     auto [native, stretch] =
@@ -197,6 +197,25 @@ TEST_F(RunTest, AddressSpaceChangesAreReplicatedOnEveryNode) {
       // Workers on both nodes created their threads there (new stacks are mmaps).
       EXPECT_EQ(Numbers("threads_created"), (std::vector<int64_t>{6, 6})) << last_stats_;
     }
+  }
+}
+
+// A program pinning its threads to CPUs of the machine it started on keeps working on nodes
+// that have other CPUs, or fewer: CPU c is the node's CPU c mod its CPU count. Both emulated
+// nodes here have CPU 0 only; the workers ask for CPU 1 (this machine has it, the nodes do
+// not) and for CPU 1000 (nobody has it; natively that fails with EINVAL).
+TEST_F(RunTest, AffinityToCpusANodeDoesNotHaveIsMappedOntoItsCpus) {
+  for (const char* cpu : {"1", "1000"}) {
+    auto [native, stretch] = Both({Runfile("stretchd/affinity_prog"), "4", cpu},
+                                  {"--node_cpus=0;0", "--migrate_at_threads=5"});
+    EXPECT_EQ(stretch.status.ToString(), "exit status 0") << stretch.err;
+    EXPECT_EQ(stretch.out,
+              "worker 0: pinned=1 cpu=0\nworker 1: pinned=1 cpu=0\n"
+              "worker 2: pinned=1 cpu=0\nworker 3: pinned=1 cpu=0\n")
+        << "CPU " << cpu << ": " << stretch.err;
+    auto threads = ThreadsRun();
+    ASSERT_EQ(threads.size(), 2u) << last_stats_;
+    EXPECT_GT(threads[1], 0) << last_stats_;
   }
 }
 
