@@ -1,5 +1,6 @@
 #include "migrate/origin.h"
 
+#include <dirent.h>
 #include <linux/futex.h>
 #include <signal.h>
 #include <sys/syscall.h>
@@ -65,6 +66,33 @@ bool InFutex(const std::string& syscall_file) {
 }  // namespace
 
 namespace {
+
+// What a process holds that Stretch cannot move, named for the user (CRIU's own refusal is
+// the fallback for anything not listed).
+absl::Status CheckMigratable(pid_t pid) {
+  const std::string dir = absl::StrCat("/proc/", pid, "/fd");
+  DIR* d = opendir(dir.c_str());
+  if (d == nullptr) return absl::OkStatus();
+  std::string why;
+  while (struct dirent* e = readdir(d)) {
+    if (e->d_name[0] == '.') continue;
+    char target[256];
+    ssize_t n = readlink(absl::StrCat(dir, "/", e->d_name).c_str(), target, sizeof(target) - 1);
+    if (n <= 0) continue;
+    target[n] = '\0';
+    const absl::string_view t(target);
+    if (t == "anon_inode:[userfaultfd]") {
+      why = absl::StrCat("it holds its own userfaultfd (fd ", e->d_name,
+                         "), which CRIU cannot checkpoint and Stretch would need to share");
+    } else if (t == "anon_inode:[io_uring]") {
+      why = absl::StrCat("it holds an io_uring (fd ", e->d_name, "), which CRIU cannot checkpoint");
+    }
+    if (!why.empty()) break;
+  }
+  closedir(d);
+  if (why.empty()) return absl::OkStatus();
+  return absl::FailedPreconditionError(why);
+}
 
 // CRIU could not dump the (stopped, untraced) program and left it as it was: let it go on and
 // wait for its end, passing it the forwarded signals as the kernel would deliver them natively
@@ -236,6 +264,9 @@ absl::StatusOr<OriginResult> RunOrigin(const OriginOptions& options) {
     }
   }
   sup.reset();
+  if (absl::Status movable = CheckMigratable(app.pid()); !movable.ok()) {
+    return FinishHere(app, forward, deadline, std::move(movable));
+  }
   Criu criu(options.criu);
   const absl::Time dump_start = absl::Now();
   result.stop_time = dump_start - stop_start;

@@ -282,6 +282,27 @@ TEST_F(RunTest, AProgramThatCannotBeCheckpointedRunsToItsEndHere) {
   EXPECT_THAT(last_stats_, HasSubstr("\"migrated\":false"));
 }
 
+// A program holding its own userfaultfd is not migrated (the reason is named), and runs to its
+// end on one node.
+TEST_F(RunTest, AProgramWithItsOwnUserfaultfdStaysOnOneNodeWithTheReason) {
+  auto [native, stretch] = Both({Runfile("stretchd/uffd_prog")});
+  EXPECT_EQ(stretch.status.ToString(), "exit status 0") << stretch.err;
+  EXPECT_EQ(stretch.out, native.out);
+  EXPECT_THAT(stretch.err, HasSubstr("holds its own userfaultfd (fd 3)"));
+  EXPECT_THAT(last_stats_, HasSubstr("\"migrated\":false"));
+}
+
+// A statically linked program migrates like a dynamically linked one.
+TEST_F(RunTest, StaticallyLinkedProgramsMigrate) {
+  auto [native, stretch] =
+      Both({Runfile("stretchd/spin_prog_static"), "4", "100000"}, {"--migrate_at_threads=5"});
+  EXPECT_EQ(stretch.status.ToString(), "exit status 0") << stretch.err;
+  EXPECT_EQ(stretch.out, native.out);
+  auto threads = ThreadsRun();
+  ASSERT_EQ(threads.size(), 2u) << last_stats_;
+  EXPECT_GT(threads[1], 0) << last_stats_;
+}
+
 // Number of processes `pgrep -c PATTERN` counts.
 int CountProcesses(const std::string& pattern) {
   std::string out;
