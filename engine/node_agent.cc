@@ -445,6 +445,20 @@ class NodeAgent::Impl {
     return absl::OkStatus();
   }
 
+  absl::StatusOr<int64_t> HelperSyscall(pid_t pid, int64_t nr,
+                                        const std::array<uint64_t, 6>& args) {
+    uffd::InvalidationHelper* helper = nullptr;
+    {
+      absl::ReaderMutexLock l(&attach_mu_);
+      auto it = targets_.find(pid);
+      if (it != targets_.end()) helper = it->second->helper.get();
+    }
+    if (helper == nullptr) {
+      return absl::NotFoundError(absl::StrCat("no invalidation helper in pid ", pid));
+    }
+    return helper->Syscall(nr, args);
+  }
+
   absl::StatusOr<uintptr_t> HelperSyscallSite(pid_t pid) const {
     absl::ReaderMutexLock l(&attach_mu_);
     auto it = targets_.find(pid);
@@ -1315,6 +1329,10 @@ absl::StatusOr<uintptr_t> NodeAgent::HelperCodePage(pid_t pid) const {
 }
 absl::Status NodeAgent::ApplyAddressSpace(pid_t pid, const wire::AddressSpace& change) {
   return impl_->ApplyAddressSpace(pid, change);
+}
+absl::StatusOr<int64_t> NodeAgent::HelperSyscall(pid_t pid, int64_t nr,
+                                                 const std::array<uint64_t, 6>& args) {
+  return impl_->HelperSyscall(pid, nr, args);
 }
 absl::StatusOr<uintptr_t> NodeAgent::HelperSyscallSite(pid_t pid) const {
   return impl_->HelperSyscallSite(pid);

@@ -29,6 +29,7 @@
 
 #include <sys/types.h>
 
+#include <array>
 #include <functional>
 #include <memory>
 #include <string>
@@ -117,6 +118,9 @@ class NodeAgent {
   // must bypass a seccomp filter placed in that process).
   absl::StatusOr<uintptr_t> HelperCodePage(pid_t pid) const;
 
+  // System call `nr` made in attached process `pid` by its invalidation helper thread
+  // (uffd/invalidate.h): its result, >= 0 or -errno.
+  absl::StatusOr<int64_t> HelperSyscall(pid_t pid, int64_t nr, const std::array<uint64_t, 6>& args);
   // A `syscall` instruction in the invalidation helper's code, whose calls bypass the filter.
   absl::StatusOr<uintptr_t> HelperSyscallSite(pid_t pid) const;
 

@@ -39,6 +39,7 @@ struct Command {
   Kind kind;
   pid_t tid = 0;
   std::function<absl::Status(pid_t)> fn;
+  std::optional<int64_t> call_result;  // kRelease: what the held call returns
   SyscallHook hook;
 
   absl::Mutex mu;
@@ -348,6 +349,17 @@ class ThreadSupervisor::Impl {
         c->Complete(absl::OkStatus());
         break;
       case Command::kRelease:
+        if (c->call_result && t.held && t.stopped) {
+          struct user_regs_struct regs;
+          if (ptrace(PTRACE_GETREGS, c->tid, 0, &regs) == 0) {
+            regs.orig_rax = static_cast<uint64_t>(-1);
+            regs.rax = static_cast<uint64_t>(*c->call_result);
+            if (ptrace(PTRACE_SETREGS, c->tid, 0, &regs) != 0) {
+              c->Complete(ErrnoStatus(errno, absl::StrCat("PTRACE_SETREGS ", c->tid)));
+              break;
+            }
+          }
+        }
         t.held = false;
         if (t.stopped && t.waiting.empty() && t.want_running) Continue(c->tid, t);
         c->Complete(absl::OkStatus());
@@ -646,10 +658,12 @@ absl::Status ThreadSupervisor::RunStopped(pid_t tid, std::function<absl::Status(
   return impl_->Run(c, deadline);
 }
 
-absl::Status ThreadSupervisor::Release(pid_t tid, absl::Time deadline) {
+absl::Status ThreadSupervisor::Release(pid_t tid, absl::Time deadline,
+                                       std::optional<int64_t> result) {
   auto c = std::make_shared<Command>();
   c->kind = Command::kRelease;
   c->tid = tid;
+  c->call_result = result;
   return impl_->Run(c, deadline);
 }
 

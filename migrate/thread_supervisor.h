@@ -24,6 +24,7 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -100,7 +101,9 @@ class ThreadSupervisor {
   absl::Status RunStopped(pid_t tid, std::function<absl::Status(pid_t)> fn, absl::Time deadline);
 
   // Ends the hold of a thread that on_seccomp held; it then runs or stays parked as wanted.
-  absl::Status Release(pid_t tid, absl::Time deadline);
+  // With `result`, the held call is skipped and returns that value (the caller made it).
+  absl::Status Release(pid_t tid, absl::Time deadline,
+                       std::optional<int64_t> result = std::nullopt);
 
   // Runs `tid` (it must be running or resumed) stopping at every syscall entry to ask `hook`;
   // the hook's kPark parks it there (what the launcher uses to find the migration point).

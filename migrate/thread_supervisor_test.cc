@@ -1,6 +1,9 @@
 #include "migrate/thread_supervisor.h"
 
+#include <linux/filter.h>
+#include <linux/seccomp.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/ptrace.h>
 #include <sys/syscall.h>
 #include <sys/uio.h>
@@ -13,10 +16,14 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "core/status.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "migrate/seccomp_notify.h"
 #include "migrate/subprocess.h"
 #include "migrate/testing_criu.h"
+#include "uffd/inject.h"
+#include "uffd/process.h"
 
 namespace stretch {
 namespace {
@@ -268,6 +275,77 @@ TEST_F(ThreadSupervisorTest, SyscallHookParksAtTheChosenCall) {
   ASSERT_TRUE((*sup)->Resume(app_->pid(), Deadline()).ok());
   EXPECT_TRUE(Advances(2, 1000000));
   EXPECT_EQ((*sup)->Threads().size(), 4u);
+}
+
+// on_seccomp can hold a thread at a traced call: Resume does not let it go, RunStopped finds
+// it still at that call, and Release with a result skips the call (the thread goes on).
+TEST_F(ThreadSupervisorTest, SeccompHoldKeepsTheThreadUntilReleased) {
+  std::atomic<int> stops{0};
+  std::atomic<bool> hold{true};
+  SupervisorCallbacks cb;
+  cb.on_seccomp = [&](pid_t tid) {
+    if (tid != app_->pid()) return false;
+    stops++;
+    return hold.load();
+  };
+  auto sup =
+      ThreadSupervisor::Attach(app_->pid(), {.run_all_at_attach = true}, std::move(cb), Deadline());
+  ASSERT_TRUE(sup.ok()) << sup.status();
+  // The main thread loops on usleep: trace clock_nanosleep in it (a filter injected into it).
+  ASSERT_TRUE(
+      (*sup)
+          ->RunStopped(
+              app_->pid(),
+              [&](pid_t tid) -> absl::Status {
+                STRETCH_ASSIGN_OR_RETURN(auto t, uffd::RemoteThread::Adopt(tid));
+                std::vector<sock_filter> prog = BuildFilter({}, {SYS_clock_nanosleep});
+                STRETCH_ASSIGN_OR_RETURN(
+                    uint64_t page,
+                    t->SyscallOrError("mmap", SYS_mmap,
+                                      {0, 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
+                                       static_cast<uint64_t>(-1), 0}));
+                struct sock_fprog fprog = {static_cast<unsigned short>(prog.size()),
+                                           reinterpret_cast<sock_filter*>(page + 64)};
+                uffd::RemoteIo io[2] = {
+                    {page, &fprog, sizeof(fprog)},
+                    {page + 64, prog.data(), prog.size() * sizeof(sock_filter)}};
+                STRETCH_RETURN_IF_ERROR(uffd::RemoteMemory(app_->pid()).Write(io));
+                return t->SyscallOrError("seccomp", SYS_seccomp, {SECCOMP_SET_MODE_FILTER, 0, page})
+                    .status();
+              },
+              Deadline())
+          .ok());
+  absl::Time end = Deadline();
+  while (stops.load() == 0 && absl::Now() < end) {
+  }
+  ASSERT_EQ(stops.load(), 1);
+  // Held: a Resume does not start it, and it is still at its clock_nanosleep entry.
+  ASSERT_TRUE((*sup)->Resume(app_->pid(), Deadline()).ok());
+  uint64_t orig_rax = 0;
+  ASSERT_TRUE((*sup)
+                  ->RunStopped(
+                      app_->pid(),
+                      [&](pid_t tid) {
+                        struct user_regs_struct regs;
+                        if (ptrace(PTRACE_GETREGS, tid, 0, &regs) != 0) {
+                          return absl::InternalError("PTRACE_GETREGS");
+                        }
+                        orig_rax = regs.orig_rax;
+                        return absl::OkStatus();
+                      },
+                      Deadline())
+                  .ok());
+  EXPECT_EQ(orig_rax, static_cast<uint64_t>(SYS_clock_nanosleep));
+  EXPECT_EQ(stops.load(), 1);
+  // Released with a result: it goes on and serves a spawn request.
+  hold = false;
+  WriteRemote<int>(app_->pid(), spawn_, 1);
+  ASSERT_TRUE((*sup)->Release(app_->pid(), Deadline(), 0).ok());
+  end = Deadline();
+  while ((*sup)->Threads().size() < 4 && absl::Now() < end) {
+  }
+  EXPECT_EQ((*sup)->Threads().size(), 4u);
+  EXPECT_GT(stops.load(), 1);
 }
 
 }  // namespace

@@ -11,21 +11,19 @@
 #include <thread>
 
 #include "absl/container/flat_hash_map.h"
-#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
 #include "core/page.h"
 #include "core/status.h"
 #include "glog/logging.h"
-#include "uffd/inject.h"
 
 namespace stretch {
 namespace {
 
 // How long a change may wait for the lock and for every node's replay.
 constexpr absl::Duration kChangeTimeout = absl::Seconds(30);
-// How long injecting one call into a thread may take.
+// How long releasing a held thread may take.
 constexpr absl::Duration kCallTimeout = absl::Seconds(10);
 
 bool IsError(uint64_t result) { return result > static_cast<uint64_t>(-4096); }
@@ -39,8 +37,8 @@ constexpr uint64_t kPopulating = MAP_POPULATE | MAP_LOCKED;
 
 class AddressSpaceService::Impl {
  public:
-  Impl(engine::NodeAgent* agent, ThreadSupervisor* supervisor, pid_t pid, uintptr_t site)
-      : agent_(agent), supervisor_(supervisor), pid_(pid), site_(site) {}
+  Impl(engine::NodeAgent* agent, ThreadSupervisor* supervisor, pid_t pid)
+      : agent_(agent), supervisor_(supervisor), pid_(pid) {}
 
   void Start() {
     agent_->SetAddressSpaceHandler([this](const wire::AddressSpace& m) { OnServer(m); });
@@ -107,7 +105,6 @@ class AddressSpaceService::Impl {
         return false;
     }
     absl::MutexLock l(&mu_);
-    held_.insert(tid);
     local_.push_back(c);
     return true;
   }
@@ -177,12 +174,7 @@ class AddressSpaceService::Impl {
         c = local_.front();
         local_.pop_front();
       }
-      absl::Status s = MakeChange(c);
-      {
-        absl::MutexLock l(&mu_);
-        held_.erase(c.tid);
-      }
-      if (!s.ok()) Fail(s);
+      if (absl::Status s = MakeChange(c); !s.ok()) Fail(s);
     }
   }
 
@@ -193,37 +185,20 @@ class AddressSpaceService::Impl {
     lock.seq = seq;
     STRETCH_RETURN_IF_ERROR(Send(lock));
     STRETCH_RETURN_IF_ERROR(AwaitReply(seq, wire::AddressSpaceOp::kLock));
+    const int64_t locked_ns = NowNs();
 
-    uint64_t result = 0, old_brk = 0;
-    absl::Status made = supervisor_->RunStopped(
-        c.tid,
-        [&](pid_t tid) -> absl::Status {
-          STRETCH_ASSIGN_OR_RETURN(auto thread, uffd::RemoteThread::Adopt(tid));
-          if (c.nr == SYS_brk) {
-            STRETCH_ASSIGN_OR_RETURN(int64_t b, thread->SyscallAt(site_, SYS_brk, {0}));
-            old_brk = static_cast<uint64_t>(b);
-          }
-          STRETCH_ASSIGN_OR_RETURN(int64_t r, thread->SyscallAt(site_, c.nr,
-                                                                {c.args[0], c.args[1], c.args[2],
-                                                                 c.args[3], c.args[4], c.args[5]},
-                                                                kCallTimeout));
-          result = static_cast<uint64_t>(r);
-          // The held thread's own call returns what ours did.
-          struct user_regs_struct regs;
-          if (ptrace(PTRACE_GETREGS, tid, 0, &regs) != 0) {
-            return ErrnoStatus(errno, absl::StrCat("PTRACE_GETREGS ", tid));
-          }
-          regs.rax = result;
-          if (ptrace(PTRACE_SETREGS, tid, 0, &regs) != 0) {
-            return ErrnoStatus(errno, absl::StrCat("PTRACE_SETREGS ", tid));
-          }
-          return absl::OkStatus();
-        },
-        absl::Now() + kCallTimeout);
-    if (!made.ok()) {
-      if (absl::IsNotFound(made)) return absl::CancelledError("the thread is gone");
-      return Annotate(made, "making an address-space change");
+    // The call, made in the process by the invalidation helper thread (the filter lets its
+    // calls through); the held thread gets the result when it is released.
+    uint64_t old_brk = 0;
+    if (c.nr == SYS_brk) {
+      auto b = agent_->HelperSyscall(pid_, SYS_brk, {0, 0, 0, 0, 0, 0});
+      if (!b.ok()) return Annotate(b.status(), "brk(0) in the replica");
+      old_brk = static_cast<uint64_t>(*b);
     }
+    auto made = agent_->HelperSyscall(pid_, c.nr, c.args);
+    if (!made.ok()) return Annotate(made.status(), "making an address-space change");
+    const uint64_t result = static_cast<uint64_t>(*made);
+    const int64_t made_ns = NowNs();
 
     wire::AddressSpace change;
     change.seq = seq;
@@ -268,18 +243,24 @@ class AddressSpaceService::Impl {
       done.op = wire::AddressSpaceOp::kDone;
       done.seq = seq;
       STRETCH_RETURN_IF_ERROR(Send(done));
-      return Release(c.tid);
+      return Release(c.tid, result);
     }
     STRETCH_RETURN_IF_ERROR(agent_->ApplyAddressSpace(pid_, change));
+    const int64_t applied_ns = NowNs();
     STRETCH_RETURN_IF_ERROR(Send(change));
     STRETCH_RETURN_IF_ERROR(AwaitReply(seq, wire::AddressSpaceOp::kDone));
+    VLOG(1) << absl::StrFormat("%s: lock %d us, call %d us, apply %d us, replay %d us",
+                               wire::Name(change.op), (locked_ns - c.start_ns) / 1000,
+                               (made_ns - locked_ns) / 1000, (applied_ns - made_ns) / 1000,
+                               (NowNs() - applied_ns) / 1000);
     stats_.changes.Add();
     stats_.change_latency.Record(static_cast<uint64_t>(NowNs() - c.start_ns));
-    return Release(c.tid);
+    return Release(c.tid, result);
   }
 
-  absl::Status Release(pid_t tid) {
-    absl::Status s = supervisor_->Release(tid, absl::Now() + kCallTimeout);
+  absl::Status Release(pid_t tid, uint64_t result) {
+    absl::Status s =
+        supervisor_->Release(tid, absl::Now() + kCallTimeout, static_cast<int64_t>(result));
     return absl::IsNotFound(s) ? absl::OkStatus() : s;
   }
 
@@ -307,22 +288,6 @@ class AddressSpaceService::Impl {
         Fail(s);
       }
     }
-  }
-
-  // A thread to make a replayed call in: a parked one if there is one (it is stopped anyway),
-  // never one held for its own change.
-  absl::StatusOr<pid_t> PickThread() {
-    std::vector<pid_t> all = supervisor_->Threads();
-    std::vector<pid_t> running = supervisor_->RunningThreads();
-    absl::MutexLock l(&mu_);
-    pid_t fallback = 0;
-    for (pid_t t : all) {
-      if (held_.contains(t)) continue;
-      if (std::find(running.begin(), running.end(), t) == running.end()) return t;
-      if (fallback == 0) fallback = t;
-    }
-    if (fallback != 0) return fallback;
-    return absl::NotFoundError("no thread of the replica can make the call");
   }
 
   absl::Status Replay(const wire::AddressSpace& m) {
@@ -366,19 +331,10 @@ class AddressSpaceService::Impl {
         return absl::InvalidArgumentError(
             absl::StrCat("unexpected address-space ", wire::Name(m.op), " from the server"));
     }
-    STRETCH_ASSIGN_OR_RETURN(pid_t tid, PickThread());
-    uint64_t result = 0;
-    STRETCH_RETURN_IF_ERROR(supervisor_->RunStopped(
-        tid,
-        [&](pid_t t) -> absl::Status {
-          STRETCH_ASSIGN_OR_RETURN(auto thread, uffd::RemoteThread::Adopt(t));
-          STRETCH_ASSIGN_OR_RETURN(
-              int64_t r,
-              thread->SyscallAt(site_, nr, {a[0], a[1], a[2], a[3], a[4], a[5]}, kCallTimeout));
-          result = static_cast<uint64_t>(r);
-          return absl::OkStatus();
-        },
-        absl::Now() + kCallTimeout));
+    const int64_t t0 = NowNs();
+    STRETCH_ASSIGN_OR_RETURN(const int64_t r, agent_->HelperSyscall(pid_, nr, a));
+    const uint64_t result = static_cast<uint64_t>(r);
+    const int64_t t1 = NowNs();
     if (result != expect) {
       return absl::InternalError(absl::StrFormat(
           "replaying another node's %s of [0x%x, +0x%x) -> [0x%x, +0x%x) returned %s here: the "
@@ -387,13 +343,15 @@ class AddressSpaceService::Impl {
           IsError(result) ? absl::StrCat("error ", ErrnoName(static_cast<int>(-result)))
                           : absl::StrFormat("0x%x", result)));
     }
-    return agent_->ApplyAddressSpace(pid_, m);
+    absl::Status applied = agent_->ApplyAddressSpace(pid_, m);
+    VLOG(1) << absl::StrFormat("replayed %s: call %d us, apply %d us", wire::Name(m.op),
+                               (t1 - t0) / 1000, (NowNs() - t1) / 1000);
+    return applied;
   }
 
   engine::NodeAgent* const agent_;
   ThreadSupervisor* const supervisor_;
   const pid_t pid_;
-  const uintptr_t site_;
   AddressSpaceStats stats_;
   std::atomic<uint64_t> seq_{0};
 
@@ -402,7 +360,6 @@ class AddressSpaceService::Impl {
   std::deque<Call> local_ ABSL_GUARDED_BY(mu_);
   std::deque<wire::AddressSpace> replays_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<uint64_t, wire::AddressSpaceOp> replies_ ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_set<pid_t> held_ ABSL_GUARDED_BY(mu_);
 
   std::thread local_thread_;
   std::thread replay_thread_;
@@ -413,8 +370,8 @@ std::vector<int> AddressSpaceService::TracedCalls() {
 }
 
 absl::StatusOr<std::unique_ptr<AddressSpaceService>> AddressSpaceService::Start(
-    engine::NodeAgent* agent, ThreadSupervisor* supervisor, pid_t pid, uintptr_t syscall_site) {
-  auto impl = std::make_unique<Impl>(agent, supervisor, pid, syscall_site);
+    engine::NodeAgent* agent, ThreadSupervisor* supervisor, pid_t pid) {
+  auto impl = std::make_unique<Impl>(agent, supervisor, pid);
   impl->Start();
   return std::unique_ptr<AddressSpaceService>(new AddressSpaceService(std::move(impl)));
 }

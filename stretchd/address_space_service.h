@@ -3,15 +3,16 @@
 // brk and madvise (SECCOMP_RET_TRACE); the tracer asks OnSyscall what to do.
 //
 // A change (mmap ... brk) is made one at a time cluster-wide (wire::AddressSpaceOp): the thread
-// is held, the service takes the server's address-space lock, makes the call itself in the
-// held thread (from the invalidation helper's code page, which the filter lets through), tells
-// the node agent (new ranges become coherent, unmapped pages are forgotten), sends the change
-// with the addresses the kernel chose, and only when every other node has replayed it at the
-// same addresses does the thread get its result and go on. So no thread anywhere can use a
-// mapping before it exists everywhere, and the changes happen in one order on all nodes. A
-// failed call is not replayed. Replays of other nodes' changes are made in a parked thread
-// (or, if none, a running one, briefly stopped); a replay that fails (the address spaces
-// diverged) kills the replica with a message: never a silently different address space.
+// is held, the service takes the server's address-space lock, has the process's invalidation
+// helper thread make the call (the filter lets the helper's calls through; no ptrace stop,
+// and no program thread whose TLS page rseq would write on this node), tells the node agent
+// (new ranges become coherent, unmapped pages are forgotten), sends the change with the
+// addresses the kernel chose, and only when every other node has replayed it at the same
+// addresses does the held thread get the result (its own call skipped) and go on. So no
+// thread anywhere can use a mapping before it exists everywhere, and the changes happen in one
+// order on all nodes. A failed call is not replayed. Replays of other nodes' changes are made
+// by the helper thread too; one that fails (the address spaces diverged) kills the replica
+// with a message: never a silently different address space.
 //
 // madvise(MADV_DONTNEED / MADV_FREE) on the program's memory does nothing (returns 0): its
 // pages are the DSM's, and dropping them locally would lose them (glibc calls it on the stacks
@@ -52,11 +53,8 @@ class AddressSpaceService {
   // The system calls the replica's filter must trace for OnSyscall.
   static std::vector<int> TracedCalls();
 
-  // `syscall_site`: a `syscall` instruction the filter exempts (NodeAgent::HelperSyscallSite).
-  static absl::StatusOr<std::unique_ptr<AddressSpaceService>> Start(engine::NodeAgent* agent,
-                                                                    ThreadSupervisor* supervisor,
-                                                                    pid_t pid,
-                                                                    uintptr_t syscall_site);
+  static absl::StatusOr<std::unique_ptr<AddressSpaceService>> Start(
+      engine::NodeAgent* agent, ThreadSupervisor* supervisor, pid_t pid);
   ~AddressSpaceService();
 
   // Tracer thread: `tid` is in a seccomp stop at one of TracedCalls() with `regs`. Returns

@@ -377,9 +377,8 @@ absl::StatusOr<std::unique_ptr<Replica>> Replica::Restore(engine::NodeAgent* age
   for (const auto& [base, bytes] : seeds) STRETCH_RETURN_IF_ERROR(agent->SeedPages(base, bytes));
   STRETCH_ASSIGN_OR_RETURN(uintptr_t helper_code, agent->HelperCodePage(pid));
   STRETCH_ASSIGN_OR_RETURN(uintptr_t helper_syscall, agent->HelperSyscallSite(pid));
-  STRETCH_ASSIGN_OR_RETURN(
-      auto address_space,
-      AddressSpaceService::Start(agent, r->supervisor_.get(), pid, helper_syscall));
+  STRETCH_ASSIGN_OR_RETURN(auto address_space,
+                           AddressSpaceService::Start(agent, r->supervisor_.get(), pid));
   {
     absl::MutexLock l(&r->mu_);
     r->address_space_ = std::move(address_space);

@@ -16,6 +16,7 @@
 #include <fstream>
 #include <string>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -81,8 +82,29 @@ absl::Status FindVdso(pid_t pid, uintptr_t* lo, uintptr_t* hi) {
 
 // Polls for a ptrace stop of `tid` until `deadline`: yields first (on a busy core the tracee
 // needs it to run), then sleeps with growing naps.
+// Whether delivering `sig` to process `pid` has no effect at all: a signal whose default
+// action is to be ignored (SIGCONT's "continue" happens when it is sent, not delivered) and
+// that the process does not catch. Such a signal, caught during an injected call, is not
+// queued again: the SIGCONT that ends a restored replica's group-stop would otherwise come
+// back at every call injected into a parked thread (three extra stops, ~0.6 ms each time).
+bool DeliveryDoesNothing(pid_t pid, int sig) {
+  if (sig != SIGCONT && sig != SIGCHLD && sig != SIGURG && sig != SIGWINCH) return false;
+  std::ifstream in(absl::StrCat("/proc/", pid, "/status"));
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("SigCgt:", 0) != 0) continue;
+    uint64_t caught = 0;
+    if (!absl::SimpleHexAtoi(absl::StripAsciiWhitespace(line.substr(7)), &caught)) return false;
+    return (caught & (uint64_t{1} << (sig - 1))) == 0;
+  }
+  return false;
+}
+
 absl::StatusOr<int> WaitFor(pid_t tid, absl::Time deadline) {
   int64_t nap_us = 1;
+  // Short naps while a stop is likely to come soon (a single step, a call that does not
+  // block): waking up to 1 ms late made each injected call cost ~0.7 ms on a busy machine.
+  const absl::Time patient_after = absl::Now() + absl::Milliseconds(10);
   for (int i = 0;; ++i) {
     int status = 0;
     pid_t r = waitpid(tid, &status, __WALL | WNOHANG);
@@ -98,7 +120,7 @@ absl::StatusOr<int> WaitFor(pid_t tid, absl::Time deadline) {
     } else {
       struct timespec ts = {0, nap_us * 1000};
       nanosleep(&ts, nullptr);
-      nap_us = std::min<int64_t>(nap_us * 2, 1000);
+      nap_us = std::min<int64_t>(nap_us * 2, absl::Now() < patient_after ? 20 : 1000);
     }
   }
 }
@@ -192,7 +214,10 @@ absl::Status RemoteThread::SetRegs(const struct user_regs_struct& regs) {
 
 absl::Status RemoteThread::Restore() {
   absl::Status s = SetRegs(saved_);
-  for (int sig : stashed_signals_) syscall(SYS_tgkill, tgid_, tid_, sig);
+  for (int sig : stashed_signals_) {
+    if (DeliveryDoesNothing(tgid_, sig)) continue;
+    syscall(SYS_tgkill, tgid_, tid_, sig);
+  }
   stashed_signals_.clear();
   return s;
 }

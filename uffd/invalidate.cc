@@ -101,6 +101,7 @@ std::string HelperState(pid_t pid, pid_t inner_tid) {
 
 constexpr uint32_t kOpDontneed = 1;
 constexpr uint32_t kOpExit = 2;
+constexpr uint32_t kOpSyscall = 3;  // number and six arguments as u64 from offset 64
 
 // The helper's code, copied into a page of the target. Position-independent: only relative
 // jumps and rip-relative references inside the blob.
@@ -192,6 +193,8 @@ stretch_helper_setup:
   mov 8(%r12), %eax
   cmp $2, %eax
   je .Lhelper_exit
+  cmp $3, %eax
+  je .Lhelper_syscall
   mov 12(%r12), %ecx
   cmp $1, %ecx
   jbe .Lhelper_each
@@ -240,6 +243,17 @@ stretch_helper_setup:
   mov $1, %edx
   syscall
   jmp .Lhelper_loop
+
+.Lhelper_syscall:               # syscall(iov[0..3] as u64: nr, a0 .. a5)
+  mov 64(%r12), %rax
+  mov 72(%r12), %rdi
+  mov 80(%r12), %rsi
+  mov 88(%r12), %rdx
+  mov 96(%r12), %r10
+  mov 104(%r12), %r8
+  mov 112(%r12), %r9
+  syscall
+  jmp .Lhelper_done
 
 .Lhelper_exit:
   movq $0, 16(%r12)
@@ -419,11 +433,42 @@ pid_t InvalidationHelper::helper_tid() const {
 }
 
 absl::Status InvalidationHelper::RunCommand(uint32_t op, uint32_t count, uint64_t expect_bytes) {
+  const int64_t start = MonotonicNs();
+  STRETCH_ASSIGN_OR_RETURN(const int64_t result, Post(op, count));
+  stats_->invalidation_latency.Record(static_cast<uint64_t>(MonotonicNs() - start));
+  if (op == kOpExit) return absl::OkStatus();
+  if (result < 0) {
+    int err = static_cast<int>(-result);
+    if (err == ENOMEM) {
+      return absl::NotFoundError(absl::StrCat("madvise(MADV_DONTNEED) in pid ", target_.pid(),
+                                              ": ENOMEM (a range is not mapped there)"));
+    }
+    return ErrnoStatus(err, absl::StrCat("madvise(MADV_DONTNEED) in pid ", target_.pid()));
+  }
+  if (static_cast<uint64_t>(result) != expect_bytes) {
+    return absl::InternalError(
+        absl::StrFormat("madvise in pid %d: %d of %d bytes", target_.pid(), result, expect_bytes));
+  }
+  stats_->invalidations.Add();
+  stats_->invalidated_pages.Add(expect_bytes >> kPageShift);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int64_t> InvalidationHelper::Syscall(int64_t nr,
+                                                    const std::array<uint64_t, 6>& args) {
+  absl::MutexLock l(&mu_);
+  if (control_ == nullptr) return absl::FailedPreconditionError("the helper was removed");
+  uint64_t* words = reinterpret_cast<uint64_t*>(control_->iov);
+  words[0] = static_cast<uint64_t>(nr);
+  for (int i = 0; i < 6; ++i) words[1 + i] = args[i];
+  return Post(kOpSyscall, 0);
+}
+
+absl::StatusOr<int64_t> InvalidationHelper::Post(uint32_t op, uint32_t count) {
   if (removed_ || control_ == nullptr) {
     return absl::FailedPreconditionError("the invalidation helper was removed");
   }
   HelperControl* c = control_;
-  const int64_t start = MonotonicNs();
   const absl::Time deadline = absl::Now() + options_.timeout;
   c->op = op;
   c->count = count;
@@ -464,24 +509,7 @@ absl::Status InvalidationHelper::RunCommand(uint32_t op, uint32_t count, uint64_
     }
     c->agent_waiting.store(0, std::memory_order_relaxed);
   }
-  const int64_t result = c->result;
-  stats_->invalidation_latency.Record(static_cast<uint64_t>(MonotonicNs() - start));
-  if (op == kOpExit) return absl::OkStatus();
-  if (result < 0) {
-    int err = static_cast<int>(-result);
-    if (err == ENOMEM) {
-      return absl::NotFoundError(absl::StrCat("madvise(MADV_DONTNEED) in pid ", target_.pid(),
-                                              ": ENOMEM (a range is not mapped there)"));
-    }
-    return ErrnoStatus(err, absl::StrCat("madvise(MADV_DONTNEED) in pid ", target_.pid()));
-  }
-  if (static_cast<uint64_t>(result) != expect_bytes) {
-    return absl::InternalError(
-        absl::StrFormat("madvise in pid %d: %d of %d bytes", target_.pid(), result, expect_bytes));
-  }
-  stats_->invalidations.Add();
-  stats_->invalidated_pages.Add(expect_bytes >> kPageShift);
-  return absl::OkStatus();
+  return c->result;
 }
 
 absl::Status InvalidationHelper::SendRanges(absl::Span<const std::pair<uintptr_t, size_t>> ranges) {

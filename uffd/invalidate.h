@@ -35,6 +35,7 @@
 
 #include <sys/types.h>
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -98,6 +99,12 @@ class InvalidationHelper {
   absl::Status Invalidate(absl::Span<const uintptr_t> pages);
   absl::Status InvalidateRange(uintptr_t start, size_t len);
 
+  // Makes system call `nr` in the target, from the helper thread (no ptrace stop; its code
+  // page is what a seccomp filter in the target may exempt). Returns what the kernel returned
+  // (>= 0, or -errno). A call that blocks holds up invalidations until it returns or the
+  // helper's timeout passes (DeadlineExceeded).
+  absl::StatusOr<int64_t> Syscall(int64_t nr, const std::array<uint64_t, 6>& args);
+
   // Makes the helper exit and removes its mappings with injected munmap()s; `thread` as for
   // Inject. Afterwards every call fails with FailedPrecondition.
   absl::Status Remove(RemoteThread& thread, absl::Time deadline);
@@ -121,6 +128,8 @@ class InvalidationHelper {
   absl::Status Place(RemoteThread& thread);
   absl::Status RunCommand(uint32_t op, uint32_t count, uint64_t expect_bytes)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Posts a command and waits for the helper's result.
+  absl::StatusOr<int64_t> Post(uint32_t op, uint32_t count) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status SendRanges(absl::Span<const std::pair<uintptr_t, size_t>> ranges)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status StopHelper(absl::Time deadline) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

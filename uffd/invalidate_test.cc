@@ -256,6 +256,34 @@ TEST_F(InvalidateTest, RemoveLeavesNothingBehind) {
   EXPECT_EQ(ReadPage(0), 1);  // The program is fine.
 }
 
+// The helper makes arbitrary calls in the target: a mapping appears in its address space,
+// gettid answers the helper's own tid, and an error comes back as -errno.
+TEST_F(InvalidateTest, HelperMakesSystemCallsInTheTarget) {
+  StartTarget();
+  auto helper = InjectHelper();
+  auto at = helper->Syscall(SYS_mmap, {0, 3 * kPageSize, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS,
+                                       static_cast<uint64_t>(-1), 0});
+  ASSERT_TRUE(at.ok()) << at.status();
+  ASSERT_GT(*at, 0);
+  char range[64];
+  snprintf(range, sizeof(range), "%lx-%lx r--p", static_cast<unsigned long>(*at),
+           static_cast<unsigned long>(*at + 3 * kPageSize));
+  EXPECT_NE(Maps().find(range), std::string::npos) << Maps();
+  auto unmapped = helper->Syscall(SYS_munmap, {static_cast<uint64_t>(*at), 3 * kPageSize});
+  ASSERT_TRUE(unmapped.ok());
+  EXPECT_EQ(*unmapped, 0);
+  EXPECT_EQ(Maps().find(range), std::string::npos);
+  auto tid = helper->Syscall(SYS_gettid, {});
+  ASSERT_TRUE(tid.ok());
+  EXPECT_EQ(*tid, helper->helper_tid());
+  auto bad = helper->Syscall(SYS_munmap, {1, kPageSize});  // not page-aligned
+  ASSERT_TRUE(bad.ok());
+  EXPECT_EQ(*bad, -EINVAL);
+  // Invalidation still works after calls.
+  EXPECT_EQ(ReadPage(0), 1);
+  ASSERT_TRUE(helper->Invalidate({page(0)}).ok());
+}
+
 TEST_F(InvalidateTest, DestroyingTheHelperEndsItsThread) {
   StartTarget();
   InjectHelper().reset();
