@@ -7,18 +7,21 @@
 #include <sys/signalfd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <cstring>
+#include <deque>
 #include <filesystem>
 #include <fstream>
 #include <optional>
 #include <sstream>
 #include <thread>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -38,6 +41,12 @@ namespace stretch {
 namespace {
 
 // --- control channel: one line per datagram ---
+//
+// Launcher -> node: "go", "stop", "kill SIG", and for `stretchd migrate`: "where" (answered
+// "here T1,T2,..."), "migrate-out T" (answered "migrated-out T HEXSTATE", "notmine T" or
+// "migrate-error T WHY"), "migrate-in T HEXSTATE" (answered "migrated-in T" or
+// "migrate-error T WHY"). Node -> launcher, once: "ready N", then "exit CODE", "signal SIG" or
+// "error WHY".
 
 bool SendLine(int fd, const std::string& line) {
   return send(fd, line.data(), line.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(line.size());
@@ -48,13 +57,39 @@ std::optional<std::string> RecvLine(int fd, int timeout_ms, bool* closed) {
   struct pollfd p = {fd, POLLIN, 0};
   int r = poll(&p, 1, timeout_ms);
   if (r <= 0) return std::nullopt;
-  char buf[4096];
+  char buf[65536];
   ssize_t n = recv(fd, buf, sizeof(buf), 0);
   if (n <= 0) {
     *closed = true;
     return std::string();
   }
   return std::string(buf, static_cast<size_t>(n));
+}
+
+// A node's part of `stretchd migrate` (see the control channel above).
+void HandleMigration(Replica& replica, int ctl, const std::string& line) {
+  std::vector<std::string> w = absl::StrSplit(line, absl::MaxSplits(' ', 2));
+  pid_t tid = 0;
+  if (w[0] == "where") {
+    std::vector<pid_t> here = replica.ThreadsRunningHere();
+    SendLine(ctl, absl::StrCat("here ", absl::StrJoin(here, ",")));
+    return;
+  }
+  if (w.size() < 2 || !absl::SimpleAtoi(w[1], &tid)) return;
+  if (w[0] == "migrate-out") {
+    auto state = replica.MigrateOut(tid);
+    if (state.ok()) {
+      SendLine(ctl, absl::StrCat("migrated-out ", tid, " ", absl::BytesToHexString(*state)));
+    } else if (absl::IsNotFound(state.status())) {
+      SendLine(ctl, absl::StrCat("notmine ", tid));
+    } else {
+      SendLine(ctl, absl::StrCat("migrate-error ", tid, " ", state.status().message()));
+    }
+  } else if (w[0] == "migrate-in" && w.size() == 3) {
+    absl::Status s = replica.MigrateIn(tid, absl::HexStringToBytes(w[2]));
+    SendLine(ctl, s.ok() ? absl::StrCat("migrated-in ", tid)
+                         : absl::StrCat("migrate-error ", tid, " ", s.message()));
+  }
 }
 
 // Copies what is appended to files onto descriptors, until stopped (then drains them).
@@ -266,6 +301,7 @@ int RunLauncher(const LaunchOptions& o) {
     UniqueFd control;
     int threads_run = 0;
     bool done = false;
+    std::deque<std::string> pending;  // lines read while a migration waited for others
   };
   std::vector<Agent> agents;
   for (int i = 0; i < o.nodes; ++i) {
@@ -318,6 +354,125 @@ int RunLauncher(const LaunchOptions& o) {
             << restore_time;
   for (auto& a : agents) SendLine(a.control.get(), "go");
 
+  // `stretchd migrate` talks to us on a Unix socket.
+  const std::string control_path =
+      o.control_socket.empty() ? work + "/control.sock" : o.control_socket;
+  UniqueFd control_listen(socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
+  {
+    struct sockaddr_un addr = {};
+    addr.sun_family = AF_UNIX;
+    unlink(control_path.c_str());
+    if (control_path.size() >= sizeof(addr.sun_path)) {
+      return Fail(absl::StrCat("control socket path too long: ", control_path));
+    }
+    std::memcpy(addr.sun_path, control_path.c_str(), control_path.size());
+    if (bind(control_listen.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
+        listen(control_listen.get(), 4) != 0) {
+      return Fail(ErrnoStatus(errno, absl::StrCat("control socket ", control_path)).ToString());
+    }
+    chmod(control_path.c_str(), 0600);
+  }
+  LOG(INFO) << "stretchd run: control socket " << control_path
+            << " (stretchd migrate --control=" << control_path << ")";
+  struct UnlinkControl {
+    std::string path;
+    ~UnlinkControl() { unlink(path.c_str()); }
+  } unlink_control{control_path};
+
+  // The next line from node i whose first word is in `words`, within `timeout`; a line that is
+  // not one of those (the program ended) is kept for the main loop, and nullopt returned.
+  auto await = [&](int i, std::initializer_list<absl::string_view> words,
+                   absl::Duration timeout) -> std::optional<std::string> {
+    const absl::Time end = absl::Now() + timeout;
+    while (!agents[i].done) {
+      bool closed = false;
+      int ms = static_cast<int>(std::max<int64_t>(0, absl::ToInt64Milliseconds(end - absl::Now())));
+      auto line = RecvLine(agents[i].control.get(), ms, &closed);
+      if (!line) return std::nullopt;
+      const std::string first = line->substr(0, line->find(' '));
+      if (!closed && std::find(words.begin(), words.end(), first) != words.end()) return line;
+      agents[i].pending.push_back(closed ? std::string() : *line);
+      return std::nullopt;
+    }
+    return std::nullopt;
+  };
+  // Moves thread `tid` to node `to`: the node running it parks it and hands over its state,
+  // node `to` takes it up. On failure the thread goes back to where it ran.
+  auto migrate = [&](pid_t tid, int to) -> std::string {
+    if (to < 0 || to >= o.nodes) return absl::StrCat("error no node ", to);
+    for (int i = 0; i < o.nodes; ++i) {
+      if (!agents[i].done) SendLine(agents[i].control.get(), absl::StrCat("migrate-out ", tid));
+    }
+    int from = -1;
+    std::string state, why;
+    for (int i = 0; i < o.nodes; ++i) {
+      if (agents[i].done) continue;
+      auto r = await(i, {"migrated-out", "notmine", "migrate-error"}, absl::Seconds(15));
+      if (!r) {
+        absl::StrAppend(&why, "node ", i, " did not answer; ");
+        continue;
+      }
+      std::vector<std::string> w = absl::StrSplit(*r, absl::MaxSplits(' ', 2));
+      if (w[0] == "migrated-out" && w.size() == 3) {
+        from = i;
+        state = w[2];
+      } else if (w[0] == "migrate-error") {
+        absl::StrAppend(&why, "node ", i, ": ", w.size() == 3 ? w[2] : "?", "; ");
+      }
+    }
+    if (from < 0) {
+      return absl::StrCat("error thread ", tid, " could not be taken from where it runs: ",
+                          why.empty() ? "no node runs it" : why);
+    }
+    SendLine(agents[to].control.get(), absl::StrCat("migrate-in ", tid, " ", state));
+    auto r = await(to, {"migrated-in", "migrate-error"}, absl::Seconds(15));
+    if (r && absl::StartsWith(*r, "migrated-in")) {
+      LOG(INFO) << "stretchd run: thread " << tid << " moved from node " << from << " to node "
+                << to;
+      return absl::StrCat("ok thread ", tid, " moved from node ", from, " to node ", to);
+    }
+    std::string failure = r ? r->substr(std::min(r->size(), r->find(' ', 14) + 1)) : "no answer";
+    SendLine(agents[from].control.get(), absl::StrCat("migrate-in ", tid, " ", state));
+    auto back = await(from, {"migrated-in", "migrate-error"}, absl::Seconds(15));
+    return absl::StrCat("error node ", to, " could not take thread ", tid, ": ", failure,
+                        back && absl::StartsWith(*back, "migrated-in")
+                            ? absl::StrCat(" (it runs on node ", from, " again)")
+                            : " (and it could not be put back: the program may hang)");
+  };
+  auto where = [&]() -> std::string {
+    for (int i = 0; i < o.nodes; ++i) {
+      if (!agents[i].done) SendLine(agents[i].control.get(), "where");
+    }
+    std::string out = "ok";
+    for (int i = 0; i < o.nodes; ++i) {
+      if (agents[i].done) continue;
+      auto r = await(i, {"here"}, absl::Seconds(5));
+      absl::StrAppend(&out, "\nnode ", i, ": ", r ? absl::StripPrefix(*r, "here ") : "?");
+    }
+    return out;
+  };
+  // One request per connection: "threads" or "migrate TID NODE".
+  auto serve_control = [&]() {
+    UniqueFd c(accept4(control_listen.get(), nullptr, nullptr, SOCK_CLOEXEC));
+    if (!c.valid()) return;
+    bool closed = false;
+    auto req = RecvLine(c.get(), 2000, &closed);
+    if (!req || closed) return;
+    std::vector<std::string> w = absl::StrSplit(*req, ' ', absl::SkipEmpty());
+    pid_t tid = 0;
+    int to = 0;
+    std::string reply;
+    if (w.size() == 1 && w[0] == "threads") {
+      reply = where();
+    } else if (w.size() == 3 && w[0] == "migrate" && absl::SimpleAtoi(w[1], &tid) &&
+               absl::SimpleAtoi(w[2], &to)) {
+      reply = migrate(tid, to);
+    } else {
+      reply = absl::StrCat("error unknown request: ", *req);
+    }
+    SendLine(c.get(), reply);
+  };
+
   // The first replica to end decides the outcome.
   sigset_t sigs;
   sigemptyset(&sigs);
@@ -334,16 +489,21 @@ int RunLauncher(const LaunchOptions& o) {
   absl::Time error_grace_end = absl::InfiniteFuture();
   for (bool finished = false; !finished;) {
     std::vector<struct pollfd> p;
-    for (auto& a : agents) p.push_back({a.done ? -1 : a.control.get(), POLLIN, 0});
+    bool pending = false;
+    for (auto& a : agents) {
+      p.push_back({a.done ? -1 : a.control.get(), POLLIN, 0});
+      pending |= !a.done && !a.pending.empty();
+    }
+    p.push_back({control_listen.get(), POLLIN, 0});
     p.push_back({sigfd.get(), POLLIN, 0});
-    int timeout_ms = -1;
+    int timeout_ms = pending ? 0 : -1;
     if (error_grace_end != absl::InfiniteFuture()) {
       timeout_ms = static_cast<int>(
           std::max<int64_t>(0, absl::ToInt64Milliseconds(error_grace_end - absl::Now())));
     }
     int ready = poll(p.data(), p.size(), timeout_ms);
     if (ready < 0 && errno != EINTR) break;
-    if (ready == 0 && absl::Now() >= error_grace_end) break;  // the error stands
+    if (ready == 0 && !pending && absl::Now() >= error_grace_end) break;  // the error stands
     if (p.back().revents & POLLIN) {
       struct signalfd_siginfo si;
       if (read(sigfd.get(), &si, sizeof(si)) == sizeof(si)) {
@@ -357,11 +517,24 @@ int RunLauncher(const LaunchOptions& o) {
         }
       }
     }
+    if (p[o.nodes].revents & POLLIN) serve_control();
     for (int i = 0; i < o.nodes && !finished; ++i) {
-      if (agents[i].done || !(p[i].revents & (POLLIN | POLLHUP))) continue;
+      if (agents[i].done) continue;
       bool closed = false;
-      auto line = RecvLine(agents[i].control.get(), 0, &closed);
+      std::optional<std::string> line;
+      if (!agents[i].pending.empty()) {
+        line = agents[i].pending.front();
+        agents[i].pending.pop_front();
+        closed = line->empty();
+      } else if (p[i].revents & (POLLIN | POLLHUP)) {
+        line = RecvLine(agents[i].control.get(), 0, &closed);
+      }
       if (!line) continue;
+      // Late answers to a migration that gave up waiting for them.
+      if (!closed && (absl::StartsWith(*line, "here") || absl::StartsWith(*line, "migrat") ||
+                      absl::StartsWith(*line, "notmine"))) {
+        continue;
+      }
       agents[i].done = true;
       int value = 0;
       if (!closed && absl::StartsWith(*line, "exit ") &&
@@ -516,6 +689,7 @@ int RunReplicaAgent(const ReplicaAgentOptions& o) {
     if (line && absl::StartsWith(*line, "kill ") && absl::SimpleAtoi(line->substr(5), &sig)) {
       kill((*replica)->pid(), sig);
     }
+    if (line) HandleMigration(**replica, ctl, *line);
   }
 }
 

@@ -43,6 +43,8 @@ struct LaunchOptions {
   // share one malloc arena. Off by default: per-thread arenas keep threads on different nodes
   // off each other's heap pages (word_count runs 3x faster on two nodes).
   bool one_malloc_arena = false;
+  // Where `stretchd migrate` reaches this run (a Unix socket); empty: WORK_DIR/control.sock.
+  std::string control_socket;
   // Optional, per node: the CPUs its agent, CRIU and replica run on (node i: node_cpus[i]).
   std::vector<std::vector<int>> node_cpus;
 };

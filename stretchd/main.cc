@@ -5,9 +5,13 @@
 //   run      run an unmodified pthread program across nodes
 //   version  print the version
 // gflags are defined only here; libraries take Options structs.
+#include <poll.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -16,11 +20,13 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "core/unique_fd.h"
 #include "core/wire.h"
 #include "engine/node_agent.h"
 #include "engine/server.h"
@@ -66,6 +72,11 @@ DEFINE_string(node_cpus, "",
               "run: the CPUs of each emulated node, nodes separated by ';' and CPUs by ',' "
               "(e.g. '0;1': node 0 on CPU 0, node 1 on CPU 1); default: all CPUs for every node");
 DEFINE_string(work_dir, "", "run: keep the checkpoint, logs and output files in this directory");
+DEFINE_string(control, "",
+              "run: where `stretchd migrate` reaches this run (Unix socket; default "
+              "WORK_DIR/control.sock, logged at start); migrate: the run's control socket");
+DEFINE_int32(thread, 0, "migrate: the thread to move (its id inside the program, as gettid())");
+DEFINE_int32(to, -1, "migrate: the node to move it to");
 DEFINE_string(replica_images, "", "node (internal, used by run): restore a replica from here");
 DEFINE_string(replica_work, "", "node (internal, used by run): CRIU work directory");
 DEFINE_string(run_threads, "", "node (internal, used by run): thread ids this node runs");
@@ -94,6 +105,7 @@ int RunServer(const std::vector<std::string>& args);
 int RunNode(const std::vector<std::string>& args);
 int RunStats(const std::vector<std::string>& args);
 int RunRun(const std::vector<std::string>& args);
+int RunMigrate(const std::vector<std::string>& args);
 bool ParseIntList(const std::string& text, std::vector<int>* out);
 std::string CriuPath();
 
@@ -133,8 +145,15 @@ const std::vector<Subcommand>& Subcommands() {
        "[--nodes=N] [--transport=tcp] [--stats_json=FILE] [--migrate_at_threads=K] "
        "[--migrate_threads=T,T] [--work_dir=DIR] [--nonetns] -- PROG ARGS...",
        {"nodes", "transport", "stats_json", "migrate_at_threads", "migrate_threads", "work_dir",
-        "netns", "one_malloc_arena", "node_cpus", "criu"},
+        "netns", "one_malloc_arena", "node_cpus", "criu", "control"},
        RunRun},
+      {"migrate",
+       "Move a thread of a program running under `stretchd run` to another node (its registers, "
+       "FPU state and signal mask go; its memory follows on demand). Without --thread, list "
+       "which threads run on which node.",
+       "--control=SOCKET [--thread=TID --to=NODE]",
+       {"control", "thread", "to"},
+       RunMigrate},
       {"version", "Print the stretchd version and wire protocol version.", "", {}, RunVersion},
   };
   return kSubcommands;
@@ -400,6 +419,63 @@ int RunStats(const std::vector<std::string>& args) {
   }
 }
 
+int RunMigrate(const std::vector<std::string>& args) {
+  if (!args.empty()) {
+    std::fprintf(stderr, "stretchd migrate: unexpected argument '%s'\n", args[0].c_str());
+    return 2;
+  }
+  if (FLAGS_control.empty()) {
+    std::fprintf(stderr,
+                 "stretchd migrate: --control=SOCKET is required (stretchd run logs it "
+                 "at start: WORK_DIR/control.sock)\n");
+    return 2;
+  }
+  if ((FLAGS_thread != 0) != (FLAGS_to >= 0) || FLAGS_thread < 0) {
+    std::fprintf(stderr,
+                 "stretchd migrate: give both --thread=TID (> 0) and --to=NODE, or "
+                 "neither to list threads\n");
+    return 2;
+  }
+  UniqueFd fd(socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
+  struct sockaddr_un addr = {};
+  addr.sun_family = AF_UNIX;
+  if (FLAGS_control.size() >= sizeof(addr.sun_path)) {
+    std::fprintf(stderr, "stretchd migrate: --control path too long\n");
+    return 2;
+  }
+  std::memcpy(addr.sun_path, FLAGS_control.c_str(), FLAGS_control.size());
+  if (connect(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    std::fprintf(stderr, "stretchd migrate: cannot reach the run at %s: %s\n",
+                 FLAGS_control.c_str(), strerror(errno));
+    return 1;
+  }
+  const std::string req = FLAGS_thread != 0 ? absl::StrCat("migrate ", FLAGS_thread, " ", FLAGS_to)
+                                            : std::string("threads");
+  if (send(fd.get(), req.data(), req.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(req.size())) {
+    std::fprintf(stderr, "stretchd migrate: send: %s\n", strerror(errno));
+    return 1;
+  }
+  struct pollfd p = {fd.get(), POLLIN, 0};
+  if (poll(&p, 1, 60000) <= 0) {
+    std::fprintf(stderr, "stretchd migrate: no answer from the run within 60 s\n");
+    return 1;
+  }
+  char buf[65536];
+  ssize_t n = recv(fd.get(), buf, sizeof(buf), 0);
+  if (n <= 0) {
+    std::fprintf(stderr, "stretchd migrate: the run closed the connection (it ended?)\n");
+    return 1;
+  }
+  std::string reply(buf, static_cast<size_t>(n));
+  if (absl::StartsWith(reply, "ok")) {
+    std::printf("%s\n", std::string(absl::StripLeadingAsciiWhitespace(reply.substr(2))).c_str());
+    return 0;
+  }
+  std::fprintf(stderr, "stretchd migrate: %s\n",
+               std::string(absl::StripPrefix(reply, "error ")).c_str());
+  return 1;
+}
+
 bool ParseIntList(const std::string& text, std::vector<int>* out) {
   for (absl::string_view part : absl::StrSplit(text, ',', absl::SkipEmpty())) {
     int v;
@@ -434,6 +510,7 @@ int RunRun(const std::vector<std::string>& args) {
   o.work_dir = FLAGS_work_dir;
   o.netns = FLAGS_netns;
   o.one_malloc_arena = FLAGS_one_malloc_arena;
+  o.control_socket = FLAGS_control;
   if (!FLAGS_node_cpus.empty()) {
     const long ncpu = sysconf(_SC_NPROCESSORS_CONF);
     for (absl::string_view node : absl::StrSplit(FLAGS_node_cpus, ';')) {

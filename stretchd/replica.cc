@@ -1,5 +1,6 @@
 #include "stretchd/replica.h"
 
+#include <elf.h>
 #include <fcntl.h>
 #include <linux/sched.h>
 #include <poll.h>
@@ -11,10 +12,12 @@
 #include <sys/ptrace.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/uio.h>
 #include <sys/user.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstring>
 #include <fstream>
 #include <sstream>
 #include <thread>
@@ -595,6 +598,128 @@ void Replica::OnThreadExitCall(pid_t tid) {
   regs.orig_rax = SYS_set_tid_address;
   regs.rdi = 0;
   ptrace(PTRACE_SETREGS, tid, 0, &regs);
+}
+
+namespace {
+
+// A thread's user state as it travels between nodes.
+struct ThreadState {
+  struct user_regs_struct regs;
+  uint64_t sigmask;
+  uint32_t xstate_len;
+  uint8_t xstate[16384];
+};
+
+}  // namespace
+
+std::vector<pid_t> Replica::ThreadsRunningHere() {
+  absl::MutexLock l(&mu_);
+  std::vector<pid_t> out;
+  for (const auto& [inner, ours] : runs_here_) out.push_back(inner);
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+absl::StatusOr<std::string> Replica::MigrateOut(pid_t tid) {
+  pid_t ours;
+  {
+    absl::MutexLock l(&mu_);
+    auto it = runs_here_.find(tid);
+    if (it == runs_here_.end()) {
+      return absl::NotFoundError(absl::StrCat("thread ", tid, " does not run here"));
+    }
+    ours = it->second;
+  }
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  STRETCH_RETURN_IF_ERROR(supervisor_->Park(ours, deadline));
+  auto state = std::make_unique<ThreadState>();
+  bool busy = false;
+  absl::Status got = supervisor_->RunStopped(
+      ours,
+      [&](pid_t t) -> absl::Status {
+        if (ptrace(PTRACE_GETREGS, t, 0, &state->regs) != 0) {
+          return ErrnoStatus(errno, absl::StrCat("PTRACE_GETREGS ", t));
+        }
+        // Stopped at the entry of a call the filter traces (held for an address-space change,
+        // or about to exit): that call is in the hands of this node.
+        if (static_cast<int64_t>(state->regs.orig_rax) >= 0 &&
+            static_cast<int64_t>(state->regs.rax) == -ENOSYS) {
+          busy = true;
+          return absl::OkStatus();
+        }
+        struct iovec iov = {state->xstate, sizeof(state->xstate)};
+        if (ptrace(PTRACE_GETREGSET, t, NT_X86_XSTATE, &iov) != 0) {
+          return ErrnoStatus(errno, absl::StrCat("PTRACE_GETREGSET(NT_X86_XSTATE) ", t));
+        }
+        state->xstate_len = static_cast<uint32_t>(iov.iov_len);
+        if (ptrace(PTRACE_GETSIGMASK, t, sizeof(state->sigmask), &state->sigmask) != 0) {
+          return ErrnoStatus(errno, absl::StrCat("PTRACE_GETSIGMASK ", t));
+        }
+        return absl::OkStatus();
+      },
+      deadline);
+  if (!got.ok() || busy) {
+    (void)supervisor_->Resume(ours, deadline);
+    if (!got.ok()) return got;
+    return absl::UnavailableError(
+        absl::StrCat("thread ", tid, " is in the middle of a system call Stretch handles; retry"));
+  }
+  {
+    absl::MutexLock l(&mu_);
+    runs_here_.erase(tid);
+  }
+  const size_t size = offsetof(ThreadState, xstate) + state->xstate_len;
+  return std::string(reinterpret_cast<const char*>(state.get()), size);
+}
+
+absl::Status Replica::MigrateIn(pid_t tid, const std::string& bytes) {
+  if (bytes.size() < offsetof(ThreadState, xstate) || bytes.size() > sizeof(ThreadState)) {
+    return absl::InvalidArgumentError(absl::StrCat("thread state of ", bytes.size(), " bytes"));
+  }
+  auto state = std::make_unique<ThreadState>();
+  std::memcpy(state.get(), bytes.data(), bytes.size());
+  if (offsetof(ThreadState, xstate) + state->xstate_len != bytes.size()) {
+    return absl::InvalidArgumentError("thread state: inconsistent extended-state length");
+  }
+  pid_t ours = 0;
+  for (pid_t t : supervisor_->Threads()) {
+    auto inner = InnermostTid(t);
+    if (inner.ok() && *inner == tid) ours = t;
+  }
+  if (ours == 0) {
+    return absl::NotFoundError(
+        absl::StrCat("thread ", tid,
+                     " does not exist on this node (threads created after migration exist "
+                     "only on the node that created them)"));
+  }
+  {
+    absl::MutexLock l(&mu_);
+    if (runs_here_.contains(tid)) {
+      return absl::FailedPreconditionError(absl::StrCat("thread ", tid, " already runs here"));
+    }
+  }
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  STRETCH_RETURN_IF_ERROR(supervisor_->RunStopped(
+      ours,
+      [&](pid_t t) -> absl::Status {
+        struct iovec iov = {state->xstate, state->xstate_len};
+        if (state->xstate_len > 0 && ptrace(PTRACE_SETREGSET, t, NT_X86_XSTATE, &iov) != 0) {
+          return ErrnoStatus(errno, absl::StrCat("PTRACE_SETREGSET(NT_X86_XSTATE) ", t));
+        }
+        if (ptrace(PTRACE_SETSIGMASK, t, sizeof(state->sigmask), &state->sigmask) != 0) {
+          return ErrnoStatus(errno, absl::StrCat("PTRACE_SETSIGMASK ", t));
+        }
+        if (ptrace(PTRACE_SETREGS, t, 0, &state->regs) != 0) {
+          return ErrnoStatus(errno, absl::StrCat("PTRACE_SETREGS ", t));
+        }
+        return absl::OkStatus();
+      },
+      deadline));
+  {
+    absl::MutexLock l(&mu_);
+    runs_here_[tid] = ours;
+  }
+  return supervisor_->Resume(ours, deadline);
 }
 
 absl::Status Replica::Go() {

@@ -74,6 +74,16 @@ class Replica {
   pid_t pid() const { return pid_; }
   // Threads of the replica that run here (program-namespace tids) and how many there are.
   int threads_run() const { return static_cast<int>(run_.size()); }
+  // Moving a running thread to another node (`stretchd migrate`). MigrateOut parks thread
+  // `tid` (program namespace) here and returns its user state (registers, extended FPU state,
+  // signal mask): NotFound if it does not run here, Unavailable if it is in the middle of a
+  // call Stretch handles (retry). MigrateIn gives the parked copy here that state and runs it:
+  // NotFound if the thread does not exist here (created on another node after migration).
+  absl::StatusOr<std::string> MigrateOut(pid_t tid);
+  absl::Status MigrateIn(pid_t tid, const std::string& state);
+  // Program-namespace tids of the threads running here.
+  std::vector<pid_t> ThreadsRunningHere();
+
   // Threads created here since the replica started (they run here).
   int threads_created();
   // {"threads_run":..,"threads_created":..,"address_space":{"changes":..,...}}, without the

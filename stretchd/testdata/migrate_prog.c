@@ -1,0 +1,53 @@
+/* For `stretchd migrate` tests: THREADS workers each compute ROUNDS rounds of floating-point
+ * and integer work kept in registers (so a thread moved without its full register and FPU
+ * state computes a different result), then wait, yielding, until main has seen the file
+ * RELEASE exist. Prints each worker's results in order.
+ *
+ *   migrate_prog THREADS ROUNDS RELEASE */
+#define _GNU_SOURCE
+#include <pthread.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+static long g_rounds;
+static int g_release;
+static double g_fp[64];
+static unsigned long g_hash[64];
+
+static void* worker(void* p) {
+  long id = (long)p;
+  double a = 1.0 + id, b = 0.5, c = 0.0;
+  unsigned long h = 1469598103934665603ul ^ (unsigned long)id;
+  for (long r = 0; r < g_rounds; ++r) {
+    a = a * 1.0000001 + b;
+    b = b * 0.9999999 - 1e-9 * a;
+    c += a * b;
+    h = (h ^ (unsigned long)r) * 1099511628211ul;
+  }
+  g_fp[id] = c;
+  g_hash[id] = h;
+  while (!__atomic_load_n(&g_release, __ATOMIC_ACQUIRE)) sched_yield();
+  return NULL;
+}
+
+int main(int argc, char** argv) {
+  if (argc != 4) {
+    fprintf(stderr, "usage: %s THREADS ROUNDS RELEASE\n", argv[0]);
+    return 2;
+  }
+  int n = atoi(argv[1]);
+  g_rounds = atol(argv[2]);
+  if (n < 1 || n > 64 || g_rounds < 1) {
+    fprintf(stderr, "THREADS must be 1..64, ROUNDS positive\n");
+    return 2;
+  }
+  pthread_t t[64];
+  for (long i = 0; i < n; ++i) pthread_create(&t[i], NULL, worker, (void*)i);
+  while (access(argv[3], F_OK) != 0) usleep(10000);
+  __atomic_store_n(&g_release, 1, __ATOMIC_RELEASE);
+  for (int i = 0; i < n; ++i) pthread_join(t[i], NULL);
+  for (int i = 0; i < n; ++i) printf("worker %d: %.17g %016lx\n", i, g_fp[i], g_hash[i]);
+  return 0;
+}
