@@ -75,14 +75,16 @@ absl::Status Exchange(const std::string& socket_path, const wire::RegionAttach& 
 }  // namespace
 
 absl::Status AttachRegion(const std::string& socket_path, uint32_t region, void* base,
-                          size_t length) {
+                          size_t length, bool shared) {
   const uintptr_t b = reinterpret_cast<uintptr_t>(base);
   if (!IsPageAligned(b) || !IsPageAligned(length) || length == 0) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "stretch_attach: [%p, +0x%x) is not a non-empty page-aligned range", base, length));
   }
-  void* p = mmap(base, length, PROT_READ | PROT_WRITE,
-                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE | MAP_NORESERVE, -1, 0);
+  void* p = mmap(
+      base, length, PROT_READ | PROT_WRITE,
+      (shared ? MAP_SHARED : MAP_PRIVATE) | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE | MAP_NORESERVE, -1,
+      0);
   if (p == MAP_FAILED) {
     return ErrnoStatus(errno, absl::StrFormat("stretch_attach: mmap at %p", base));
   }
@@ -108,6 +110,7 @@ absl::Status AttachRegion(const std::string& socket_path, uint32_t region, void*
   ra.base = b;
   ra.length = length;
   ra.pid = static_cast<uint32_t>(getpid());
+  ra.flags = shared ? wire::kRegionManual : 0;
   absl::Status s = Exchange(socket_path, ra, uffd.get());
   if (!s.ok()) return fail(s);
   // The agent (and its keeper) hold the uffd; ours would only keep the ranges registered if the
@@ -137,7 +140,16 @@ extern "C" int stretch_detach(const char* socket_path, uint32_t region, char* er
 
 extern "C" int stretch_attach(const char* socket_path, uint32_t region, void* base, size_t length,
                               char* err, size_t err_len) {
-  absl::Status s = stretch::engine::AttachRegion(socket_path, region, base, length);
+  absl::Status s = stretch::engine::AttachRegion(socket_path, region, base, length, false);
+  if (err_len > 0) {
+    std::snprintf(err, err_len, "%s", s.ok() ? "" : std::string(s.message()).c_str());
+  }
+  return s.ok() ? 0 : -1;
+}
+
+extern "C" int stretch_attach_shared(const char* socket_path, uint32_t region, void* base,
+                                     size_t length, char* err, size_t err_len) {
+  absl::Status s = stretch::engine::AttachRegion(socket_path, region, base, length, true);
   if (err_len > 0) {
     std::snprintf(err, err_len, "%s", s.ok() ? "" : std::string(s.message()).c_str());
   }

@@ -26,6 +26,12 @@ extern "C" {
 int stretch_attach(const char* socket_path, uint32_t region, void* base, size_t length, char* err,
                    size_t err_len);
 
+/* The same with the region mapped MAP_SHARED (shmem, as manual mode's regions): the agent
+ * invalidates its pages by punching holes (MADV_REMOVE), since dropping a shared mapping's
+ * page-table entries would leave the page in the page cache. */
+int stretch_attach_shared(const char* socket_path, uint32_t region, void* base, size_t length,
+                          char* err, size_t err_len);
+
 /* Gives the region back before the process exits: every page this process holds a copy of is
  * returned to the directory (modified ones with their contents), so the other nodes can still
  * read them after this process is gone. The region must not be touched afterwards. A process
@@ -43,7 +49,7 @@ int stretch_detach(const char* socket_path, uint32_t region, char* err, size_t e
 namespace stretch::engine {
 // The same, for C++ callers, with the reason as a Status.
 absl::Status AttachRegion(const std::string& socket_path, uint32_t region, void* base,
-                          size_t length);
+                          size_t length, bool shared = false);
 absl::Status DetachRegion(const std::string& socket_path, uint32_t region);
 }  // namespace stretch::engine
 #endif

@@ -119,6 +119,21 @@ TEST_P(EngineTest, StressHasNoStaleReads) {
   for (int i = 0; i < 3; ++i) EXPECT_THAT(out[i], HasSubstr(absl::StrCat("node ", i, " stale 0")));
 }
 
+// MAP_SHARED regions (shmem, as manual mode's): pages are invalidated by punching holes, and
+// the same protocol guarantees hold.
+TEST_P(EngineTest, SharedRegionCounter) {
+  ASSERT_NO_FATAL_FAILURE(StartCluster(2));
+  auto out = RunAll("counter", {"--iters=1000", "--shared"});
+  EXPECT_EQ(out[0], "counter 2000\n");
+  EXPECT_GT(agents_[0]->stats().pages_dropped.Get() + agents_[1]->stats().pages_dropped.Get(), 0u);
+}
+
+TEST_P(EngineTest, SharedRegionStressHasNoStaleReads) {
+  ASSERT_NO_FATAL_FAILURE(StartCluster(3));
+  auto out = RunAll("stress", {"--iters=10000", "--pages=16", "--shared"});
+  for (int i = 0; i < 3; ++i) EXPECT_THAT(out[i], HasSubstr(absl::StrCat("node ", i, " stale 0")));
+}
+
 INSTANTIATE_TEST_SUITE_P(Transports, EngineTest, ::testing::Values("tcp", "loopback"));
 
 }  // namespace

@@ -3,7 +3,9 @@
 #include <poll.h>
 #include <signal.h>
 #include <sys/eventfd.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -223,6 +225,7 @@ class NodeAgent::Impl {
     auto att = std::make_unique<Attachment>();
     att->agent = this;
     att->ranges = req.ranges;
+    att->shared = req.shared;
     Target* target;
     {
       absl::MutexLock l(&attach_mu_);
@@ -237,6 +240,10 @@ class NodeAgent::Impl {
 
     uffd::Userfaultfd::Options uo;
     uo.required_features = req.registered ? 0 : UFFD_FEATURE_PAGEFAULT_FLAG_WP;
+    // Shared memory: faults on shmem, and write-protection of it.
+    if (req.shared && !req.registered) {
+      uo.required_features |= UFFD_FEATURE_MISSING_SHMEM | UFFD_FEATURE_WP_HUGETLBFS_SHMEM;
+    }
     uo.optional_features = UFFD_FEATURE_THREAD_ID;
     uo.pid = req.pid;
     uo.stats = &uffd_stats_;
@@ -553,6 +560,7 @@ class NodeAgent::Impl {
     Impl* agent = nullptr;
     Target* target = nullptr;
     std::vector<Range> ranges;
+    bool shared = false;  // MAP_SHARED (shmem): invalidate by punching holes
     bool Contains(uintptr_t a) const {
       for (const Range& r : ranges) {
         if (a >= r.base && a - r.base < r.length) return true;
@@ -775,7 +783,17 @@ class NodeAgent::Impl {
           break;
         }
         case ActionKind::kDropPage: {
-          absl::Status s = att.target->helper->Invalidate({addr});
+          // A shared mapping's page stays in the page cache when its page-table entry goes:
+          // punch a hole instead, so the next access is a MISSING fault again.
+          absl::Status s;
+          if (att.shared) {
+            auto r = att.target->helper->Syscall(SYS_madvise, {addr, kPageSize, MADV_REMOVE});
+            s = !r.ok()   ? r.status()
+                : *r != 0 ? ErrnoStatus(static_cast<int>(-*r), absl::StrCat("madvise(MADV_REMOVE)"))
+                          : absl::OkStatus();
+          } else {
+            s = att.target->helper->Invalidate({addr});
+          }
           VLOG(2) << "node " << self_.value() << " " << page.ToString() << ": drop -> " << s;
           if (!s.ok() && !att.target->pidfd.Exited()) {
             // The copy may still be readable: the process must not continue.
@@ -1250,6 +1268,7 @@ class NodeAgent::Impl {
         req.pid = cred.pid;
         req.uffd = std::move(uffd);
         req.ranges = {Range{ra.region, ra.base, ra.length}};
+        req.shared = (ra.flags & wire::kRegionManual) != 0;
         result = Attach(std::move(req));
       }
     }

@@ -103,6 +103,8 @@ class NodeAgent {
     // The uffd already covers the range in MISSING mode and did its UFFDIO_API (CRIU's); the
     // agent adds WP. Otherwise the agent does the handshake and registers MISSING|WP.
     bool registered = false;
+    // The ranges are MAP_SHARED (shmem): manual mode's regions.
+    bool shared = false;
     // Runs `fn` with a RemoteThread of the process, for the invalidation helper's injection.
     // Default: seize the process's main thread for the duration.
     std::function<absl::Status(std::function<absl::Status(uffd::RemoteThread&)>)> with_thread;

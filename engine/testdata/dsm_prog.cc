@@ -4,6 +4,7 @@
 // that the tests check against a sequential model.
 //
 //   dsm_prog --socket=PATH --node=I --nodes=N --mode=MODE [--iters=K] [--pages=P] [--seed=S]
+//            [--shared]   (a MAP_SHARED region, as manual mode's)
 //
 // Modes: counter (atomic increments of one word), falseshare (each node its own word of one
 // page), pingpong (two nodes alternate on one page), pages (each node fills its pages, all
@@ -66,6 +67,7 @@ uint8_t Fill(int page, int byte) { return static_cast<uint8_t>(page * 31 + byte 
 
 int main(int argc, char** argv) {
   std::string socket, mode;
+  bool shared = false;  // MAP_SHARED region (stretch_attach_shared)
   long iters = 1000, pages = 64, seed = 1;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
@@ -84,6 +86,8 @@ int main(int argc, char** argv) {
       pages = atol(val("--pages=").c_str());
     else if (a.rfind("--seed=", 0) == 0)
       seed = atol(val("--seed=").c_str());
+    else if (a == "--shared")
+      shared = true;
     else {
       fprintf(stderr, "dsm_prog: unknown argument %s\n", argv[i]);
       return 2;
@@ -95,8 +99,8 @@ int main(int argc, char** argv) {
   }
   char err[512];
   size_t length = (kDataPage0 + pages) * kPage;
-  if (stretch_attach(socket.c_str(), 1, reinterpret_cast<void*>(kBase), length, err, sizeof(err)) !=
-      0) {
+  auto attach = shared ? stretch_attach_shared : stretch_attach;
+  if (attach(socket.c_str(), 1, reinterpret_cast<void*>(kBase), length, err, sizeof(err)) != 0) {
     fprintf(stderr, "dsm_prog: %s\n", err);
     return 3;
   }
