@@ -267,8 +267,10 @@ class DirectoryServer::Impl {
     } else if (auto* as = std::get_if<wire::AddressSpace>(&m)) {
       OnAddressSpace(peer, *id, *as);
     } else if (auto* tc = std::get_if<wire::ThreadControl>(&m);
-               tc != nullptr && tc->action == wire::ThreadAction::kSignal) {
+               tc != nullptr && (tc->action == wire::ThreadAction::kSignal ||
+                                 tc->action == wire::ThreadAction::kExited)) {
       // A signal for a thread the sender does not run: the node that runs it delivers it.
+      // A thread's exit (manual mode): every other node mirrors it in its replica.
       for (const auto& [other, n] : nodes_) {
         if (n.alive && other != *id) SendTo(n.peer, *tc);
       }

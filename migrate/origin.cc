@@ -9,6 +9,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
@@ -69,7 +70,27 @@ namespace {
 
 // What a process holds that Stretch cannot move, named for the user (CRIU's own refusal is
 // the fallback for anything not listed).
-absl::Status CheckMigratable(pid_t pid) {
+absl::Status CheckMigratable(pid_t pid, bool manual) {
+  if (manual) {
+    // A MAP_SHARED anonymous mapping shows as "/dev/zero (deleted)" (or a memfd, SysV shm).
+    std::ifstream maps(absl::StrCat("/proc/", pid, "/maps"));
+    std::string line;
+    bool shared = false;
+    while (std::getline(maps, line)) {
+      std::vector<std::string> f = absl::StrSplit(line, ' ', absl::SkipEmpty());
+      if (f.size() >= 2 && f[1].size() == 4 && f[1][3] == 's' &&
+          (f.size() < 6 || absl::StartsWith(f[5], "/dev/zero") ||
+           absl::StartsWith(f[5], "/memfd:") || absl::StartsWith(f[5], "/SYSV"))) {
+        shared = true;
+      }
+    }
+    if (!shared) {
+      return absl::FailedPreconditionError(
+          "manual mode: it has no MAP_SHARED anonymous mapping at its migration point, so nothing "
+          "would be shared between nodes (map shared data with mmap(MAP_SHARED | MAP_ANONYMOUS) "
+          "before creating the threads, or use automatic mode)");
+    }
+  }
   const std::string dir = absl::StrCat("/proc/", pid, "/fd");
   DIR* d = opendir(dir.c_str());
   if (d == nullptr) return absl::OkStatus();
@@ -264,7 +285,7 @@ absl::StatusOr<OriginResult> RunOrigin(const OriginOptions& options) {
     }
   }
   sup.reset();
-  if (absl::Status movable = CheckMigratable(app.pid()); !movable.ok()) {
+  if (absl::Status movable = CheckMigratable(app.pid(), options.manual); !movable.ok()) {
     return FinishHere(app, forward, deadline, std::move(movable));
   }
   Criu criu(options.criu);

@@ -38,6 +38,9 @@ struct OriginOptions {
   // Signals the caller keeps blocked that, when pending, go to the program (as they would
   // natively: to its handler, or ending it) while it runs here; e.g. SIGINT, SIGTERM.
   std::vector<int> forward_signals;
+  // Manual mode: the program must have a MAP_SHARED anonymous mapping at the migration point
+  // (the only memory shared between nodes), else it is not migrated.
+  bool manual = false;
   // Upper bound for reaching the migration point or exiting, and for the dump.
   absl::Duration timeout = absl::Hours(24 * 365);
 };

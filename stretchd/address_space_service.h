@@ -53,8 +53,9 @@ class AddressSpaceService {
   // The system calls the replica's filter must trace for OnSyscall.
   static std::vector<int> TracedCalls();
 
-  static absl::StatusOr<std::unique_ptr<AddressSpaceService>> Start(
-      engine::NodeAgent* agent, ThreadSupervisor* supervisor, pid_t pid);
+  static absl::StatusOr<std::unique_ptr<AddressSpaceService>> Start(engine::NodeAgent* agent,
+                                                                    ThreadSupervisor* supervisor,
+                                                                    pid_t pid);
   ~AddressSpaceService();
 
   // Tracer thread: `tid` is in a seccomp stop at one of TracedCalls() with `regs`. Returns

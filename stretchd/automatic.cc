@@ -207,6 +207,7 @@ int RunLauncher(const LaunchOptions& o) {
   oo.images_dir = work + "/images";
   oo.criu = o.criu;
   oo.migrate_at_threads = o.migrate_at_threads;
+  oo.manual = o.manual;
   oo.forward_signals = {SIGINT, SIGTERM};
   auto origin = RunOrigin(oo);
   if (!origin.ok()) {
@@ -322,6 +323,7 @@ int RunLauncher(const LaunchOptions& o) {
               absl::StrCat("--stats_json=", work, "/node", i, ".json"),
               absl::StrCat("--criu=", o.criu.binary)};
     if (!VLOG_IS_ON(1)) a.argv.push_back("--minloglevel=1");
+    if (o.manual) a.argv.push_back("--manual");
     a.control_fd = sv[1];
     if (cluster) a.netns = cluster->path(i);
     if (i < static_cast<int>(o.node_cpus.size())) a.cpus = o.node_cpus[i];
@@ -621,6 +623,7 @@ int RunReplicaAgent(const ReplicaAgentOptions& o) {
   ro.work_dir = o.work_dir;
   ro.criu = o.criu;
   ro.run_threads.assign(o.run_threads.begin(), o.run_threads.end());
+  ro.manual = o.manual;
   auto replica = Replica::Restore(agent->get(), ro);
   if (!replica.ok()) return report_error(std::string(replica.status().message()));
   SendLine(ctl, absl::StrCat("ready ", (*replica)->threads_run()));

@@ -43,6 +43,9 @@ struct LaunchOptions {
   // share one malloc arena. Off by default: per-thread arenas keep threads on different nodes
   // off each other's heap pages (word_count runs 3x faster on two nodes).
   bool one_malloc_arena = false;
+  // Manual mode: only the program's MAP_SHARED anonymous mappings are coherent; the rest of
+  // its memory is copied at migration and node-private after it.
+  bool manual = false;
   // Where `stretchd migrate` reaches this run (a Unix socket); empty: WORK_DIR/control.sock.
   std::string control_socket;
   // Optional, per node: the CPUs its agent, CRIU and replica run on (node i: node_cpus[i]).
@@ -61,6 +64,7 @@ struct ReplicaAgentOptions {
   std::string images_dir;
   std::string work_dir;
   std::vector<int> run_threads;
+  bool manual = false;
   std::string stats_json;
   CriuOptions criu;
   int control_fd = 3;

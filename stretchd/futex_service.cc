@@ -28,11 +28,12 @@ constexpr uint32_t kAnyBit = FUTEX_BITSET_MATCH_ANY;
 class FutexService::Impl {
  public:
   Impl(engine::NodeAgent* agent, UniqueFd listener, pid_t pid,
-       std::function<ThreadId(pid_t)> thread_of)
+       std::function<ThreadId(pid_t)> thread_of, std::function<bool(uint64_t)> is_shared)
       : agent_(agent),
         listener_(std::move(listener)),
         memory_(pid),
-        thread_of_(std::move(thread_of)) {}
+        thread_of_(std::move(thread_of)),
+        is_shared_(std::move(is_shared)) {}
 
   absl::Status Start() {
     wake_.reset(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
@@ -200,6 +201,12 @@ class FutexService::Impl {
       return;
     }
     const uint64_t uaddr = n.args[0];
+    if (is_shared_ && !is_shared_(uaddr)) {
+      // Node-private memory (manual mode): the local kernel's futex is the right one.
+      stats_.local.Add();
+      (void)listener_.Continue(n.id);
+      return;
+    }
     const int op = static_cast<int>(n.args[1]);
     const int cmd = op & FUTEX_CMD_MASK;
     const uint32_t val = static_cast<uint32_t>(n.args[2]);
@@ -283,6 +290,7 @@ class FutexService::Impl {
   SeccompListener listener_;
   uffd::RemoteMemory memory_;
   std::function<ThreadId(pid_t)> thread_of_;
+  std::function<bool(uint64_t)> is_shared_;  // null: every address is the cluster's
   UniqueFd wake_;
   std::thread thread_;
   std::atomic<bool> stop_{false};
@@ -299,8 +307,9 @@ FutexService::~FutexService() = default;
 
 absl::StatusOr<std::unique_ptr<FutexService>> FutexService::Start(
     engine::NodeAgent* agent, UniqueFd listener, pid_t pid,
-    std::function<ThreadId(pid_t)> thread_of) {
-  auto impl = std::make_unique<Impl>(agent, std::move(listener), pid, std::move(thread_of));
+    std::function<ThreadId(pid_t)> thread_of, std::function<bool(uint64_t)> is_shared) {
+  auto impl = std::make_unique<Impl>(agent, std::move(listener), pid, std::move(thread_of),
+                                     std::move(is_shared));
   STRETCH_RETURN_IF_ERROR(impl->Start());
   return std::unique_ptr<FutexService>(new FutexService(std::move(impl)));
 }

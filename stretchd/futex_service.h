@@ -35,16 +35,18 @@ struct FutexStats {
   Counter mismatch;  // waits that returned EAGAIN (the word had changed)
   Counter timeouts;
   Counter unsupported;
+  Counter local;  // calls on node-private memory, left to the local kernel (manual mode)
 };
 
 class FutexService {
  public:
   // `listener`: the replica's seccomp listener; `pid`: the replica (for reading futex words
   // and timeouts); `thread_of`: maps a notification's tid (our namespace) to the thread id used
-  // in messages.
+  // in messages. `is_shared`, if given, says which futex addresses are cluster-wide; calls on
+  // the others go to the local kernel as if not intercepted (manual mode's private memory).
   static absl::StatusOr<std::unique_ptr<FutexService>> Start(
       engine::NodeAgent* agent, UniqueFd listener, pid_t pid,
-      std::function<ThreadId(pid_t)> thread_of);
+      std::function<ThreadId(pid_t)> thread_of, std::function<bool(uint64_t)> is_shared = nullptr);
   ~FutexService();
 
   const FutexStats& stats() const;

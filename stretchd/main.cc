@@ -6,7 +6,6 @@
 //   version  print the version
 // gflags are defined only here; libraries take Options structs.
 #include <poll.h>
-#include <poll.h>
 #include <signal.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
@@ -75,6 +74,10 @@ DEFINE_string(work_dir, "", "run: keep the checkpoint, logs and output files in 
 DEFINE_string(control, "",
               "run: where `stretchd migrate` reaches this run (Unix socket; default "
               "WORK_DIR/control.sock, logged at start); migrate: the run's control socket");
+DEFINE_bool(manual, false,
+            "run: manual mode: only the program's MAP_SHARED anonymous mappings (present at "
+            "migration) are coherent across nodes, each sync object on its own page; the rest of "
+            "its memory is copied at migration and private to each node after it");
 DEFINE_int32(thread, 0, "migrate: the thread to move (its id inside the program, as gettid())");
 DEFINE_int32(to, -1, "migrate: the node to move it to");
 DEFINE_string(replica_images, "", "node (internal, used by run): restore a replica from here");
@@ -130,7 +133,7 @@ const std::vector<Subcommand>& Subcommands() {
        "--node=N [--server=IP:PORT] [--listen=IP:PORT] [--attach_socket=PATH] [--transport=tcp] "
        "[--fault_cpu=C] [--stats_json=FILE]",
        {"node", "server", "listen", "attach_socket", "transport", "fault_cpu", "stats_json",
-        "replica_images", "replica_work", "run_threads", "criu"},
+        "replica_images", "replica_work", "run_threads", "criu", "manual"},
        RunNode},
       {"stats",
        "Print the server's statistics (per node and totals) as JSON.",
@@ -145,7 +148,7 @@ const std::vector<Subcommand>& Subcommands() {
        "[--nodes=N] [--transport=tcp] [--stats_json=FILE] [--migrate_at_threads=K] "
        "[--migrate_threads=T,T] [--work_dir=DIR] [--nonetns] -- PROG ARGS...",
        {"nodes", "transport", "stats_json", "migrate_at_threads", "migrate_threads", "work_dir",
-        "netns", "one_malloc_arena", "node_cpus", "criu", "control"},
+        "netns", "one_malloc_arena", "node_cpus", "criu", "control", "manual"},
        RunRun},
       {"migrate",
        "Move a thread of a program running under `stretchd run` to another node (its registers, "
@@ -345,6 +348,7 @@ int RunNode(const std::vector<std::string>& args) {
     r.images_dir = FLAGS_replica_images;
     r.work_dir = FLAGS_replica_work;
     r.stats_json = FLAGS_stats_json;
+    r.manual = FLAGS_manual;
     r.criu.binary = CriuPath();
     if (!ParseIntList(FLAGS_run_threads, &r.run_threads)) {
       std::fprintf(stderr, "stretchd node: bad --run_threads '%s'\n", FLAGS_run_threads.c_str());
@@ -511,6 +515,7 @@ int RunRun(const std::vector<std::string>& args) {
   o.netns = FLAGS_netns;
   o.one_malloc_arena = FLAGS_one_malloc_arena;
   o.control_socket = FLAGS_control;
+  o.manual = FLAGS_manual;
   if (!FLAGS_node_cpus.empty()) {
     const long ncpu = sysconf(_SC_NPROCESSORS_CONF);
     for (absl::string_view node : absl::StrSplit(FLAGS_node_cpus, ';')) {

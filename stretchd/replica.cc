@@ -2,6 +2,7 @@
 
 #include <elf.h>
 #include <fcntl.h>
+#include <linux/futex.h>
 #include <linux/sched.h>
 #include <poll.h>
 #include <sched.h>
@@ -38,6 +39,7 @@
 #include "stretchd/address_space_service.h"
 #include "uffd/inject.h"
 #include "uffd/process.h"
+#include "uffd/takeover.h"
 #include "uffd/uffd_compat.h"
 #include "uffd/userfaultfd.h"
 
@@ -103,6 +105,14 @@ class RestoreServer {
   std::thread thread_;
 };
 
+// A MAP_SHARED anonymous mapping (shmem): "/dev/zero (deleted)" as mmap makes it, or a
+// memfd or SysV segment.
+bool IsSharedAnonymous(const ReplicaMapping& m) {
+  if (m.perms.size() < 4 || m.perms[3] != 's') return false;
+  return absl::StartsWith(m.path, "/dev/zero") || absl::StartsWith(m.path, "/memfd:") ||
+         absl::StartsWith(m.path, "/SYSV") || m.path.empty();
+}
+
 bool IsSpecial(const std::string& path) {
   return path == "[vvar]" || path == "[vdso]" || path == "[vsyscall]" || path == "[vvar_vclock]";
 }
@@ -122,9 +132,11 @@ int ProtOf(const std::string& perms) {
 // cluster-wide before it happens), and the invalidation helper's own calls (from its code page)
 // pass untouched. The filter program is written into a page mapped for the purpose.
 absl::StatusOr<UniqueFd> InstallFilter(uffd::RemoteThread& thread, const uffd::Pidfd& pidfd,
-                                       uintptr_t helper_code, uintptr_t helper_syscall) {
+                                       uintptr_t helper_code, uintptr_t helper_syscall,
+                                       bool address_space = true) {
   uffd::RemoteMemory memory(pidfd.pid());
-  std::vector<int> traced = AddressSpaceService::TracedCalls();
+  std::vector<int> traced;
+  if (address_space) traced = AddressSpaceService::TracedCalls();
   traced.push_back(SYS_exit);
   traced.push_back(SYS_tgkill);
   traced.push_back(SYS_tkill);
@@ -311,6 +323,128 @@ absl::StatusOr<std::unique_ptr<Replica>> Replica::Restore(engine::NodeAgent* age
         },
         deadline));
   }
+  if (options.manual) {
+    // Manual mode. Private memory: every page the checkpoint holds is copied in now and CRIU's
+    // uffd let go, so it is plain node-private memory from here on. Shared anonymous mappings
+    // (shmem) are the coherent ranges: their restored contents seed the server, the agent
+    // serves them through a uffd of our own (shmem needs features CRIU's lacks), and they
+    // start empty.
+    STRETCH_ASSIGN_OR_RETURN(
+        auto criu_uffd,
+        uffd::Userfaultfd::Adopt(UniqueFd(fcntl(uffd.get(), F_DUPFD_CLOEXEC, 0)), {}));
+    UniqueFd shared_uffd;
+    STRETCH_RETURN_IF_ERROR(r->supervisor_->RunStopped(
+        pid,
+        [&](pid_t tid) -> absl::Status {
+          uffd::RemoteMemory memory(pid);
+          for (const ReplicaMapping& m : maps) {
+            if (IsSpecial(m.path)) continue;
+            const size_t len = m.end - m.start;
+            if (IsSharedAnonymous(m)) {
+              std::vector<uint8_t> bytes(len);
+              uffd::RemoteIo io{m.start, bytes.data(), len};
+              STRETCH_RETURN_IF_ERROR(memory.Read({&io, 1}));
+              seeds.emplace_back(m.start, std::move(bytes));
+              ranges.push_back({RegionId(0), m.start, len});
+              continue;
+            }
+            if (!m.uffd_missing) continue;
+            for (uintptr_t page = m.start; page < m.end; page += kPageSize) {
+              auto content = mem.Find(page);
+              if (!content) continue;
+              uffd::UffdResult c = criu_uffd->Copy(page, content->data(), kPageSize);
+              if (!c.ok() && c.code != uffd::UffdResult::kExists) {
+                return c.ToStatus("UFFDIO_COPY (manual mode, private memory)", page);
+              }
+            }
+            STRETCH_RETURN_IF_ERROR(criu_uffd->Unregister(m.start, len));
+          }
+          if (ranges.empty()) return absl::OkStatus();
+          STRETCH_ASSIGN_OR_RETURN(auto thread, uffd::RemoteThread::Adopt(tid));
+          uffd::Userfaultfd::Options uo;
+          uo.required_features = UFFD_FEATURE_PAGEFAULT_FLAG_WP | UFFD_FEATURE_MISSING_SHMEM |
+                                 UFFD_FEATURE_WP_HUGETLBFS_SHMEM;
+          uo.optional_features = UFFD_FEATURE_THREAD_ID;
+          STRETCH_ASSIGN_OR_RETURN(auto own, uffd::OpenUffdInTarget(*thread, uo));
+          shared_uffd.reset(fcntl(own->fd(), F_DUPFD_CLOEXEC, 0));
+          return absl::OkStatus();
+        },
+        deadline));
+    server.Stop();
+    criu_uffd.reset();
+    uffd.reset();
+    if (ranges.empty()) {
+      return absl::FailedPreconditionError(
+          "manual mode: the program has no MAP_SHARED anonymous mapping at its migration point, "
+          "so nothing would be shared between nodes (map the shared data with "
+          "mmap(MAP_SHARED | MAP_ANONYMOUS) before creating the threads, or use automatic mode)");
+    }
+    std::sort(ranges.begin(), ranges.end(),
+              [](const auto& a, const auto& b) { return a.base < b.base; });
+    for (size_t i = 0; i < ranges.size(); ++i)
+      ranges[i].region = RegionId(static_cast<uint32_t>(i + 1));
+    engine::NodeAgent::AttachRequest req;
+    req.pid = pid;
+    req.uffd = std::move(shared_uffd);
+    req.ranges = ranges;
+    req.registered = false;
+    req.shared = true;
+    ThreadSupervisor* sup = r->supervisor_.get();
+    req.with_thread = [sup, pid](std::function<absl::Status(uffd::RemoteThread&)> fn) {
+      return sup->RunStopped(
+          pid,
+          [&fn](pid_t tid) -> absl::Status {
+            STRETCH_ASSIGN_OR_RETURN(auto thread, uffd::RemoteThread::Adopt(tid));
+            return fn(*thread);
+          },
+          absl::Now() + absl::Seconds(10));
+    };
+    STRETCH_RETURN_IF_ERROR(agent->Attach(std::move(req)));
+    for (const auto& [base, bytes] : seeds) STRETCH_RETURN_IF_ERROR(agent->SeedPages(base, bytes));
+    // Empty them: the next access to any page is a fault the directory answers.
+    for (const auto& range : ranges) {
+      STRETCH_ASSIGN_OR_RETURN(
+          int64_t removed,
+          agent->HelperSyscall(pid, SYS_madvise, {range.base, range.length, MADV_REMOVE, 0, 0, 0}));
+      if (removed != 0) {
+        return ErrnoStatus(static_cast<int>(-removed), "madvise(MADV_REMOVE) of a shared range");
+      }
+    }
+    STRETCH_ASSIGN_OR_RETURN(uintptr_t helper_code, agent->HelperCodePage(pid));
+    STRETCH_ASSIGN_OR_RETURN(uintptr_t helper_syscall, agent->HelperSyscallSite(pid));
+    STRETCH_RETURN_IF_ERROR(r->supervisor_->RunStopped(
+        pid,
+        [&](pid_t tid) -> absl::Status {
+          STRETCH_ASSIGN_OR_RETURN(auto thread, uffd::RemoteThread::Adopt(tid));
+          STRETCH_ASSIGN_OR_RETURN(
+              seccomp_listener, InstallFilter(*thread, pidfd, helper_code, helper_syscall, false));
+          return absl::OkStatus();
+        },
+        deadline));
+    std::vector<engine::NodeAgent::Range> shared = ranges;
+    STRETCH_ASSIGN_OR_RETURN(
+        r->futexes_, FutexService::Start(
+                         agent, std::move(seccomp_listener), pid,
+                         [self](pid_t tid) { return self->ThreadOf(tid); },
+                         [shared](uint64_t address) {
+                           for (const auto& range : shared) {
+                             if (address >= range.base && address - range.base < range.length)
+                               return true;
+                           }
+                           return false;
+                         }));
+    {
+      absl::MutexLock l(&r->mu_);
+      r->attached_ = true;
+    }
+    agent->SetThreadControlHandler(
+        [self](const wire::ThreadControl& tc) { self->OnThreadControl(tc); });
+    LOG(INFO) << "replica pid " << pid << " (manual mode): restored, " << ranges.size()
+              << " shared ranges, " << r->run_.size() << " of " << r->supervisor_->Threads().size()
+              << " threads run here";
+    return r;
+  }
+
   STRETCH_RETURN_IF_ERROR(r->supervisor_->RunStopped(
       pid,
       [&](pid_t tid) -> absl::Status {
@@ -497,6 +631,39 @@ void Replica::EmulateSetAffinity(pid_t tid, struct user_regs_struct& regs) {
 }
 
 void Replica::OnThreadControl(const wire::ThreadControl& tc) {
+  if (tc.action == wire::ThreadAction::kExited && options_.manual) {
+    // Manual mode: a thread ended on another node. Its copy here never runs; do what this
+    // kernel would have done at its exit, so that a pthread_join here returns: clear its tid
+    // word and wake the word's waiters (from the helper thread: the same address space).
+    pid_t ours = 0;
+    uint64_t ctid = 0;
+    {
+      absl::MutexLock l(&mu_);
+      for (const auto& [t, address] : ctid_) {
+        auto it = inner_tid_.find(t);
+        if (it != inner_tid_.end() && it->second == static_cast<pid_t>(tc.thread.value())) {
+          ours = t;
+          ctid = address;
+        }
+      }
+    }
+    if (ours == 0) {
+      // inner_tid_ fills lazily: look the thread up by its namespace id.
+      for (pid_t t : supervisor_->Threads()) {
+        if (ThreadOf(t) == tc.thread) {
+          ours = t;
+          absl::MutexLock l(&mu_);
+          ctid = ctid_[t];
+        }
+      }
+    }
+    if (ours == 0 || ctid == 0) return;
+    uint32_t zero = 0;
+    uffd::RemoteIo io{ctid, &zero, sizeof(zero)};
+    if (!uffd::RemoteMemory(pid_).Write({&io, 1}).ok()) return;
+    (void)agent_->HelperSyscall(pid_, SYS_futex, {ctid, FUTEX_WAKE, INT32_MAX, 0, 0, 0});
+    return;
+  }
   if (tc.action != wire::ThreadAction::kSignal) return;
   absl::MutexLock l(&mu_);
   auto it = runs_here_.find(static_cast<pid_t>(tc.thread.value()));
@@ -576,6 +743,21 @@ bool Replica::OnSeccomp(pid_t tid) {
 void Replica::OnThreadExitCall(pid_t tid) {
   struct user_regs_struct regs;
   if (ptrace(PTRACE_GETREGS, tid, 0, &regs) != 0 || regs.orig_rax != SYS_exit) return;
+  if (options_.manual) {
+    // The thread's descriptor is node-private memory: this kernel clears and wakes it here;
+    // the other nodes are told, and do the same in their replicas (OnThreadControl).
+    {
+      absl::MutexLock l(&mu_);
+      if (!attached_ || exit_published_[tid]) return;
+      exit_published_[tid] = true;
+    }
+    wire::ThreadControl tc;
+    tc.thread = ThreadOf(tid);
+    tc.node = agent_->node();
+    tc.action = wire::ThreadAction::kExited;
+    (void)agent_->SendToServer(tc);
+    return;
+  }
   uint64_t ctid;
   {
     absl::MutexLock l(&mu_);

@@ -45,6 +45,8 @@ struct ReplicaOptions {
   CriuOptions criu;
   // Threads this node runs, as tids in the program's PID namespace; the others stay parked.
   std::vector<pid_t> run_threads;
+  // Manual mode: only MAP_SHARED anonymous mappings are coherent (see LaunchOptions::manual).
+  bool manual = false;
 };
 
 // A private writable mapping of the replica.

@@ -243,6 +243,38 @@ TEST_F(RunTest, WorkloadsPrintTheNativeResult) {
   }
 }
 
+// Manual mode: k-means and matrix multiply keep their shared data and each synchronization
+// object on pages of MAP_SHARED memory (--manual in the workloads); only that memory is
+// coherent, the rest is copied at migration. Same output as natively, on two and three nodes.
+TEST_F(RunTest, ManualModeSharesTheMapSharedMemory) {
+  for (const int nodes : {2, 3}) {
+    for (const std::vector<std::string>& w :
+         {std::vector<std::string>{"kmeans", "--size=8000"}, {"matrix_multiply", "--size=120"}}) {
+      std::vector<std::string> prog = {Runfile("experiments/workloads/" + w[0]), w[1],
+                                       "--threads=4", "--manual"};
+      auto [native, stretch] =
+          Both(prog, {absl::StrCat("--nodes=", nodes), "--manual", "--migrate_at_threads=5"});
+      const std::string what = absl::StrCat(w[0], " on ", nodes, " nodes");
+      EXPECT_EQ(stretch.status.ToString(), "exit status 0") << what << ": " << stretch.err;
+      EXPECT_EQ(stretch.out, native.out) << what;
+      EXPECT_THAT(last_stats_, HasSubstr("\"migrated\":true")) << what;
+      auto threads = ThreadsRun();
+      ASSERT_EQ(threads.size(), static_cast<size_t>(nodes)) << what << ": " << last_stats_;
+      for (int t : threads) EXPECT_GT(t, 0) << what << ": " << last_stats_;
+      int64_t fetched = 0;
+      for (int64_t f : Numbers("pages_fetched")) fetched += f;
+      EXPECT_GT(fetched, 0) << what;
+    }
+  }
+  // A program without shared memory is not migrated in manual mode, and says why.
+  auto [native, stretch] =
+      Both({Runfile("experiments/workloads/kmeans"), "--size=8000", "--threads=4"}, {"--manual"});
+  EXPECT_EQ(stretch.status.ToString(), "exit status 0") << stretch.err;
+  EXPECT_EQ(stretch.out, native.out);
+  EXPECT_THAT(stretch.err, HasSubstr("manual mode: it has no MAP_SHARED anonymous mapping"));
+  EXPECT_THAT(last_stats_, HasSubstr("\"migrated\":false"));
+}
+
 TEST_F(RunTest, ExitStatusAndFatalSignalsAreNative) {
   auto [native, stretch] =
       Both({Runfile("experiments/workloads/sync_torture"), "--test=exit", "--threads=3"},

@@ -7,8 +7,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
 #include <unistd.h>
+
+static int g_manual; /* --manual: wl_alloc maps shared memory */
 
 static long parse_long(const char* flag, const char* v) {
   char* end = NULL;
@@ -29,6 +32,7 @@ void wl_parse(int argc, char** argv, wl_args* a, long default_size, int default_
   a->iterations = default_iterations;
   a->pin = 0;
   a->per_phase = 0;
+  a->manual = 0;
   for (int i = 1; i < argc; ++i) {
     const char* s = argv[i];
     const char* eq = strchr(s, '=');
@@ -36,6 +40,8 @@ void wl_parse(int argc, char** argv, wl_args* a, long default_size, int default_
       a->pin = 1;
     } else if (!strcmp(s, "--per_phase")) {
       a->per_phase = 1;
+    } else if (!strcmp(s, "--manual")) {
+      a->manual = 1;
     } else if (eq && !strncmp(s, "--threads=", 10)) {
       a->threads = (int)parse_long("--threads", eq + 1);
     } else if (eq && !strncmp(s, "--size=", 7)) {
@@ -53,6 +59,11 @@ void wl_parse(int argc, char** argv, wl_args* a, long default_size, int default_
     fprintf(stderr, "--threads must be 1..1024, --size and --iterations positive\n");
     exit(2);
   }
+  if (a->manual && a->per_phase) {
+    fprintf(stderr, "--manual works with the worker pool, not --per_phase\n");
+    exit(2);
+  }
+  g_manual = a->manual;
 }
 
 double wl_now_ms(void) {
@@ -65,13 +76,35 @@ void wl_report_time(const char* phase, double start_ms) {
   fprintf(stderr, "time_ms %s %.3f\n", phase, wl_now_ms() - start_ms);
 }
 
+/* Shared allocations keep their size just before the (page-aligned) block. */
+#define WL_PAGE 4096
 void* wl_alloc(size_t bytes) {
+  if (g_manual) {
+    size_t total = (bytes + WL_PAGE + WL_PAGE - 1) / WL_PAGE * WL_PAGE;
+    char* m = mmap(NULL, total, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    if (m == MAP_FAILED) {
+      fprintf(stderr, "mmap of %zu shared bytes: %s\n", total, strerror(errno));
+      exit(1);
+    }
+    *(size_t*)m = total;
+    return m + WL_PAGE;
+  }
   void* p = malloc(bytes);
   if (p == NULL) {
     fprintf(stderr, "out of memory allocating %zu bytes\n", bytes);
     exit(1);
   }
   return p;
+}
+
+void wl_free(void* p) {
+  if (p == NULL) return;
+  if (g_manual) {
+    char* m = (char*)p - WL_PAGE;
+    munmap(m, *(size_t*)m);
+    return;
+  }
+  free(p);
 }
 
 /* Phoenix pins each worker at every phase and gives up if the kernel refuses. */
@@ -86,13 +119,15 @@ static void pin_worker(int i) {
   }
 }
 
+/* Each synchronization object on a page of its own (manual mode's rule; it also keeps the
+ * workers' condition variable off the page main's counters are written on). */
 struct wl_pool {
-  const wl_args* args;
+  _Alignas(WL_PAGE) pthread_mutex_t mu;
+  _Alignas(WL_PAGE) pthread_cond_t start;
+  _Alignas(WL_PAGE) pthread_cond_t done;
+  _Alignas(WL_PAGE) const wl_args* args;
   int n;
   pthread_t* threads;
-  pthread_mutex_t mu;
-  pthread_cond_t start;
-  pthread_cond_t done;
   long generation; /* phases started */
   int remaining;   /* workers still running the current phase */
   int stop;
@@ -126,12 +161,18 @@ static void* pool_worker(void* p) {
     if (--pool->remaining == 0) pthread_cond_signal(&pool->done);
     pthread_mutex_unlock(&pool->mu);
   }
-  free(ctx);
+  wl_free(ctx);
   return NULL;
 }
 
 wl_pool* wl_pool_start(const wl_args* a) {
-  wl_pool* p = wl_alloc(sizeof(*p));
+  wl_pool* p;
+  if (g_manual) {
+    p = wl_alloc(sizeof(*p)); /* page-aligned */
+  } else if (posix_memalign((void**)&p, WL_PAGE, sizeof(*p)) != 0) {
+    fprintf(stderr, "out of memory allocating the worker pool\n");
+    exit(1);
+  }
   memset(p, 0, sizeof(*p));
   p->args = a;
   p->n = a->threads;
@@ -170,8 +211,12 @@ void wl_pool_stop(wl_pool* p) {
   pthread_cond_broadcast(&p->start);
   pthread_mutex_unlock(&p->mu);
   for (int i = 0; i < p->n; ++i) pthread_join(p->threads[i], NULL);
-  free(p->threads);
-  free(p);
+  wl_free(p->threads);
+  if (g_manual) {
+    wl_free(p);
+  } else {
+    free(p);
+  }
 }
 
 typedef struct {

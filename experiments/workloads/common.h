@@ -8,7 +8,10 @@
  * Flags: --threads=N (default: online CPUs, as Phoenix sizes its pool), --size=N (problem size,
  * meaning per program), --seed=N, --iterations=N (where iterative), --pin (pin worker i to CPU
  * i % configured CPUs with sched_setaffinity at every phase, aborting if that fails, as
- * Phoenix's runtime does), --per_phase. */
+ * Phoenix's runtime does), --per_phase, --manual (for `stretchd run --manual`: wl_alloc maps
+ * MAP_SHARED anonymous memory, the only kind shared between nodes in manual mode, and the
+ * pool's mutex and condition variables each get a page of their own; k-means and matrix
+ * multiply support it). */
 #ifndef STRETCH_EXPERIMENTS_WORKLOADS_COMMON_H_
 #define STRETCH_EXPERIMENTS_WORKLOADS_COMMON_H_
 
@@ -22,6 +25,7 @@ typedef struct {
   int iterations;
   int pin;
   int per_phase;
+  int manual;
 } wl_args;
 
 /* Parses the flags above; exits 2 with a message on a bad flag. */
@@ -58,7 +62,9 @@ static inline void wl_slice(long total, int i, int n, long* begin, long* end) {
   *end = total * (i + 1) / n;
 }
 
-/* malloc that exits with a message on failure. */
+/* malloc (with --manual: a MAP_SHARED anonymous mapping) that exits with a message on failure;
+ * wl_free gives it back. */
 void* wl_alloc(size_t bytes);
+void wl_free(void* p);
 
 #endif

@@ -19,7 +19,7 @@ static void count(int w, int n, void* p) {
   wl_slice(j->npixels, w, n, &b, &e);
   for (long i = b; i < e; ++i) {
     const uint8_t* px = j->pixels + 3 * i;
-    h[px[2]]++;        /* BMP stores blue, green, red */
+    h[px[2]]++; /* BMP stores blue, green, red */
     h[256 + px[1]]++;
     h[512 + px[0]]++;
   }
@@ -28,7 +28,8 @@ static void count(int w, int n, void* p) {
 
 int main(int argc, char** argv) {
   wl_args a;
-  wl_parse(argc, argv, &a, 1L << 22, 1, "[--threads=N] [--size=PIXELS] [--seed=N] [--pin] [--per_phase]");
+  wl_parse(argc, argv, &a, 1L << 22, 1,
+           "[--threads=N] [--size=PIXELS] [--seed=N] [--pin] [--per_phase]");
   double t0 = wl_now_ms();
   job j = {0};
   j.npixels = a.size;

@@ -68,12 +68,14 @@ static void recompute(int w, int nw, void* p) {
 int main(int argc, char** argv) {
   wl_args a;
   wl_parse(argc, argv, &a, 100000, 50,
-           "[--threads=N] [--size=POINTS] [--iterations=MAX] [--seed=N] [--pin] [--per_phase]");
+           "[--threads=N] [--size=POINTS] [--iterations=MAX] [--seed=N] [--pin] [--per_phase] "
+           "[--manual]");
   double t0 = wl_now_ms();
-  static job j;
-  j.n = a.size;
-  j.points = wl_alloc(sizeof(int) * DIM * (size_t)a.size);
-  j.assignment = wl_alloc(sizeof(int) * (size_t)a.size);
+  /* With --manual the job (means, flag) lives in shared memory: workers on other nodes write it. */
+  job* j = wl_alloc(sizeof(job));
+  j->n = a.size;
+  j->points = wl_alloc(sizeof(int) * DIM * (size_t)a.size);
+  j->assignment = wl_alloc(sizeof(int) * (size_t)a.size);
   uint64_t s = a.seed;
   /* Points scattered around K hidden centres, so the clustering has structure to find. */
   int centre[K][DIM];
@@ -83,12 +85,12 @@ int main(int argc, char** argv) {
   for (long i = 0; i < a.size; ++i) {
     int k = (int)(wl_rand(&s) % K);
     for (int c = 0; c < DIM; ++c) {
-      j.points[DIM * i + c] = centre[k][c] + (int)(wl_rand(&s) % 121) - 60;
+      j->points[DIM * i + c] = centre[k][c] + (int)(wl_rand(&s) % 121) - 60;
     }
   }
-  for (long i = 0; i < a.size; ++i) j.assignment[i] = -1;
+  for (long i = 0; i < a.size; ++i) j->assignment[i] = -1;
   for (int k = 0; k < K; ++k) {
-    for (int c = 0; c < DIM; ++c) j.means[k][c] = j.points[DIM * (k * (a.size / K)) + c];
+    for (int c = 0; c < DIM; ++c) j->means[k][c] = j->points[DIM * (k * (a.size / K)) + c];
   }
   wl_report_time("generate", t0);
 
@@ -96,20 +98,20 @@ int main(int argc, char** argv) {
   double t1 = wl_now_ms();
   int iter = 0;
   do {
-    j.modified = 0;
-    wl_phase(&a, pool, assign, &j);
-    wl_phase(&a, pool, recompute, &j);
+    j->modified = 0;
+    wl_phase(&a, pool, assign, j);
+    wl_phase(&a, pool, recompute, j);
     iter++;
-  } while (j.modified && iter < a.iterations);
+  } while (j->modified && iter < a.iterations);
   wl_report_time("compute", t1);
   wl_pool_stop(pool);
 
-  printf("iterations: %d converged: %s\n", iter, j.modified ? "no" : "yes");
+  printf("iterations: %d converged: %s\n", iter, j->modified ? "no" : "yes");
   for (int k = 0; k < K; ++k) {
     long members = 0;
-    for (long i = 0; i < j.n; ++i) members += j.assignment[i] == k;
-    printf("cluster %2d: mean (%d, %d, %d) members %ld\n", k, j.means[k][0], j.means[k][1],
-           j.means[k][2], members);
+    for (long i = 0; i < j->n; ++i) members += j->assignment[i] == k;
+    printf("cluster %2d: mean (%d, %d, %d) members %ld\n", k, j->means[k][0], j->means[k][1],
+           j->means[k][2], members);
   }
   return 0;
 }

@@ -34,7 +34,8 @@ static void fit(int w, int nw, void* p) {
 
 int main(int argc, char** argv) {
   wl_args a;
-  wl_parse(argc, argv, &a, 1L << 24, 1, "[--threads=N] [--size=POINTS] [--seed=N] [--pin] [--per_phase]");
+  wl_parse(argc, argv, &a, 1L << 24, 1,
+           "[--threads=N] [--size=POINTS] [--seed=N] [--pin] [--per_phase]");
   double t0 = wl_now_ms();
   uint8_t* xy = wl_alloc(2 * (size_t)a.size);
   uint64_t s = a.seed;

@@ -28,7 +28,8 @@ static void multiply(int w, int nw, void* p) {
 
 int main(int argc, char** argv) {
   wl_args a;
-  wl_parse(argc, argv, &a, 512, 1, "[--threads=N] [--size=N] [--seed=N] [--pin] [--per_phase]");
+  wl_parse(argc, argv, &a, 512, 1,
+           "[--threads=N] [--size=N] [--seed=N] [--pin] [--per_phase] [--manual]");
   double t0 = wl_now_ms();
   long n = a.size;
   int* ma = wl_alloc(sizeof(int) * (size_t)(n * n));
@@ -37,12 +38,17 @@ int main(int argc, char** argv) {
   uint64_t s = a.seed;
   for (long i = 0; i < n * n; ++i) ma[i] = (int)(wl_rand(&s) % 64);
   for (long i = 0; i < n * n; ++i) mb[i] = (int)(wl_rand(&s) % 64);
-  job j = {ma, mb, mc, n};
+  /* With --manual the job lives in shared memory too: workers on other nodes read it. */
+  job* j = wl_alloc(sizeof(job));
+  j->a = ma;
+  j->b = mb;
+  j->c = mc;
+  j->n = n;
   wl_report_time("generate", t0);
 
   wl_pool* pool = a.per_phase ? NULL : wl_pool_start(&a);
   double t1 = wl_now_ms();
-  wl_phase(&a, pool, multiply, &j);
+  wl_phase(&a, pool, multiply, j);
   wl_report_time("compute", t1);
   wl_pool_stop(pool);
 
@@ -53,8 +59,9 @@ int main(int argc, char** argv) {
   }
   printf("n=%ld sum=%llu hash=%016llx c[0][0]=%d c[n-1][n-1]=%d\n", n, sum, hash, mc[0],
          mc[n * n - 1]);
-  free(ma);
-  free(mb);
-  free(mc);
+  wl_free(ma);
+  wl_free(mb);
+  wl_free(mc);
+  wl_free(j);
   return 0;
 }

@@ -47,7 +47,8 @@ static void scan(int w, int nw, void* p) {
 
 int main(int argc, char** argv) {
   wl_args a;
-  wl_parse(argc, argv, &a, 1L << 20, 1, "[--threads=N] [--size=WORDS] [--seed=N] [--pin] [--per_phase]");
+  wl_parse(argc, argv, &a, 1L << 20, 1,
+           "[--threads=N] [--size=WORDS] [--seed=N] [--pin] [--per_phase]");
   double t0 = wl_now_ms();
   char* words = wl_alloc((size_t)a.size * WORD_MAX);
   uint64_t s = a.seed;

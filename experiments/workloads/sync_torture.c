@@ -569,8 +569,8 @@ static void test_signal(void) {
   for (int i = 0; i < g_threads; ++i) pthread_join(t[i], NULL);
   long targeted = 0;
   for (int i = 0; i < g_threads; ++i) targeted += got[i];
-  CHECK(sig_process_count == 1 && targeted == g_threads,
-        "signals: process=%d targeted=%ld", (int)sig_process_count, targeted);
+  CHECK(sig_process_count == 1 && targeted == g_threads, "signals: process=%d targeted=%ld",
+        (int)sig_process_count, targeted);
   printf("signal: process_directed=%d thread_directed=%ld\n", (int)sig_process_count, targeted);
   pthread_barrier_destroy(&sig_barrier);
 }

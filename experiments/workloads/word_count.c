@@ -29,8 +29,8 @@ static void table_add(table* t, const char* w, long len, long n) {
   if (2 * (t->used + 1) > t->cap) {
     table bigger = {calloc((size_t)(t->cap * 2), sizeof(entry)), t->cap * 2, 0};
     for (long i = 0; i < t->cap; ++i) {
-      if (t->slots[i].word) table_add(&bigger, t->slots[i].word, (long)strlen(t->slots[i].word),
-                                      t->slots[i].count);
+      if (t->slots[i].word)
+        table_add(&bigger, t->slots[i].word, (long)strlen(t->slots[i].word), t->slots[i].count);
       free(t->slots[i].word);
     }
     free(t->slots);
@@ -83,7 +83,8 @@ static int by_count(const void* x, const void* y) {
 
 int main(int argc, char** argv) {
   wl_args a;
-  wl_parse(argc, argv, &a, 1L << 21, 1, "[--threads=N] [--size=WORDS] [--seed=N] [--pin] [--per_phase]");
+  wl_parse(argc, argv, &a, 1L << 21, 1,
+           "[--threads=N] [--size=WORDS] [--seed=N] [--pin] [--per_phase]");
   double t0 = wl_now_ms();
   /* Vocabulary of 5000 words; word k drawn with probability ~ 1/(k+1) (Zipf). */
   enum { VOCAB = 5000 };
@@ -104,7 +105,10 @@ int main(int argc, char** argv) {
     long lo = 0, hi = VOCAB - 1;
     while (lo < hi) {
       long mid = (lo + hi) / 2;
-      if (cdf[mid] < u) lo = mid + 1; else hi = mid;
+      if (cdf[mid] < u)
+        lo = mid + 1;
+      else
+        hi = mid;
     }
     size_t l = strlen(vocab[lo]);
     memcpy(text + len, vocab[lo], l);
