@@ -534,6 +534,7 @@ class NodeAgent::Impl {
     w.Field("write_faults", stats_.write_faults.Get());
     w.Field("pages_fetched", stats_.pages_fetched.Get());
     w.Field("upgrades", stats_.upgrades.Get());
+    w.Field("pages_read_ahead", stats_.pages_read_ahead.Get());
     w.Field("invalidations_received", stats_.invalidations_received.Get());
     w.Field("pages_dropped", stats_.pages_dropped.Get());
     w.Field("forwards_served", stats_.forwards_served.Get());
@@ -560,7 +561,8 @@ class NodeAgent::Impl {
     Impl* agent = nullptr;
     Target* target = nullptr;
     std::vector<Range> ranges;
-    bool shared = false;  // MAP_SHARED (shmem): invalidate by punching holes
+    bool shared = false;          // MAP_SHARED (shmem): invalidate by punching holes
+    uint64_t last_read_miss = 0;  // fault loop thread only (ReadAhead)
     bool Contains(uintptr_t a) const {
       for (const Range& r : ranges) {
         if (a >= r.base && a - r.base < r.length) return true;
@@ -887,10 +889,37 @@ class NodeAgent::Impl {
   void OnFault(Attachment& att, const uffd::Fault& f) {
     const bool store = f.kind == uffd::FaultKind::kWriteProtect || f.write;
     (store ? stats_.write_faults : stats_.read_faults).Add();
-    HandleLocal(att, PageId::Containing(f.page),
+    const PageId page = PageId::Containing(f.page);
+    HandleLocal(att, page,
                 LocalEvent{store ? coherence::LocalOp::kStore : coherence::LocalOp::kLoad,
                            ThreadId(static_cast<uint32_t>(f.tid))},
                 f.received_ns ? f.received_ns : NowNs());
+    if (!store) ReadAhead(att, page);
+  }
+
+  // Sequential read misses (this one follows the previous one of the attachment): ask for the
+  // next pages too, as ordinary read misses nobody waits for yet, so their round trips overlap
+  // with this one's and with the program's work. Only pages this node holds no copy of and has
+  // no transaction for, inside the attachment's ranges.
+  void ReadAhead(Attachment& att, PageId page) {
+    const uint64_t last = att.last_read_miss;
+    att.last_read_miss = page.address();
+    if (options_.read_ahead <= 0 || page.address() != last + kPageSize) return;
+    for (int i = 1; i <= options_.read_ahead; ++i) {
+      const uintptr_t next = page.address() + static_cast<uintptr_t>(i) * kPageSize;
+      if (!att.Contains(next)) return;
+      {
+        absl::MutexLock l(&mu_);
+        auto it = pages_.find(PageId::Containing(next));
+        if (it != pages_.end() && (it->second.busy || !it->second.pending.empty() ||
+                                   it->second.page.line.state != coherence::NodeState::kI)) {
+          continue;
+        }
+      }
+      stats_.pages_read_ahead.Add();
+      HandleLocal(att, PageId::Containing(next), LocalEvent{coherence::LocalOp::kLoad, {}},
+                  NowNs());
+    }
   }
 
   // A local event (fault or eviction). On the fault loop thread the actions only send and

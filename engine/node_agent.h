@@ -63,6 +63,9 @@ struct NodeOptions {
   std::string attach_socket;
   // How long a freshly installed page is kept before an invalidation of it is handled.
   absl::Duration install_hold = absl::Microseconds(100);
+  // After a read miss that follows the previous one (sequential), also ask for up to this many
+  // next pages this node has no copy of (0: never).
+  int read_ahead = 8;
   // Pin fault loop threads to this CPU (-1: no pinning).
   int fault_cpu = -1;
   // How long to wait for the server and for peers to answer a connection.
@@ -75,6 +78,7 @@ struct NodeStats {
   Counter write_faults;            // missing pages written, and writes to read-only copies
   Counter pages_fetched;           // pages installed with data from another node or the home copy
   Counter upgrades;                // read-only copies made writable without a transfer
+  Counter pages_read_ahead;        // read misses asked for ahead of a fault (NodeOptions)
   Counter invalidations_received;  // Inv messages
   Counter pages_dropped;           // pages made missing in a process
   Counter forwards_served;         // FwdGetS / FwdGetM answered with our copy

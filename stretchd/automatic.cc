@@ -324,6 +324,7 @@ int RunLauncher(const LaunchOptions& o) {
               absl::StrCat("--criu=", o.criu.binary)};
     if (!VLOG_IS_ON(1)) a.argv.push_back("--minloglevel=1");
     if (o.manual) a.argv.push_back("--manual");
+    a.argv.push_back(absl::StrCat("--read_ahead=", o.read_ahead));
     a.control_fd = sv[1];
     if (cluster) a.netns = cluster->path(i);
     if (i < static_cast<int>(o.node_cpus.size())) a.cpus = o.node_cpus[i];
@@ -616,6 +617,7 @@ int RunReplicaAgent(const ReplicaAgentOptions& o) {
   no.server = o.server;
   no.listen = o.listen;
   no.transport = o.transport;
+  no.read_ahead = o.read_ahead;
   auto agent = engine::NodeAgent::Start(no);
   if (!agent.ok()) return report_error(std::string(agent.status().message()));
   ReplicaOptions ro;

@@ -46,6 +46,8 @@ struct LaunchOptions {
   // Manual mode: only the program's MAP_SHARED anonymous mappings are coherent; the rest of
   // its memory is copied at migration and node-private after it.
   bool manual = false;
+  // NodeOptions::read_ahead of every node.
+  int read_ahead = 8;
   // Where `stretchd migrate` reaches this run (a Unix socket); empty: WORK_DIR/control.sock.
   std::string control_socket;
   // Optional, per node: the CPUs its agent, CRIU and replica run on (node i: node_cpus[i]).
@@ -65,6 +67,7 @@ struct ReplicaAgentOptions {
   std::string work_dir;
   std::vector<int> run_threads;
   bool manual = false;
+  int read_ahead = 8;
   std::string stats_json;
   CriuOptions criu;
   int control_fd = 3;

@@ -74,6 +74,9 @@ DEFINE_string(work_dir, "", "run: keep the checkpoint, logs and output files in 
 DEFINE_string(control, "",
               "run: where `stretchd migrate` reaches this run (Unix socket; default "
               "WORK_DIR/control.sock, logged at start); migrate: the run's control socket");
+DEFINE_int32(read_ahead, 8,
+             "run, node: after a sequential read miss also ask for up to this many next pages "
+             "(0: off)");
 DEFINE_bool(manual, false,
             "run: manual mode: only the program's MAP_SHARED anonymous mappings (present at "
             "migration) are coherent across nodes, each sync object on its own page; the rest of "
@@ -133,7 +136,7 @@ const std::vector<Subcommand>& Subcommands() {
        "--node=N [--server=IP:PORT] [--listen=IP:PORT] [--attach_socket=PATH] [--transport=tcp] "
        "[--fault_cpu=C] [--stats_json=FILE]",
        {"node", "server", "listen", "attach_socket", "transport", "fault_cpu", "stats_json",
-        "replica_images", "replica_work", "run_threads", "criu", "manual"},
+        "replica_images", "replica_work", "run_threads", "criu", "manual", "read_ahead"},
        RunNode},
       {"stats",
        "Print the server's statistics (per node and totals) as JSON.",
@@ -148,7 +151,7 @@ const std::vector<Subcommand>& Subcommands() {
        "[--nodes=N] [--transport=tcp] [--stats_json=FILE] [--migrate_at_threads=K] "
        "[--migrate_threads=T,T] [--work_dir=DIR] [--nonetns] -- PROG ARGS...",
        {"nodes", "transport", "stats_json", "migrate_at_threads", "migrate_threads", "work_dir",
-        "netns", "one_malloc_arena", "node_cpus", "criu", "control", "manual"},
+        "netns", "one_malloc_arena", "node_cpus", "criu", "control", "manual", "read_ahead"},
        RunRun},
       {"migrate",
        "Move a thread of a program running under `stretchd run` to another node (its registers, "
@@ -349,6 +352,7 @@ int RunNode(const std::vector<std::string>& args) {
     r.work_dir = FLAGS_replica_work;
     r.stats_json = FLAGS_stats_json;
     r.manual = FLAGS_manual;
+    r.read_ahead = FLAGS_read_ahead;
     r.criu.binary = CriuPath();
     if (!ParseIntList(FLAGS_run_threads, &r.run_threads)) {
       std::fprintf(stderr, "stretchd node: bad --run_threads '%s'\n", FLAGS_run_threads.c_str());
@@ -362,6 +366,7 @@ int RunNode(const std::vector<std::string>& args) {
   o.listen = FLAGS_listen.empty() ? "127.0.0.1:0" : FLAGS_listen;
   o.transport = FLAGS_transport;
   o.fault_cpu = FLAGS_fault_cpu;
+  o.read_ahead = FLAGS_read_ahead;
   o.attach_socket = FLAGS_attach_socket.empty()
                         ? absl::StrCat("/run/stretch/node", FLAGS_node, ".sock")
                         : FLAGS_attach_socket;
@@ -516,6 +521,7 @@ int RunRun(const std::vector<std::string>& args) {
   o.one_malloc_arena = FLAGS_one_malloc_arena;
   o.control_socket = FLAGS_control;
   o.manual = FLAGS_manual;
+  o.read_ahead = FLAGS_read_ahead;
   if (!FLAGS_node_cpus.empty()) {
     const long ncpu = sysconf(_SC_NPROCESSORS_CONF);
     for (absl::string_view node : absl::StrSplit(FLAGS_node_cpus, ';')) {

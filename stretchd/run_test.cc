@@ -268,7 +268,8 @@ TEST_F(RunTest, ManualModeSharesTheMapSharedMemory) {
   }
   // A program without shared memory is not migrated in manual mode, and says why.
   auto [native, stretch] =
-      Both({Runfile("experiments/workloads/kmeans"), "--size=8000", "--threads=4"}, {"--manual"});
+      Both({Runfile("experiments/workloads/kmeans"), "--size=8000", "--threads=4"},
+           {"--manual", "--migrate_at_threads=5"});
   EXPECT_EQ(stretch.status.ToString(), "exit status 0") << stretch.err;
   EXPECT_EQ(stretch.out, native.out);
   EXPECT_THAT(stretch.err, HasSubstr("manual mode: it has no MAP_SHARED anonymous mapping"));

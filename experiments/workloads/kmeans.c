@@ -113,5 +113,8 @@ int main(int argc, char** argv) {
     printf("cluster %2d: mean (%d, %d, %d) members %ld\n", k, j->means[k][0], j->means[k][1],
            j->means[k][2], members);
   }
+  wl_free(j->points);
+  wl_free(j->assignment);
+  wl_free(j);
   return 0;
 }
