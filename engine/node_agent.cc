@@ -452,6 +452,19 @@ class NodeAgent::Impl {
     return absl::OkStatus();
   }
 
+  absl::Status DropRange(pid_t pid, uint64_t base, uint64_t length) {
+    uffd::InvalidationHelper* helper = nullptr;
+    {
+      absl::ReaderMutexLock l(&attach_mu_);
+      auto it = targets_.find(pid);
+      if (it != targets_.end()) helper = it->second->helper.get();
+    }
+    if (helper == nullptr) {
+      return absl::NotFoundError(absl::StrCat("no invalidation helper in pid ", pid));
+    }
+    return helper->InvalidateRange(base, length);
+  }
+
   absl::StatusOr<int64_t> HelperSyscall(pid_t pid, int64_t nr,
                                         const std::array<uint64_t, 6>& args) {
     uffd::InvalidationHelper* helper = nullptr;
@@ -1377,6 +1390,9 @@ absl::StatusOr<uintptr_t> NodeAgent::HelperCodePage(pid_t pid) const {
 }
 absl::Status NodeAgent::ApplyAddressSpace(pid_t pid, const wire::AddressSpace& change) {
   return impl_->ApplyAddressSpace(pid, change);
+}
+absl::Status NodeAgent::DropRange(pid_t pid, uint64_t base, uint64_t length) {
+  return impl_->DropRange(pid, base, length);
 }
 absl::StatusOr<int64_t> NodeAgent::HelperSyscall(pid_t pid, int64_t nr,
                                                  const std::array<uint64_t, 6>& args) {

@@ -445,6 +445,27 @@ absl::StatusOr<std::unique_ptr<Replica>> Replica::Restore(engine::NodeAgent* age
     return r;
   }
 
+  // A uffd of our own replaces CRIU's: it also reports the faulting thread (THREAD_ID, for
+  // statistics and fault traces; CRIU's has no such feature) and keeps the registration of
+  // memory mremap moves (EVENT_REMAP). Every call injected into a program thread makes the
+  // kernel update the thread's rseq area (its TLS) on the way back to user space, so all
+  // injections happen while CRIU's uffd still serves the checkpoint, and the pages are dropped
+  // last, by the helper thread (which has no rseq area).
+  UniqueFd own_uffd;
+  STRETCH_RETURN_IF_ERROR(r->supervisor_->RunStopped(
+      pid,
+      [&](pid_t tid) -> absl::Status {
+        STRETCH_ASSIGN_OR_RETURN(auto thread, uffd::RemoteThread::Adopt(tid));
+        uffd::Userfaultfd::Options uo;
+        uo.required_features = UFFD_FEATURE_PAGEFAULT_FLAG_WP | UFFD_FEATURE_EVENT_REMAP;
+        uo.optional_features =
+            UFFD_FEATURE_THREAD_ID | UFFD_FEATURE_EVENT_UNMAP | UFFD_FEATURE_EVENT_REMOVE;
+        STRETCH_ASSIGN_OR_RETURN(auto own, uffd::OpenUffdInTarget(*thread, uo));
+        own_uffd.reset(fcntl(own->fd(), F_DUPFD_CLOEXEC, 0));
+        if (!own_uffd.valid()) return ErrnoStatus(errno, "dup of the replica's uffd");
+        return absl::OkStatus();
+      },
+      deadline));
   STRETCH_RETURN_IF_ERROR(r->supervisor_->RunStopped(
       pid,
       [&](pid_t tid) -> absl::Status {
@@ -477,18 +498,22 @@ absl::StatusOr<std::unique_ptr<Replica>> Replica::Restore(engine::NodeAgent* age
               continue;
             }
           }
-          // Drop what the restore put there; the directory has the pages.
-          STRETCH_RETURN_IF_ERROR(
-              thread
-                  ->SyscallOrError("madvise(DONTNEED)", SYS_madvise,
-                                   {m.start, len, static_cast<uint64_t>(MADV_DONTNEED)})
-                  .status());
+          // What the restore put there is dropped below; the directory has the pages.
           ranges.push_back({RegionId(0), m.start, len});
         }
         return absl::OkStatus();
       },
       deadline));
   server.Stop();
+  {
+    STRETCH_ASSIGN_OR_RETURN(
+        auto criu_uffd,
+        uffd::Userfaultfd::Adopt(UniqueFd(fcntl(uffd.get(), F_DUPFD_CLOEXEC, 0)), {}));
+    for (const ReplicaMapping& m : maps) {
+      if (m.uffd_missing) STRETCH_RETURN_IF_ERROR(criu_uffd->Unregister(m.start, m.end - m.start));
+    }
+  }
+  uffd.reset();
   std::sort(ranges.begin(), ranges.end(),
             [](const auto& a, const auto& b) { return a.base < b.base; });
   // Region ids by address order: the same on every node, whose replicas are identical.
@@ -497,9 +522,9 @@ absl::StatusOr<std::unique_ptr<Replica>> Replica::Restore(engine::NodeAgent* age
 
   engine::NodeAgent::AttachRequest req;
   req.pid = pid;
-  req.uffd = std::move(uffd);
+  req.uffd = std::move(own_uffd);
   req.ranges = ranges;
-  req.registered = true;
+  req.registered = false;
   ThreadSupervisor* sup = r->supervisor_.get();
   req.with_thread = [sup, pid](std::function<absl::Status(uffd::RemoteThread&)> fn) {
     return sup->RunStopped(
@@ -529,6 +554,11 @@ absl::StatusOr<std::unique_ptr<Replica>> Replica::Restore(engine::NodeAgent* age
         return absl::OkStatus();
       },
       deadline));
+  // No more calls are injected into program threads: drop every page, so that from its
+  // first instruction the program sees only what the directory gives it.
+  for (const auto& range : ranges) {
+    STRETCH_RETURN_IF_ERROR(agent->DropRange(pid, range.base, range.length));
+  }
   STRETCH_ASSIGN_OR_RETURN(r->futexes_,
                            FutexService::Start(agent, std::move(seccomp_listener), pid,
                                                [self](pid_t tid) { return self->ThreadOf(tid); }));

@@ -69,8 +69,10 @@ class InvalidationHelper {
     // The helper polls for the next command this many pause iterations before it sleeps (0:
     // sleep at once). Only worth it when the helper has a core of its own: it burns target CPU.
     uint32_t helper_spin = 0;
-    // How long one command may take before Invalidate() gives up (DeadlineExceeded).
-    absl::Duration timeout = absl::Seconds(1);
+    // How long one command may take before Invalidate() gives up (DeadlineExceeded). Generous:
+    // on an overloaded machine (CI running two 3-node clusters on 2 cores) a runnable helper
+    // waited more than 1 s for a CPU.
+    absl::Duration timeout = absl::Seconds(5);
     // Counters to update; nullptr means this object's own.
     Stats* stats = nullptr;
     // The loop reading the target's uffd, if any. When that uffd has EVENT_REMOVE (CRIU's
