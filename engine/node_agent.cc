@@ -156,6 +156,7 @@ class NodeAgent::Impl {
       targets_.clear();
     }
     if (!options_.attach_socket.empty()) unlink(options_.attach_socket.c_str());
+    WriteFaultTrace();
   }
 
   // Forgets attachments whose process exited or detached: their loops are stopped, and a
@@ -903,11 +904,50 @@ class NodeAgent::Impl {
     const bool store = f.kind == uffd::FaultKind::kWriteProtect || f.write;
     (store ? stats_.write_faults : stats_.read_faults).Add();
     const PageId page = PageId::Containing(f.page);
+    if (!options_.fault_trace.empty()) TraceFault(f, store);
     HandleLocal(att, page,
                 LocalEvent{store ? coherence::LocalOp::kStore : coherence::LocalOp::kLoad,
                            ThreadId(static_cast<uint32_t>(f.tid))},
                 f.received_ns ? f.received_ns : NowNs());
     if (!store) ReadAhead(att, page);
+  }
+
+  // One line per fault: when (CLOCK_MONOTONIC ns), which thread (its id in the program; 0
+  // if the uffd does not say), which page, and the access: read, write (a missing page
+  // written), upgrade (a write to a read-only copy).
+  void TraceFault(const uffd::Fault& f, bool store) {
+    absl::MutexLock l(&trace_mu_);
+    if (trace_.size() >= kMaxTrace) {
+      ++trace_dropped_;
+      return;
+    }
+    trace_.push_back(
+        TraceEntry{f.received_ns ? f.received_ns : NowNs(), f.tid, f.page,
+                   static_cast<uint8_t>(!store                                     ? 0
+                                        : f.kind == uffd::FaultKind::kWriteProtect ? 2
+                                                                                   : 1)});
+  }
+
+  void WriteFaultTrace() {
+    if (options_.fault_trace.empty()) return;
+    absl::MutexLock l(&trace_mu_);
+    FILE* f = std::fopen(options_.fault_trace.c_str(), "w");
+    if (f == nullptr) {
+      LOG(ERROR) << "node " << self_.value() << ": cannot write the fault trace "
+                 << options_.fault_trace << ": " << ErrnoName(errno);
+      return;
+    }
+    static const char* const kAccess[] = {"read", "write", "upgrade"};
+    std::fprintf(f, "t_ns,thread,page,access\n");
+    for (const TraceEntry& e : trace_) {
+      std::fprintf(f, "%lld,%d,0x%llx,%s\n", static_cast<long long>(e.t_ns), e.tid,
+                   static_cast<unsigned long long>(e.page), kAccess[e.access]);
+    }
+    std::fclose(f);
+    if (trace_dropped_ > 0) {
+      LOG(WARNING) << "node " << self_.value() << ": fault trace full, " << trace_dropped_
+                   << " faults not recorded";
+    }
   }
 
   // Sequential read misses (this one follows the previous one of the attachment): ask for the
@@ -1363,6 +1403,17 @@ class NodeAgent::Impl {
 
   absl::Mutex futex_mu_;
   std::function<void(const wire::FutexReply&)> futex_handler_ ABSL_GUARDED_BY(futex_mu_);
+
+  struct TraceEntry {
+    int64_t t_ns;
+    pid_t tid;
+    uint64_t page;
+    uint8_t access;  // 0 read, 1 write, 2 upgrade
+  };
+  static constexpr size_t kMaxTrace = 20'000'000;
+  absl::Mutex trace_mu_;
+  std::vector<TraceEntry> trace_ ABSL_GUARDED_BY(trace_mu_);
+  uint64_t trace_dropped_ ABSL_GUARDED_BY(trace_mu_) = 0;
   std::function<void(const wire::AddressSpace&)> address_space_handler_ ABSL_GUARDED_BY(futex_mu_);
   std::function<void(const wire::ThreadControl&)> thread_handler_ ABSL_GUARDED_BY(futex_mu_);
 

@@ -66,6 +66,9 @@ struct NodeOptions {
   // After a read miss that follows the previous one (sequential), also ask for up to this many
   // next pages this node has no copy of (0: never).
   int read_ahead = 8;
+  // If set: a CSV of every fault of the attached processes (t_ns,thread,page,access), written
+  // when the agent stops (at most 20 million lines).
+  std::string fault_trace;
   // Pin fault loop threads to this CPU (-1: no pinning).
   int fault_cpu = -1;
   // How long to wait for the server and for peers to answer a connection.

@@ -325,6 +325,9 @@ int RunLauncher(const LaunchOptions& o) {
     if (!VLOG_IS_ON(1)) a.argv.push_back("--minloglevel=1");
     if (o.manual) a.argv.push_back("--manual");
     a.argv.push_back(absl::StrCat("--read_ahead=", o.read_ahead));
+    if (!o.fault_trace.empty()) {
+      a.argv.push_back(absl::StrCat("--fault_trace=", o.fault_trace, "/node", i, ".csv"));
+    }
     a.control_fd = sv[1];
     if (cluster) a.netns = cluster->path(i);
     if (i < static_cast<int>(o.node_cpus.size())) a.cpus = o.node_cpus[i];
@@ -618,6 +621,7 @@ int RunReplicaAgent(const ReplicaAgentOptions& o) {
   no.listen = o.listen;
   no.transport = o.transport;
   no.read_ahead = o.read_ahead;
+  no.fault_trace = o.fault_trace;
   auto agent = engine::NodeAgent::Start(no);
   if (!agent.ok()) return report_error(std::string(agent.status().message()));
   ReplicaOptions ro;

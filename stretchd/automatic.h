@@ -48,6 +48,8 @@ struct LaunchOptions {
   bool manual = false;
   // NodeOptions::read_ahead of every node.
   int read_ahead = 8;
+  // If set, a directory: node i writes its fault trace to node<i>.csv there.
+  std::string fault_trace;
   // Where `stretchd migrate` reaches this run (a Unix socket); empty: WORK_DIR/control.sock.
   std::string control_socket;
   // Optional, per node: the CPUs its agent, CRIU and replica run on (node i: node_cpus[i]).
@@ -68,6 +70,7 @@ struct ReplicaAgentOptions {
   std::vector<int> run_threads;
   bool manual = false;
   int read_ahead = 8;
+  std::string fault_trace;  // file
   std::string stats_json;
   CriuOptions criu;
   int control_fd = 3;

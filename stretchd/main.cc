@@ -74,6 +74,9 @@ DEFINE_string(work_dir, "", "run: keep the checkpoint, logs and output files in 
 DEFINE_string(control, "",
               "run: where `stretchd migrate` reaches this run (Unix socket; default "
               "WORK_DIR/control.sock, logged at start); migrate: the run's control socket");
+DEFINE_string(fault_trace, "",
+              "run: write every node's faults to DIR/node<i>.csv (t_ns,thread,page,access); "
+              "node: to this file");
 DEFINE_int32(read_ahead, 8,
              "run, node: after a sequential read miss also ask for up to this many next pages "
              "(0: off)");
@@ -136,7 +139,8 @@ const std::vector<Subcommand>& Subcommands() {
        "--node=N [--server=IP:PORT] [--listen=IP:PORT] [--attach_socket=PATH] [--transport=tcp] "
        "[--fault_cpu=C] [--stats_json=FILE]",
        {"node", "server", "listen", "attach_socket", "transport", "fault_cpu", "stats_json",
-        "replica_images", "replica_work", "run_threads", "criu", "manual", "read_ahead"},
+        "replica_images", "replica_work", "run_threads", "criu", "manual", "read_ahead",
+        "fault_trace"},
        RunNode},
       {"stats",
        "Print the server's statistics (per node and totals) as JSON.",
@@ -151,7 +155,8 @@ const std::vector<Subcommand>& Subcommands() {
        "[--nodes=N] [--transport=tcp] [--stats_json=FILE] [--migrate_at_threads=K] "
        "[--migrate_threads=T,T] [--work_dir=DIR] [--nonetns] -- PROG ARGS...",
        {"nodes", "transport", "stats_json", "migrate_at_threads", "migrate_threads", "work_dir",
-        "netns", "one_malloc_arena", "node_cpus", "criu", "control", "manual", "read_ahead"},
+        "netns", "one_malloc_arena", "node_cpus", "criu", "control", "manual", "read_ahead",
+        "fault_trace"},
        RunRun},
       {"migrate",
        "Move a thread of a program running under `stretchd run` to another node (its registers, "
@@ -353,6 +358,7 @@ int RunNode(const std::vector<std::string>& args) {
     r.stats_json = FLAGS_stats_json;
     r.manual = FLAGS_manual;
     r.read_ahead = FLAGS_read_ahead;
+    r.fault_trace = FLAGS_fault_trace;
     r.criu.binary = CriuPath();
     if (!ParseIntList(FLAGS_run_threads, &r.run_threads)) {
       std::fprintf(stderr, "stretchd node: bad --run_threads '%s'\n", FLAGS_run_threads.c_str());
@@ -367,6 +373,7 @@ int RunNode(const std::vector<std::string>& args) {
   o.transport = FLAGS_transport;
   o.fault_cpu = FLAGS_fault_cpu;
   o.read_ahead = FLAGS_read_ahead;
+  o.fault_trace = FLAGS_fault_trace;
   o.attach_socket = FLAGS_attach_socket.empty()
                         ? absl::StrCat("/run/stretch/node", FLAGS_node, ".sock")
                         : FLAGS_attach_socket;
@@ -522,6 +529,16 @@ int RunRun(const std::vector<std::string>& args) {
   o.control_socket = FLAGS_control;
   o.manual = FLAGS_manual;
   o.read_ahead = FLAGS_read_ahead;
+  if (!FLAGS_fault_trace.empty()) {
+    if (mkdir(FLAGS_fault_trace.c_str(), 0755) != 0 && errno != EEXIST) {
+      std::fprintf(stderr, "stretchd run: cannot create --fault_trace directory %s: %s\n",
+                   FLAGS_fault_trace.c_str(), strerror(errno));
+      return 2;
+    }
+    char* real = realpath(FLAGS_fault_trace.c_str(), nullptr);
+    o.fault_trace = real ? real : FLAGS_fault_trace;
+    free(real);
+  }
   if (!FLAGS_node_cpus.empty()) {
     const long ncpu = sysconf(_SC_NPROCESSORS_CONF);
     for (absl::string_view node : absl::StrSplit(FLAGS_node_cpus, ';')) {

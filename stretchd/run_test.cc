@@ -9,8 +9,10 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <fstream>
 #include <optional>
+#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -274,6 +276,45 @@ TEST_F(RunTest, ManualModeSharesTheMapSharedMemory) {
   EXPECT_EQ(stretch.out, native.out);
   EXPECT_THAT(stretch.err, HasSubstr("manual mode: it has no MAP_SHARED anonymous mapping"));
   EXPECT_THAT(last_stats_, HasSubstr("\"migrated\":false"));
+}
+
+// --fault_trace=DIR: every node writes every fault (time, thread, page, access); the lines
+// match the node's fault counts, and name the program's threads.
+TEST_F(RunTest, FaultTraceRecordsEveryFault) {
+  const std::string traces = dir_.path() + "/traces";
+  auto [native, stretch] =
+      Both({Runfile("experiments/workloads/kmeans"), "--size=8000", "--threads=4"},
+           {"--migrate_at_threads=5", "--fault_trace=" + traces});
+  ASSERT_EQ(stretch.status.ToString(), "exit status 0") << stretch.err;
+  EXPECT_EQ(stretch.out, native.out);
+  std::vector<int64_t> reads = Numbers("read_faults"), writes = Numbers("write_faults");
+  ASSERT_EQ(reads.size(), 2u) << last_stats_;
+  for (int node = 0; node < 2; ++node) {
+    std::ifstream in(absl::StrCat(traces, "/node", node, ".csv"));
+    std::string line;
+    ASSERT_TRUE(std::getline(in, line)) << "node " << node << ": no trace";
+    EXPECT_EQ(line, "t_ns,thread,page,access");
+    int64_t rows = 0, program_threads = 0, last_t = 0;
+    std::set<std::string> accesses;
+    while (std::getline(in, line)) {
+      std::vector<std::string> f = absl::StrSplit(line, ',');
+      ASSERT_EQ(f.size(), 4u) << line;
+      int64_t t = std::atoll(f[0].c_str());
+      EXPECT_GE(t, last_t) << line;  // in the order the faults were read
+      last_t = t;
+      // Program threads have small ids in its own PID namespace (main is 1).
+      const int tid = std::atoi(f[1].c_str());
+      if (tid >= 1 && tid < 100) ++program_threads;
+      EXPECT_EQ(std::strtoull(f[2].c_str(), nullptr, 16) % 4096, 0u) << line;
+      accesses.insert(f[3]);
+      ++rows;
+    }
+    EXPECT_EQ(rows, reads[node] + writes[node]) << "node " << node;
+    EXPECT_GT(program_threads, rows / 2) << "node " << node;
+    for (const std::string& a : accesses) {
+      EXPECT_TRUE(a == "read" || a == "write" || a == "upgrade") << a;
+    }
+  }
 }
 
 TEST_F(RunTest, ExitStatusAndFatalSignalsAreNative) {
