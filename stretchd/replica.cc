@@ -15,6 +15,7 @@
 #include <sys/syscall.h>
 #include <sys/uio.h>
 #include <sys/user.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -172,6 +173,52 @@ absl::StatusOr<UniqueFd> InstallFilter(uffd::RemoteThread& thread, const uffd::P
 
 }  // namespace
 
+// Threads created after migration get their ids from each replica's own PID namespace: two
+// nodes would hand out the same ids, and a signal for "thread 7" could not say which. So each
+// node's replica allocates from a range of its own: node n's next thread id is
+// 1000 + n * (pid_max - 1000) / kMaxNodes (ns_last_pid, set from a process inside the
+// replica's PID namespace, as CRIU does to restore pids).
+absl::Status GiveThreadIdsTheirOwnRange(pid_t pid, NodeId node) {
+  int pid_max = 32768;
+  {
+    std::ifstream in("/proc/sys/kernel/pid_max");
+    in >> pid_max;
+  }
+  const int stride = (pid_max - 1000) / static_cast<int>(kMaxNodes);
+  const int last = 1000 + static_cast<int>(node.value() % kMaxNodes) * stride - 1;
+  UniqueFd ns(open(absl::StrCat("/proc/", pid, "/ns/pid").c_str(), O_RDONLY | O_CLOEXEC));
+  if (!ns.valid()) return ErrnoStatus(errno, absl::StrCat("open pid namespace of ", pid));
+  char value[32];
+  const int len = snprintf(value, sizeof(value), "%d", last);
+  // Only async-signal-safe calls after fork (this process has threads).
+  pid_t child = fork();
+  if (child < 0) return ErrnoStatus(errno, "fork");
+  if (child == 0) {
+    if (setns(ns.get(), CLONE_NEWPID) != 0) _exit(3);
+    pid_t inner = fork();  // the first process created after setns is in that namespace
+    if (inner < 0) _exit(4);
+    if (inner == 0) {
+      int fd = open("/proc/sys/kernel/ns_last_pid", O_WRONLY | O_CLOEXEC);
+      if (fd < 0) _exit(5);
+      _exit(write(fd, value, len) == len ? 0 : 6);
+    }
+    int st = 0;
+    while (waitpid(inner, &st, 0) < 0 && errno == EINTR) {
+    }
+    _exit(WIFEXITED(st) ? WEXITSTATUS(st) : 7);
+  }
+  int st = 0;
+  while (waitpid(child, &st, 0) < 0 && errno == EINTR) {
+  }
+  if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+    return absl::InternalError(
+        absl::StrCat("setting ns_last_pid in the replica's PID namespace "
+                     "failed (step ",
+                     WIFEXITED(st) ? WEXITSTATUS(st) : -1, ")"));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::vector<ReplicaMapping>> ReadMappings(pid_t pid) {
   std::string path = absl::StrCat("/proc/", pid, "/smaps");
   std::ifstream in(path);
@@ -264,6 +311,7 @@ absl::StatusOr<std::unique_ptr<Replica>> Replica::Restore(engine::NodeAgent* age
   }
   if (!uffd.valid()) return absl::InternalError("CRIU finished the restore without a uffd");
   STRETCH_ASSIGN_OR_RETURN(r->pid_, pending.Wait(deadline));
+  STRETCH_RETURN_IF_ERROR(GiveThreadIdsTheirOwnRange(r->pid_, agent->node()));
 
   r->agent_ = agent;
   SupervisorCallbacks cb;

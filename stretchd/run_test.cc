@@ -173,8 +173,10 @@ TEST_F(RunTest, AddressSpaceChangesAreReplicatedOnEveryNode) {
     int threads;
     std::vector<std::string> flags;
   };
-  for (const Case& c : {Case{"mmap", 2, {}}, Case{"remap", 2, {}}, Case{"spawn", 4, {}},
-                        Case{"malloc", 4, {}}, Case{"malloc", 4, {"--one_malloc_arena"}}}) {
+  const std::string traces = dir_.path() + "/spawn-traces";
+  for (const Case& c :
+       {Case{"mmap", 2, {}}, Case{"remap", 2, {}}, Case{"spawn", 4, {"--fault_trace=" + traces}},
+        Case{"malloc", 4, {}}, Case{"malloc", 4, {"--one_malloc_arena"}}}) {
     std::vector<std::string> flags = c.flags;
     flags.push_back(absl::StrCat("--migrate_at_threads=", c.threads + 1));
     auto [native, stretch] =
@@ -190,8 +192,24 @@ TEST_F(RunTest, AddressSpaceChangesAreReplicatedOnEveryNode) {
     EXPECT_GT(threads[1], 0) << c.test;
     EXPECT_GT(StatNumber("address_space_changes"), 0) << c.test << ": " << last_stats_;
     if (c.test == "spawn") {
-      // Workers on both nodes created their threads there (new stacks are mmaps).
+      // Workers on both nodes created their threads there (new stacks are mmaps), and the
+      // two replicas gave them different thread ids (the ids faults report).
       EXPECT_EQ(Numbers("threads_created"), (std::vector<int64_t>{6, 6})) << last_stats_;
+      // Node n's range starts at 1000 + n * (pid_max - 1000) / 64.
+      int pid_max = 32768;
+      std::ifstream("/proc/sys/kernel/pid_max") >> pid_max;
+      const int stride = (pid_max - 1000) / 64;
+      for (int node = 0; node < 2; ++node) {
+        std::ifstream in(absl::StrCat(traces, "/node", node, ".csv"));
+        std::string line;
+        std::getline(in, line);
+        int in_range = 0;
+        while (std::getline(in, line)) {
+          const int tid = std::atoi(line.substr(line.find(',') + 1).c_str());
+          in_range += tid >= 1000 + node * stride && tid < 1000 + (node + 1) * stride;
+        }
+        EXPECT_GT(in_range, 0) << "node " << node << ": no fault from a thread created there";
+      }
     }
   }
 }
