@@ -454,63 +454,61 @@ class NodeAgent::Impl {
   }
 
   absl::Status DropRange(pid_t pid, uint64_t base, uint64_t length) {
-    uffd::InvalidationHelper* helper = nullptr;
+    Attachment* att = nullptr;
     {
       absl::ReaderMutexLock l(&attach_mu_);
-      auto it = targets_.find(pid);
-      if (it != targets_.end()) helper = it->second->helper.get();
+      auto it = ranges_.upper_bound(base);
+      if (it != ranges_.begin() && base + length <= std::prev(it)->second.first) {
+        att = std::prev(it)->second.second;
+      }
     }
-    if (helper == nullptr) {
+    if (att == nullptr || att->target->pid != pid || !att->target->helper) {
+      return absl::NotFoundError(absl::StrFormat(
+          "drop: [0x%x, +0x%x) is not memory of pid %d served here", base, length, pid));
+    }
+    return DropPages(*att, base, length);
+  }
+
+  // The invalidation helper of attached process `pid` (it lives as long as the process is
+  // attached).
+  absl::StatusOr<uffd::InvalidationHelper*> HelperOf(pid_t pid) const {
+    absl::ReaderMutexLock l(&attach_mu_);
+    auto it = targets_.find(pid);
+    if (it == targets_.end() || !it->second->helper) {
       return absl::NotFoundError(absl::StrCat("no invalidation helper in pid ", pid));
     }
-    return helper->InvalidateRange(base, length);
+    return it->second->helper.get();
   }
 
   absl::StatusOr<int64_t> HelperSyscall(pid_t pid, int64_t nr,
                                         const std::array<uint64_t, 6>& args) {
-    uffd::InvalidationHelper* helper = nullptr;
-    {
-      absl::ReaderMutexLock l(&attach_mu_);
-      auto it = targets_.find(pid);
-      if (it != targets_.end()) helper = it->second->helper.get();
-    }
-    if (helper == nullptr) {
-      return absl::NotFoundError(absl::StrCat("no invalidation helper in pid ", pid));
-    }
+    STRETCH_ASSIGN_OR_RETURN(uffd::InvalidationHelper * helper, HelperOf(pid));
     return helper->Syscall(nr, args);
   }
 
   absl::StatusOr<uintptr_t> HelperSyscallSite(pid_t pid) const {
-    absl::ReaderMutexLock l(&attach_mu_);
-    auto it = targets_.find(pid);
-    if (it == targets_.end() || !it->second->helper) {
-      return absl::NotFoundError(absl::StrCat("no invalidation helper in pid ", pid));
-    }
-    return it->second->helper->remote_syscall_site();
+    STRETCH_ASSIGN_OR_RETURN(uffd::InvalidationHelper * helper, HelperOf(pid));
+    return helper->remote_syscall_site();
   }
 
   void SetThreadControlHandler(std::function<void(const wire::ThreadControl&)> handler) {
-    absl::MutexLock l(&futex_mu_);
-    thread_handler_ = std::move(handler);
+    absl::MutexLock l(&handlers_mu_);
+    handlers_.thread = std::move(handler);
   }
 
   void SetAddressSpaceHandler(std::function<void(const wire::AddressSpace&)> handler) {
-    absl::MutexLock l(&futex_mu_);
-    address_space_handler_ = std::move(handler);
+    absl::MutexLock l(&handlers_mu_);
+    handlers_.address_space = std::move(handler);
   }
 
   absl::StatusOr<uintptr_t> HelperCodePage(pid_t pid) const {
-    absl::ReaderMutexLock l(&attach_mu_);
-    auto it = targets_.find(pid);
-    if (it == targets_.end() || !it->second->helper) {
-      return absl::NotFoundError(absl::StrCat("no invalidation helper in pid ", pid));
-    }
-    return it->second->helper->remote_code();
+    STRETCH_ASSIGN_OR_RETURN(uffd::InvalidationHelper * helper, HelperOf(pid));
+    return helper->remote_code();
   }
 
   void SetFutexReplyHandler(std::function<void(const wire::FutexReply&)> handler) {
-    absl::MutexLock l(&futex_mu_);
-    futex_handler_ = std::move(handler);
+    absl::MutexLock l(&handlers_mu_);
+    handlers_.futex = std::move(handler);
   }
 
   absl::Status SeedPages(uint64_t base, absl::Span<const uint8_t> bytes) {
@@ -748,6 +746,17 @@ class NodeAgent::Impl {
     return addr < it->second.first ? it->second.second : nullptr;
   }
 
+  // Makes [base, +length) of `att`'s process missing. A shared mapping's page stays in the
+  // page cache when its page-table entry goes, so there a hole is punched (MADV_REMOVE) and
+  // the next access is a MISSING fault again; private pages are dropped (MADV_DONTNEED).
+  absl::Status DropPages(Attachment& att, uintptr_t base, size_t length) {
+    if (!att.shared) return att.target->helper->InvalidateRange(base, length);
+    auto r = att.target->helper->Syscall(SYS_madvise, {base, length, MADV_REMOVE, 0, 0, 0});
+    if (!r.ok()) return r.status();
+    if (*r != 0) return ErrnoStatus(static_cast<int>(-*r), "madvise(MADV_REMOVE)");
+    return absl::OkStatus();
+  }
+
   // Carries out `actions` for `page` in order. `in` is the message being handled (install data).
   void Execute(PageId page, Attachment& att, const std::vector<Action>& actions,
                const Incoming* in) {
@@ -799,17 +808,7 @@ class NodeAgent::Impl {
           break;
         }
         case ActionKind::kDropPage: {
-          // A shared mapping's page stays in the page cache when its page-table entry goes:
-          // punch a hole instead, so the next access is a MISSING fault again.
-          absl::Status s;
-          if (att.shared) {
-            auto r = att.target->helper->Syscall(SYS_madvise, {addr, kPageSize, MADV_REMOVE});
-            s = !r.ok()   ? r.status()
-                : *r != 0 ? ErrnoStatus(static_cast<int>(-*r), absl::StrCat("madvise(MADV_REMOVE)"))
-                          : absl::OkStatus();
-          } else {
-            s = att.target->helper->Invalidate({addr});
-          }
+          absl::Status s = DropPages(att, addr, kPageSize);
           VLOG(2) << "node " << self_.value() << " " << page.ToString() << ": drop -> " << s;
           if (!s.ok() && !att.target->pidfd.Exited()) {
             // The copy may still be readable: the process must not continue.
@@ -1146,32 +1145,17 @@ class NodeAgent::Impl {
     }
     if (auto* reply = std::get_if<wire::FutexReply>(&*decoded)) {
       if (peer != server_) return;
-      std::function<void(const wire::FutexReply&)> handler;
-      {
-        absl::MutexLock l(&futex_mu_);
-        handler = futex_handler_;
-      }
-      if (handler) handler(*reply);
+      if (auto handler = handlers().futex) handler(*reply);
       return;
     }
     if (auto* tc = std::get_if<wire::ThreadControl>(&*decoded)) {
       if (peer != server_) return;
-      std::function<void(const wire::ThreadControl&)> handler;
-      {
-        absl::MutexLock l(&futex_mu_);
-        handler = thread_handler_;
-      }
-      if (handler) handler(*tc);
+      if (auto handler = handlers().thread) handler(*tc);
       return;
     }
     if (auto* as = std::get_if<wire::AddressSpace>(&*decoded)) {
       if (peer != server_) return;
-      std::function<void(const wire::AddressSpace&)> handler;
-      {
-        absl::MutexLock l(&futex_mu_);
-        handler = address_space_handler_;
-      }
-      if (handler) {
+      if (auto handler = handlers().address_space) {
         handler(*as);
       } else if (as->op != wire::AddressSpaceOp::kLock && as->op != wire::AddressSpaceOp::kDone) {
         // Nothing of the program runs here: nothing to replay.
@@ -1401,8 +1385,18 @@ class NodeAgent::Impl {
   // node_hash_map: a PageState stays put while a thread waits for it (Await releases mu_).
   absl::node_hash_map<PageId, PageState> pages_ ABSL_GUARDED_BY(mu_);
 
-  absl::Mutex futex_mu_;
-  std::function<void(const wire::FutexReply&)> futex_handler_ ABSL_GUARDED_BY(futex_mu_);
+  // Where server messages for the replica's services go; copied out to be called unlocked.
+  struct Handlers {
+    std::function<void(const wire::FutexReply&)> futex;
+    std::function<void(const wire::ThreadControl&)> thread;
+    std::function<void(const wire::AddressSpace&)> address_space;
+  };
+  Handlers handlers() const {
+    absl::MutexLock l(&handlers_mu_);
+    return handlers_;
+  }
+  mutable absl::Mutex handlers_mu_;
+  Handlers handlers_ ABSL_GUARDED_BY(handlers_mu_);
 
   struct TraceEntry {
     int64_t t_ns;
@@ -1414,8 +1408,6 @@ class NodeAgent::Impl {
   absl::Mutex trace_mu_;
   std::vector<TraceEntry> trace_ ABSL_GUARDED_BY(trace_mu_);
   uint64_t trace_dropped_ ABSL_GUARDED_BY(trace_mu_) = 0;
-  std::function<void(const wire::AddressSpace&)> address_space_handler_ ABSL_GUARDED_BY(futex_mu_);
-  std::function<void(const wire::ThreadControl&)> thread_handler_ ABSL_GUARDED_BY(futex_mu_);
 
   mutable absl::Mutex health_mu_;
   absl::Status health_ ABSL_GUARDED_BY(health_mu_);

@@ -127,8 +127,9 @@ class NodeAgent {
   // must bypass a seccomp filter placed in that process).
   absl::StatusOr<uintptr_t> HelperCodePage(pid_t pid) const;
 
-  // Makes [base, +length) of attached process `pid` missing (its invalidation helper drops
-  // the pages), outside the protocol: for a process whose pages the directory already has.
+  // Makes [base, +length) (within one attached range) of process `pid` missing, outside the
+  // protocol (its invalidation helper drops the pages, or punches holes in shared memory):
+  // for a process whose pages the directory already has.
   absl::Status DropRange(pid_t pid, uint64_t base, uint64_t length);
   // System call `nr` made in attached process `pid` by its invalidation helper thread
   // (uffd/invalidate.h): its result, >= 0 or -errno.
