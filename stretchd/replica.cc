@@ -342,8 +342,6 @@ absl::StatusOr<std::unique_ptr<Replica>> Replica::Restore(engine::NodeAgent* age
   std::vector<engine::NodeAgent::Range> ranges;
   std::vector<std::pair<uintptr_t, std::vector<uint8_t>>> seeds;
   const pid_t pid = r->pid_;
-  STRETCH_ASSIGN_OR_RETURN(uffd::Pidfd pidfd, uffd::Pidfd::Open(pid));
-  UniqueFd seccomp_listener;
   // Where each thread's kernel clears its tid at exit (pthread_join waits on it).
   for (pid_t tid : r->supervisor_->Threads()) {
     STRETCH_RETURN_IF_ERROR(r->supervisor_->RunStopped(
@@ -427,69 +425,7 @@ absl::StatusOr<std::unique_ptr<Replica>> Replica::Restore(engine::NodeAgent* age
           "so nothing would be shared between nodes (map the shared data with "
           "mmap(MAP_SHARED | MAP_ANONYMOUS) before creating the threads, or use automatic mode)");
     }
-    std::sort(ranges.begin(), ranges.end(),
-              [](const auto& a, const auto& b) { return a.base < b.base; });
-    for (size_t i = 0; i < ranges.size(); ++i)
-      ranges[i].region = RegionId(static_cast<uint32_t>(i + 1));
-    engine::NodeAgent::AttachRequest req;
-    req.pid = pid;
-    req.uffd = std::move(shared_uffd);
-    req.ranges = ranges;
-    req.registered = false;
-    req.shared = true;
-    ThreadSupervisor* sup = r->supervisor_.get();
-    req.with_thread = [sup, pid](std::function<absl::Status(uffd::RemoteThread&)> fn) {
-      return sup->RunStopped(
-          pid,
-          [&fn](pid_t tid) -> absl::Status {
-            STRETCH_ASSIGN_OR_RETURN(auto thread, uffd::RemoteThread::Adopt(tid));
-            return fn(*thread);
-          },
-          absl::Now() + absl::Seconds(10));
-    };
-    STRETCH_RETURN_IF_ERROR(agent->Attach(std::move(req)));
-    for (const auto& [base, bytes] : seeds) STRETCH_RETURN_IF_ERROR(agent->SeedPages(base, bytes));
-    // Empty them: the next access to any page is a fault the directory answers.
-    for (const auto& range : ranges) {
-      STRETCH_ASSIGN_OR_RETURN(
-          int64_t removed,
-          agent->HelperSyscall(pid, SYS_madvise, {range.base, range.length, MADV_REMOVE, 0, 0, 0}));
-      if (removed != 0) {
-        return ErrnoStatus(static_cast<int>(-removed), "madvise(MADV_REMOVE) of a shared range");
-      }
-    }
-    STRETCH_ASSIGN_OR_RETURN(uintptr_t helper_code, agent->HelperCodePage(pid));
-    STRETCH_ASSIGN_OR_RETURN(uintptr_t helper_syscall, agent->HelperSyscallSite(pid));
-    STRETCH_RETURN_IF_ERROR(r->supervisor_->RunStopped(
-        pid,
-        [&](pid_t tid) -> absl::Status {
-          STRETCH_ASSIGN_OR_RETURN(auto thread, uffd::RemoteThread::Adopt(tid));
-          STRETCH_ASSIGN_OR_RETURN(
-              seccomp_listener, InstallFilter(*thread, pidfd, helper_code, helper_syscall, false));
-          return absl::OkStatus();
-        },
-        deadline));
-    std::vector<engine::NodeAgent::Range> shared = ranges;
-    STRETCH_ASSIGN_OR_RETURN(
-        r->futexes_, FutexService::Start(
-                         agent, std::move(seccomp_listener), pid,
-                         [self](pid_t tid) { return self->ThreadOf(tid); },
-                         [shared](uint64_t address) {
-                           for (const auto& range : shared) {
-                             if (address >= range.base && address - range.base < range.length)
-                               return true;
-                           }
-                           return false;
-                         }));
-    {
-      absl::MutexLock l(&r->mu_);
-      r->attached_ = true;
-    }
-    agent->SetThreadControlHandler(
-        [self](const wire::ThreadControl& tc) { self->OnThreadControl(tc); });
-    LOG(INFO) << "replica pid " << pid << " (manual mode): restored, " << ranges.size()
-              << " shared ranges, " << r->run_.size() << " of " << r->supervisor_->Threads().size()
-              << " threads run here";
+    STRETCH_RETURN_IF_ERROR(r->Serve(std::move(ranges), std::move(shared_uffd), seeds, deadline));
     return r;
   }
 
@@ -562,6 +498,23 @@ absl::StatusOr<std::unique_ptr<Replica>> Replica::Restore(engine::NodeAgent* age
     }
   }
   uffd.reset();
+  // Before the filter traces address-space calls, the service for them.
+  STRETCH_ASSIGN_OR_RETURN(auto address_space,
+                           AddressSpaceService::Start(agent, r->supervisor_.get(), pid));
+  {
+    absl::MutexLock l(&r->mu_);
+    r->address_space_ = std::move(address_space);
+  }
+  STRETCH_RETURN_IF_ERROR(r->Serve(std::move(ranges), std::move(own_uffd), seeds, deadline));
+  return r;
+}
+
+absl::Status Replica::Serve(std::vector<engine::NodeAgent::Range> ranges, UniqueFd uffd,
+                            const std::vector<std::pair<uintptr_t, std::vector<uint8_t>>>& seeds,
+                            absl::Time deadline) {
+  const pid_t pid = pid_;
+  engine::NodeAgent* const agent = agent_;
+  Replica* const self = this;
   std::sort(ranges.begin(), ranges.end(),
             [](const auto& a, const auto& b) { return a.base < b.base; });
   // Region ids by address order: the same on every node, whose replicas are identical.
@@ -570,10 +523,11 @@ absl::StatusOr<std::unique_ptr<Replica>> Replica::Restore(engine::NodeAgent* age
 
   engine::NodeAgent::AttachRequest req;
   req.pid = pid;
-  req.uffd = std::move(own_uffd);
+  req.uffd = std::move(uffd);
   req.ranges = ranges;
   req.registered = false;
-  ThreadSupervisor* sup = r->supervisor_.get();
+  req.shared = options_.manual;
+  ThreadSupervisor* sup = supervisor_.get();
   req.with_thread = [sup, pid](std::function<absl::Status(uffd::RemoteThread&)> fn) {
     return sup->RunStopped(
         pid,
@@ -587,18 +541,15 @@ absl::StatusOr<std::unique_ptr<Replica>> Replica::Restore(engine::NodeAgent* age
   for (const auto& [base, bytes] : seeds) STRETCH_RETURN_IF_ERROR(agent->SeedPages(base, bytes));
   STRETCH_ASSIGN_OR_RETURN(uintptr_t helper_code, agent->HelperCodePage(pid));
   STRETCH_ASSIGN_OR_RETURN(uintptr_t helper_syscall, agent->HelperSyscallSite(pid));
-  STRETCH_ASSIGN_OR_RETURN(auto address_space,
-                           AddressSpaceService::Start(agent, r->supervisor_.get(), pid));
-  {
-    absl::MutexLock l(&r->mu_);
-    r->address_space_ = std::move(address_space);
-  }
-  STRETCH_RETURN_IF_ERROR(r->supervisor_->RunStopped(
+  STRETCH_ASSIGN_OR_RETURN(uffd::Pidfd pidfd, uffd::Pidfd::Open(pid));
+  UniqueFd seccomp_listener;
+  STRETCH_RETURN_IF_ERROR(supervisor_->RunStopped(
       pid,
       [&](pid_t tid) -> absl::Status {
         STRETCH_ASSIGN_OR_RETURN(auto thread, uffd::RemoteThread::Adopt(tid));
         STRETCH_ASSIGN_OR_RETURN(seccomp_listener,
-                                 InstallFilter(*thread, pidfd, helper_code, helper_syscall));
+                                 InstallFilter(*thread, pidfd, helper_code, helper_syscall,
+                                               /*address_space=*/!options_.manual));
         return absl::OkStatus();
       },
       deadline));
@@ -607,19 +558,30 @@ absl::StatusOr<std::unique_ptr<Replica>> Replica::Restore(engine::NodeAgent* age
   for (const auto& range : ranges) {
     STRETCH_RETURN_IF_ERROR(agent->DropRange(pid, range.base, range.length));
   }
-  STRETCH_ASSIGN_OR_RETURN(r->futexes_,
-                           FutexService::Start(agent, std::move(seccomp_listener), pid,
-                                               [self](pid_t tid) { return self->ThreadOf(tid); }));
+  std::function<bool(uint64_t)> is_shared;  // automatic mode: every futex is the cluster's
+  if (options_.manual) {
+    is_shared = [ranges](uint64_t address) {
+      for (const auto& range : ranges) {
+        if (address >= range.base && address - range.base < range.length) return true;
+      }
+      return false;
+    };
+  }
+  STRETCH_ASSIGN_OR_RETURN(futexes_,
+                           FutexService::Start(
+                               agent, std::move(seccomp_listener), pid,
+                               [self](pid_t tid) { return self->ThreadOf(tid); }, is_shared));
   {
-    absl::MutexLock l(&r->mu_);
-    r->attached_ = true;
+    absl::MutexLock l(&mu_);
+    attached_ = true;
   }
   agent->SetThreadControlHandler(
       [self](const wire::ThreadControl& tc) { self->OnThreadControl(tc); });
-  LOG(INFO) << "replica pid " << pid << ": restored, " << ranges.size() << " coherent ranges, "
-            << seeds.size() << " seeded, " << r->run_.size() << " of "
-            << r->supervisor_->Threads().size() << " threads run here";
-  return r;
+  LOG(INFO) << "replica pid " << pid << (options_.manual ? " (manual mode)" : "") << ": restored, "
+            << ranges.size() << (options_.manual ? " shared ranges, " : " coherent ranges, ")
+            << seeds.size() << " seeded, " << run_.size() << " of " << supervisor_->Threads().size()
+            << " threads run here";
+  return absl::OkStatus();
 }
 
 Replica::~Replica() {
@@ -633,6 +595,13 @@ Replica::~Replica() {
   address_space.reset();
   supervisor_.reset();
   futexes_.reset();
+}
+
+pid_t Replica::OurTid(pid_t inner) {
+  for (pid_t t : supervisor_->Threads()) {
+    if (ThreadOf(t) == ThreadId(static_cast<uint32_t>(inner))) return t;
+  }
+  return 0;
 }
 
 ThreadId Replica::ThreadOf(pid_t tid) {
@@ -713,27 +682,11 @@ void Replica::OnThreadControl(const wire::ThreadControl& tc) {
     // Manual mode: a thread ended on another node. Its copy here never runs; do what this
     // kernel would have done at its exit, so that a pthread_join here returns: clear its tid
     // word and wake the word's waiters (from the helper thread: the same address space).
-    pid_t ours = 0;
+    const pid_t ours = OurTid(static_cast<pid_t>(tc.thread.value()));
     uint64_t ctid = 0;
-    {
+    if (ours != 0) {
       absl::MutexLock l(&mu_);
-      for (const auto& [t, address] : ctid_) {
-        auto it = inner_tid_.find(t);
-        if (it != inner_tid_.end() && it->second == static_cast<pid_t>(tc.thread.value())) {
-          ours = t;
-          ctid = address;
-        }
-      }
-    }
-    if (ours == 0) {
-      // inner_tid_ fills lazily: look the thread up by its namespace id.
-      for (pid_t t : supervisor_->Threads()) {
-        if (ThreadOf(t) == tc.thread) {
-          ours = t;
-          absl::MutexLock l(&mu_);
-          ctid = ctid_[t];
-        }
-      }
+      ctid = ctid_[ours];
     }
     if (ours == 0 || ctid == 0) return;
     uint32_t zero = 0;
@@ -941,11 +894,7 @@ absl::Status Replica::MigrateIn(pid_t tid, const std::string& bytes) {
   if (offsetof(ThreadState, xstate) + state->xstate_len != bytes.size()) {
     return absl::InvalidArgumentError("thread state: inconsistent extended-state length");
   }
-  pid_t ours = 0;
-  for (pid_t t : supervisor_->Threads()) {
-    auto inner = InnermostTid(t);
-    if (inner.ok() && *inner == tid) ours = t;
-  }
+  const pid_t ours = OurTid(tid);
   if (ours == 0) {
     return absl::NotFoundError(
         absl::StrCat("thread ", tid,

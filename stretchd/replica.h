@@ -99,6 +99,13 @@ class Replica {
   bool OnSeccomp(pid_t tid);
   // A thread is at the entry of exit(): publish its exit cluster-wide (see replica.cc).
   void OnThreadExitCall(pid_t tid);
+  // The end of a restore, both modes: attaches `ranges` to the agent through `uffd`, sends
+  // the seeds, places the seccomp filter (the last call injected into a program thread:
+  // each makes the kernel write the thread's rseq area, in its TLS), drops every page, and
+  // starts the futex service.
+  absl::Status Serve(std::vector<engine::NodeAgent::Range> ranges, UniqueFd uffd,
+                     const std::vector<std::pair<uintptr_t, std::vector<uint8_t>>>& seeds,
+                     absl::Time deadline);
   // Tracer thread: sched_setaffinity(pid, len, mask) made by `tid`, emulated on this node's
   // CPUs.
   void EmulateSetAffinity(pid_t tid, struct user_regs_struct& regs);
@@ -107,6 +114,8 @@ class Replica {
   // A thread was created: remember where the kernel would clear its tid at exit.
   void OnClone(pid_t parent, pid_t child);
   ThreadId ThreadOf(pid_t tid);
+  // Our tid of the thread whose id in the program is `inner` (0 if it has no copy here).
+  pid_t OurTid(pid_t inner);
 
   ReplicaOptions options_;
   engine::NodeAgent* agent_ = nullptr;
