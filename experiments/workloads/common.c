@@ -72,6 +72,23 @@ double wl_now_ms(void) {
   return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
 }
 
+void wl_timed_wait_ms(long ms) {
+  pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+  pthread_cond_t cv = PTHREAD_COND_INITIALIZER;
+  struct timespec until;
+  clock_gettime(CLOCK_REALTIME, &until);
+  until.tv_sec += ms / 1000;
+  until.tv_nsec += (ms % 1000) * 1000000L;
+  if (until.tv_nsec >= 1000000000L) {
+    until.tv_sec++;
+    until.tv_nsec -= 1000000000L;
+  }
+  pthread_mutex_lock(&mu);
+  while (pthread_cond_timedwait(&cv, &mu, &until) != ETIMEDOUT) {
+  }
+  pthread_mutex_unlock(&mu);
+}
+
 void wl_report_time(const char* phase, double start_ms) {
   fprintf(stderr, "time_ms %s %.3f\n", phase, wl_now_ms() - start_ms);
 }

@@ -41,6 +41,10 @@ static inline uint64_t wl_rand(uint64_t* s) {
 }
 
 double wl_now_ms(void);
+/* Waits `ms` milliseconds in a timed condition wait (a futex): how test programs give
+ * `stretchd run` its default migration point (main blocked in a futex) while their workers
+ * exist. */
+void wl_timed_wait_ms(long ms);
 void wl_report_time(const char* phase, double start_ms);
 
 typedef void (*wl_task)(int worker, int nworkers, void* arg);

@@ -17,6 +17,8 @@
 #include <sys/mman.h>
 #include <time.h>
 
+#include "common.h"
+
 static int g_gate;
 static long g_calls = 200;
 static long g_sum[64];
@@ -67,20 +69,7 @@ int main(int argc, char** argv) {
   }
   pthread_t t[64];
   for (long i = 0; i < threads; ++i) pthread_create(&t[i], NULL, worker, (void*)i);
-  /* A timed wait (a futex): the migration point of stretchd run, with every worker alive. */
-  pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
-  pthread_cond_t cv = PTHREAD_COND_INITIALIZER;
-  struct timespec until;
-  clock_gettime(CLOCK_REALTIME, &until);
-  until.tv_nsec += 100000000L;
-  if (until.tv_nsec >= 1000000000L) {
-    until.tv_sec++;
-    until.tv_nsec -= 1000000000L;
-  }
-  pthread_mutex_lock(&mu);
-  while (pthread_cond_timedwait(&cv, &mu, &until) == 0) {
-  }
-  pthread_mutex_unlock(&mu);
+  wl_timed_wait_ms(100); /* the migration point of stretchd run, every worker alive */
   double start = now_ms();
   __atomic_store_n(&g_gate, 1, __ATOMIC_RELEASE);
   for (int i = 0; i < threads; ++i) pthread_join(t[i], NULL);

@@ -25,6 +25,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common.h"
+
 #define MAX_THREADS 64
 
 static int g_threads = 4;
@@ -58,20 +60,7 @@ static void* gated_start(void* p) {
 
 /* Main waits --start_gate_ms in a timed condition wait (a futex), then opens the gate. */
 static void open_gate_after_wait(void) {
-  pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
-  pthread_cond_t cv = PTHREAD_COND_INITIALIZER;
-  struct timespec until;
-  clock_gettime(CLOCK_REALTIME, &until);
-  until.tv_sec += g_start_gate_ms / 1000;
-  until.tv_nsec += (g_start_gate_ms % 1000) * 1000000L;
-  if (until.tv_nsec >= 1000000000L) {
-    until.tv_sec++;
-    until.tv_nsec -= 1000000000L;
-  }
-  pthread_mutex_lock(&mu);
-  while (pthread_cond_timedwait(&cv, &mu, &until) != ETIMEDOUT) {
-  }
-  pthread_mutex_unlock(&mu);
+  wl_timed_wait_ms(g_start_gate_ms);
   __atomic_store_n(&g_gate_open, 1, __ATOMIC_RELEASE);
 }
 

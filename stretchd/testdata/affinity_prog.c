@@ -8,8 +8,9 @@
 #include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <time.h>
 #include <unistd.h>
+
+#include "experiments/workloads/common.h"
 
 static int g_gate;
 static int g_cpu;
@@ -42,19 +43,7 @@ int main(int argc, char** argv) {
   }
   pthread_t t[64];
   for (long i = 0; i < n; ++i) pthread_create(&t[i], NULL, worker, (void*)i);
-  pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
-  pthread_cond_t cv = PTHREAD_COND_INITIALIZER;
-  struct timespec until;
-  clock_gettime(CLOCK_REALTIME, &until);
-  until.tv_nsec += 100000000L;
-  if (until.tv_nsec >= 1000000000L) {
-    until.tv_sec++;
-    until.tv_nsec -= 1000000000L;
-  }
-  pthread_mutex_lock(&mu);
-  while (pthread_cond_timedwait(&cv, &mu, &until) == 0) {
-  }
-  pthread_mutex_unlock(&mu);
+  wl_timed_wait_ms(100);
   __atomic_store_n(&g_gate, 1, __ATOMIC_RELEASE);
   for (int i = 0; i < n; ++i) pthread_join(t[i], NULL);
   for (int i = 0; i < n; ++i) printf("worker %d: pinned=%d cpu=%d\n", i, g_ok[i], g_on[i]);
