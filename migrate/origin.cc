@@ -71,25 +71,32 @@ namespace {
 // What a process holds that Stretch cannot move, named for the user (CRIU's own refusal is
 // the fallback for anything not listed).
 absl::Status CheckMigratable(pid_t pid, bool manual) {
-  if (manual) {
-    // A MAP_SHARED anonymous mapping shows as "/dev/zero (deleted)" (or a memfd, SysV shm).
-    std::ifstream maps(absl::StrCat("/proc/", pid, "/maps"));
-    std::string line;
-    bool shared = false;
-    while (std::getline(maps, line)) {
-      std::vector<std::string> f = absl::StrSplit(line, ' ', absl::SkipEmpty());
-      if (f.size() >= 2 && f[1].size() == 4 && f[1][3] == 's' &&
-          (f.size() < 6 || absl::StartsWith(f[5], "/dev/zero") ||
-           absl::StartsWith(f[5], "/memfd:") || absl::StartsWith(f[5], "/SYSV"))) {
-        shared = true;
-      }
+  // A MAP_SHARED anonymous mapping shows as "/dev/zero (deleted)" (or a memfd, SysV shm).
+  std::ifstream maps(absl::StrCat("/proc/", pid, "/maps"));
+  std::string line, shared_writable;
+  bool shared = false;
+  while (std::getline(maps, line)) {
+    std::vector<std::string> f = absl::StrSplit(line, ' ', absl::SkipEmpty());
+    if (f.size() >= 2 && f[1].size() == 4 && f[1][3] == 's' &&
+        (f.size() < 6 || absl::StartsWith(f[5], "/dev/zero") || absl::StartsWith(f[5], "/memfd:") ||
+         absl::StartsWith(f[5], "/SYSV"))) {
+      shared = true;
+      if (f[1][1] == 'w' && shared_writable.empty()) shared_writable = f[0];
     }
-    if (!shared) {
-      return absl::FailedPreconditionError(
-          "manual mode: it has no MAP_SHARED anonymous mapping at its migration point, so nothing "
-          "would be shared between nodes (map shared data with mmap(MAP_SHARED | MAP_ANONYMOUS) "
-          "before creating the threads, or use automatic mode)");
-    }
+  }
+  if (manual && !shared) {
+    return absl::FailedPreconditionError(
+        "manual mode: it has no MAP_SHARED anonymous mapping at its migration point, so nothing "
+        "would be shared between nodes (map shared data with mmap(MAP_SHARED | MAP_ANONYMOUS) "
+        "before creating the threads, or use automatic mode)");
+  }
+  if (!manual && !shared_writable.empty()) {
+    // Automatic mode keeps private memory coherent; each replica would get its own copy of a
+    // shared mapping and the nodes would silently disagree about it.
+    return absl::FailedPreconditionError(absl::StrCat(
+        "automatic mode: it has a writable MAP_SHARED anonymous mapping (", shared_writable,
+        ") at its migration point, which automatic mode does not keep coherent (run it with "
+        "--manual, where exactly such mappings are shared)"));
   }
   const std::string dir = absl::StrCat("/proc/", pid, "/fd");
   DIR* d = opendir(dir.c_str());

@@ -293,6 +293,17 @@ TEST_F(RunTest, ManualModeSharesTheMapSharedMemory) {
   EXPECT_EQ(stretch.status.ToString(), "exit status 0") << stretch.err;
   EXPECT_EQ(stretch.out, native.out);
   EXPECT_THAT(stretch.err, HasSubstr("manual mode: it has no MAP_SHARED anonymous mapping"));
+  // The other way round: automatic mode would give each replica its own copy of the shared
+  // mapping (the nodes would disagree about the pool's mutex and deadlock); it runs the
+  // program on one node and says why.
+  auto [native2, automatic] =
+      Both({Runfile("experiments/workloads/kmeans"), "--size=8000", "--threads=4", "--manual"},
+           {"--migrate_at_threads=5"});
+  EXPECT_EQ(automatic.status.ToString(), "exit status 0") << automatic.err;
+  EXPECT_EQ(automatic.out, native2.out);
+  EXPECT_THAT(automatic.err,
+              HasSubstr("automatic mode: it has a writable MAP_SHARED anonymous mapping"));
+  EXPECT_THAT(last_stats_, HasSubstr("\"migrated\":false"));
   EXPECT_THAT(last_stats_, HasSubstr("\"migrated\":false"));
 }
 
