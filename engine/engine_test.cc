@@ -112,6 +112,19 @@ TEST_P(EngineTest, ManyPages) {
   for (int i = 0; i < 3; ++i) EXPECT_EQ(out[i], absl::StrCat("node ", i, " pages 300 bad 0\n"));
 }
 
+// A sequential scan of pages another node wrote: after two misses in a row the agent asks for
+// the next pages ahead of the faults (NodeOptions::read_ahead, 8), so most pages arrive that
+// way (a fault on a page still on its way counts as a fault too), with the right contents.
+TEST_P(EngineTest, SequentialScanReadsAhead) {
+  ASSERT_NO_FATAL_FAILURE(StartCluster(2));
+  constexpr int kPages = 400;
+  auto out = RunAll("scan", {absl::StrCat("--pages=", kPages)});
+  EXPECT_EQ(out[1], absl::StrCat("node 1 scan ", kPages, " bad 0\n"));
+  const auto& reader = agents_[1]->stats();
+  EXPECT_GE(reader.pages_read_ahead.Get(), kPages / 2u);
+  EXPECT_GE(reader.pages_read_ahead.Get() + reader.read_faults.Get(), uint64_t{kPages});
+}
+
 TEST_P(EngineTest, StressHasNoStaleReads) {
   ASSERT_NO_FATAL_FAILURE(StartCluster(3));
   auto out = RunAll("stress", {"--iters=20000", "--pages=32"});

@@ -953,6 +953,8 @@ class NodeAgent::Impl {
   // next pages too, as ordinary read misses nobody waits for yet, so their round trips overlap
   // with this one's and with the program's work. Only pages this node holds no copy of and has
   // no transaction for, inside the attachment's ranges.
+  // A read miss on the page after the previous one (or after the previous read-ahead window:
+  // a sequential scan misses once per window) also asks for the next pages this node lacks.
   void ReadAhead(Attachment& att, PageId page) {
     const uint64_t last = att.last_read_miss;
     att.last_read_miss = page.address();
@@ -960,6 +962,7 @@ class NodeAgent::Impl {
     for (int i = 1; i <= options_.read_ahead; ++i) {
       const uintptr_t next = page.address() + static_cast<uintptr_t>(i) * kPageSize;
       if (!att.Contains(next)) return;
+      att.last_read_miss = next;
       {
         absl::MutexLock l(&mu_);
         auto it = pages_.find(PageId::Containing(next));

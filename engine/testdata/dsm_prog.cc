@@ -8,7 +8,8 @@
 //
 // Modes: counter (atomic increments of one word), falseshare (each node its own word of one
 // page), pingpong (two nodes alternate on one page), pages (each node fills its pages, all
-// read all), stress (random atomic increments and reads of P counters with a stale-read check).
+// read all), scan (node 0 fills every page, the others read them in order), stress (random atomic
+// increments and reads of P counters with a stale-read check).
 #include <sched.h>
 #include <unistd.h>
 
@@ -142,6 +143,21 @@ int main(int argc, char** argv) {
       for (size_t b = 0; b < kPage; ++b) bad += page[b] != static_cast<char>(Fill(p, b));
     }
     printf("node %d pages %ld bad %d\n", g_node, pages, bad);
+  } else if (mode == "scan") {
+    if (g_node == 0) {
+      for (long p = 0; p < pages; ++p) {
+        char* page = g_mem + (kDataPage0 + p) * kPage;
+        for (size_t b = 0; b < kPage; ++b) page[b] = static_cast<char>(Fill(p, b));
+      }
+    }
+    WaitBarrier();
+    if (g_node != 0) {
+      for (long p = 0; p < pages; ++p) {
+        const char* page = g_mem + (kDataPage0 + p) * kPage;
+        for (size_t b = 0; b < kPage; ++b) bad += page[b] != static_cast<char>(Fill(p, b));
+      }
+    }
+    printf("node %d scan %ld bad %d\n", g_node, pages, bad);
   } else if (mode == "stress") {
     // Page kDataPage0+p holds counter p, only ever incremented: no node may see it go back.
     std::mt19937_64 rng(seed * 1000 + g_node);
