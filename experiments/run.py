@@ -7,8 +7,10 @@
 
 Every (workload, configuration, repetition) of the config is one run. Each run appends a row to
 DIR/runs.csv as soon as it ends (wall and compute time, exit status, a hash of the output) and,
-for Stretch runs, keeps the stats JSON in DIR/stats/. Running the same command again resumes:
-runs already in runs.csv are skipped (--fresh starts over). Progress (what runs now, how many
+for Stretch runs, keeps the stats JSON in DIR/stats/ (and with "fault_trace", every node's
+fault trace in DIR/traces/<workload>-<label>-<rep>/). Running the same command again resumes:
+runs already recorded as successful in runs.csv are skipped, failed ones run again (--fresh
+starts over). Progress (what runs now, how many
 are left, time so far) goes to stderr. Needs root for Stretch runs. The config format is in
 experiments/README.md.
 """
@@ -48,6 +50,9 @@ def load_config(path):
         if "label" not in cfg or cfg["label"] in labels:
             fail(f"config entry {cfg} needs a unique \"label\"")
         labels.add(cfg["label"])
+        for key in ("threads", "repetitions"):
+            if key in cfg and (not isinstance(cfg[key], int) or cfg[key] < 1):
+                fail(f"config entry {cfg['label']}: '{key}' must be a positive integer")
     c.setdefault("repetitions", 3)
     c.setdefault("threads", 4)
     c.setdefault("timeout_s", 600)
@@ -58,9 +63,10 @@ def load_config(path):
     return c
 
 
-def command(c, cfg, workload, bin_dir, stats_path):
+def command(c, cfg, workload, bin_dir, stats_path, trace_dir):
     prog = [os.path.join(bin_dir, "experiments/workloads", workload),
-            f"--threads={c['threads']}"] + list(c["workloads"][workload])
+            f"--threads={cfg.get('threads', c['threads'])}"] + list(c["workloads"][workload]) + \
+        list(cfg.get("workload_flags", []))
     if cfg["kind"] == "native":
         return (["taskset", "-c", cfg["cpus"]] if cfg.get("cpus") else []) + prog
     argv = [os.path.join(bin_dir, "stretchd", "stretchd"), "run",
@@ -68,16 +74,25 @@ def command(c, cfg, workload, bin_dir, stats_path):
             f"--stats_json={stats_path}"]
     if cfg.get("node_cpus"):
         argv.append(f"--node_cpus={cfg['node_cpus']}")
+    if cfg.get("fault_trace"):
+        argv.append(f"--fault_trace={trace_dir}")
     return argv + list(cfg.get("flags", [])) + ["--"] + prog
 
 
 def done_runs(csv_path):
-    done = set()
-    if os.path.exists(csv_path):
-        with open(csv_path, newline="") as f:
-            for row in csv.DictReader(f):
-                done.add((row["workload"], row["config"], int(row["rep"])))
-    return done
+    """The runs recorded as successful. Failed rows are dropped from the file: a resumed
+    campaign runs them again."""
+    if not os.path.exists(csv_path):
+        return set()
+    with open(csv_path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    ok = [r for r in rows if r["rc"] == "0"]
+    if len(ok) != len(rows):
+        with open(csv_path, "w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=FIELDS)
+            writer.writeheader()
+            writer.writerows(ok)
+    return {(r["workload"], r["config"], int(r["rep"])) for r in ok}
 
 
 def main():
@@ -106,7 +121,7 @@ def main():
             fail("Stretch runs need root (namespaces, ptrace, CRIU)")
 
     todo = [(w, cfg, r) for w in c["workloads"] for cfg in c["configs"]
-            for r in range(1, c["repetitions"] + 1)]
+            for r in range(1, cfg.get("repetitions", c["repetitions"]) + 1)]
     done = done_runs(csv_path)
     pending = [t for t in todo if (t[0], t[1]["label"], t[2]) not in done]
     print(f"run.py: {c['name']}: {len(todo)} runs, {len(todo) - len(pending)} already done, "
@@ -127,7 +142,10 @@ def main():
                   f"({elapsed / 60:.1f} min so far{eta})", file=sys.stderr, flush=True)
             stats_name = f"{w}-{cfg['label']}-{rep}.json"
             stats_path = os.path.join(results, "stats", stats_name)
-            argv = command(c, cfg, w, a.bin, stats_path)
+            trace_dir = os.path.join(results, "traces", f"{w}-{cfg['label']}-{rep}")
+            if cfg.get("fault_trace"):
+                os.makedirs(trace_dir, exist_ok=True)
+            argv = command(c, cfg, w, a.bin, stats_path, trace_dir)
             t0 = time.monotonic()
             try:
                 p = subprocess.run(argv, capture_output=True, text=True,
