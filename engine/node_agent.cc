@@ -573,8 +573,10 @@ class NodeAgent::Impl {
     Impl* agent = nullptr;
     Target* target = nullptr;
     std::vector<Range> ranges;
-    bool shared = false;          // MAP_SHARED (shmem): invalidate by punching holes
-    uint64_t last_read_miss = 0;  // fault loop thread only (ReadAhead)
+    bool shared = false;  // MAP_SHARED (shmem): invalidate by punching holes
+    // Per faulting thread (0: the uffd does not say), the page after which a read miss is
+    // sequential. Fault loop thread only (ReadAhead).
+    absl::flat_hash_map<int, uint64_t> last_read_miss;
     bool Contains(uintptr_t a) const {
       for (const Range& r : ranges) {
         if (a >= r.base && a - r.base < r.length) return true;
@@ -908,7 +910,7 @@ class NodeAgent::Impl {
                 LocalEvent{store ? coherence::LocalOp::kStore : coherence::LocalOp::kLoad,
                            ThreadId(static_cast<uint32_t>(f.tid))},
                 f.received_ns ? f.received_ns : NowNs());
-    if (!store) ReadAhead(att, page);
+    if (!store) ReadAhead(att, page, f.tid);
   }
 
   // One line per fault: when (CLOCK_MONOTONIC ns), which thread (its id in the program; 0
@@ -953,16 +955,20 @@ class NodeAgent::Impl {
   // next pages too, as ordinary read misses nobody waits for yet, so their round trips overlap
   // with this one's and with the program's work. Only pages this node holds no copy of and has
   // no transaction for, inside the attachment's ranges.
-  // A read miss on the page after the previous one (or after the previous read-ahead window:
-  // a sequential scan misses once per window) also asks for the next pages this node lacks.
-  void ReadAhead(Attachment& att, PageId page) {
-    const uint64_t last = att.last_read_miss;
-    att.last_read_miss = page.address();
-    if (options_.read_ahead <= 0 || page.address() != last + kPageSize) return;
+  // A thread's read miss on the page after its previous one (or after its previous read-ahead
+  // window: a sequential scan misses once per window) also asks for the next pages this node
+  // lacks. Per thread, so that threads scanning their own slices side by side all qualify.
+  void ReadAhead(Attachment& att, PageId page, int tid) {
+    if (options_.read_ahead <= 0) return;
+    if (att.last_read_miss.size() >= kMaxReadAheadThreads) att.last_read_miss.clear();
+    uint64_t& last_of_thread = att.last_read_miss[tid];
+    const uint64_t last = last_of_thread;
+    last_of_thread = page.address();
+    if (page.address() != last + kPageSize) return;
     for (int i = 1; i <= options_.read_ahead; ++i) {
       const uintptr_t next = page.address() + static_cast<uintptr_t>(i) * kPageSize;
       if (!att.Contains(next)) return;
-      att.last_read_miss = next;
+      last_of_thread = next;
       {
         absl::MutexLock l(&mu_);
         auto it = pages_.find(PageId::Containing(next));
@@ -1408,6 +1414,7 @@ class NodeAgent::Impl {
     uint8_t access;  // 0 read, 1 write, 2 upgrade
   };
   static constexpr size_t kMaxTrace = 20'000'000;
+  static constexpr size_t kMaxReadAheadThreads = 4096;
   absl::Mutex trace_mu_;
   std::vector<TraceEntry> trace_ ABSL_GUARDED_BY(trace_mu_);
   uint64_t trace_dropped_ ABSL_GUARDED_BY(trace_mu_) = 0;
