@@ -23,14 +23,16 @@ round-robin from node 1.
 Time. Each worker does W / workers of work. A node with c cores needs
   T_n = max((sum of its workers' work + gamma * E_n) / c,  max over its threads (w_t + S_t))
 where E_n counts the protocol events the node handles (its misses, read-aheads, invalidations
-and forwards it receives), gamma is the CPU time one event costs the node (agent, kernel uffd
-and network stack: fitted, see below), and S_t is thread t's stall, the sum over its misses of
-that kind of miss's latency measured by remote_fault_benchmark. T = max_n T_n and the
+and forwards it receives, a page read ahead counting ra_weight of an event: no fault, no
+thread to wake), gamma is the CPU time one event costs the node (agent, kernel uffd and network
+stack), and S_t is thread t's stall, the sum over its misses of that kind of miss's latency
+measured by remote_fault_benchmark. T = max_n T_n and the
 predicted speedup is W / T against vanilla on one node.
 
-Validation. gamma is the one fitted parameter: least squares on log(T) over the measured
-two-node points. Each workload's error is reported both in-sample and leave-one-out (gamma
-fitted on the other workloads), so the reader sees how far off an unseen workload is.
+Validation. gamma and ra_weight are the two fitted parameters: least squares on log(T) over
+the measured two-node points. Each workload's error is reported both in-sample and
+leave-one-out (fitted on the other workloads), so the reader sees how far off an unseen
+workload is.
 
 RDMA. The same replay with each miss's network round trips (tcp_req_4k each, from the
 benchmark) replaced by --rdma_rtt_us plus the page at --rdma_gbps, and gamma scaled by the
@@ -228,9 +230,9 @@ def miss_latency(kind, lat):
     return lat[kind]
 
 
-def predict(replay, work_s, lat, gamma_us, cores, workers):
+def predict(replay, work_s, lat, gamma_us, cores, workers, ra_weight=1.0):
     """Predicted compute time (s) of a replayed placement (see the module comment); the work is
-    shared equally by the threads in `workers`."""
+    shared equally by the threads in `workers`; a page read ahead costs ra_weight events."""
     w = work_s / max(1, len(workers))
     per_node_work = [0.0] * replay.nodes
     critical = [0.0] * replay.nodes
@@ -239,15 +241,15 @@ def predict(replay, work_s, lat, gamma_us, cores, workers):
         stall = sum(c * miss_latency(k, lat) for k, c in replay.misses.get(t, {}).items()) / 1e6
         per_node_work[n] += wt
         critical[n] = max(critical[n], wt + stall)
-    return max(max((per_node_work[n] + gamma_us * replay.events[n] / 1e6) / cores, critical[n])
+    return max(max((per_node_work[n] + gamma_us * (replay.events[n] - (1 - ra_weight) *
+                                                   replay.read_aheads[n]) / 1e6) / cores,
+                   critical[n])
                for n in range(replay.nodes))
 
 
-def fit_gamma(points, lo=0.0, hi=2000.0):
-    """gamma (us) minimizing the squared log error of [(predict(gamma) -> s, measured s)]."""
-    def err(g):
-        return sum((math.log(f(g)) - math.log(m)) ** 2 for f, m in points)
-    for _ in range(100):                      # golden-section search: err is unimodal here
+def golden(err, lo, hi, steps=60):
+    """The x in [lo, hi] minimizing err (unimodal)."""
+    for _ in range(steps):
         a = lo + (hi - lo) * 0.382
         b = lo + (hi - lo) * 0.618
         if err(a) <= err(b):
@@ -255,6 +257,25 @@ def fit_gamma(points, lo=0.0, hi=2000.0):
         else:
             lo = a
     return (lo + hi) / 2
+
+
+def log_error(points, *params):
+    return sum((math.log(f(*params)) - math.log(m)) ** 2 for f, m in points)
+
+
+def fit_gamma(points, lo=0.0, hi=2000.0):
+    """gamma (us) minimizing the squared log error of [(predict(gamma) -> s, measured s)]."""
+    return golden(lambda g: log_error(points, g), lo, hi, steps=100)
+
+
+def fit(points):
+    """(gamma, ra_weight) minimizing the squared log error of [(predict(gamma, ra_weight) -> s,
+    measured s)]: the CPU one protocol event costs a node, and the share of that a page read
+    ahead costs (no fault, no thread to wake)."""
+    def best_gamma(r):
+        return fit_gamma([(lambda g, f=f, r=r: f(g, r), m) for f, m in points])
+    r = golden(lambda r: log_error(points, best_gamma(r), r), 0.0, 1.0, steps=30)
+    return best_gamma(r), r
 
 
 def load_campaign(results):
@@ -329,21 +350,23 @@ def main():
     two = {w: replay(w, 2, a.read_ahead) for w in measured}
 
     def point(w):
-        return (lambda g, w=w: predict(two[w], work[w], tcp, g, a.cores, worker_ids)), measured[w]
+        return ((lambda g, r, w=w: predict(two[w], work[w], tcp, g, a.cores, worker_ids, r)),
+                measured[w])
 
     valid = [w for w in workloads if w in measured]
     if not valid:
         fail("no measured stretch-2node-tcp runs to fit and validate against")
-    gamma = fit_gamma([point(w) for w in valid])
+    gamma, ra_weight = fit([point(w) for w in valid])
     rows = []
     for w in valid:
-        loo = fit_gamma([point(v) for v in valid if v != w]) if len(valid) > 1 else gamma
-        p_in = predict(two[w], work[w], tcp, gamma, a.cores, worker_ids)
-        p_loo = predict(two[w], work[w], tcp, loo, a.cores, worker_ids)
+        loo = fit([point(v) for v in valid if v != w]) if len(valid) > 2 else (gamma, ra_weight)
+        p_in = predict(two[w], work[w], tcp, gamma, a.cores, worker_ids, ra_weight)
+        p_loo = predict(two[w], work[w], tcp, loo[0], a.cores, worker_ids, loo[1])
         rows.append({"workload": w, "work_s": f"{work[w]:.4f}",
                      "measured_s": f"{measured[w]:.4f}",
                      "predicted_s": f"{p_in:.4f}", "error_pct": f"{(p_in / measured[w] - 1) * 100:.1f}",
-                     "loo_gamma_us": f"{loo:.1f}", "loo_predicted_s": f"{p_loo:.4f}",
+                     "loo_gamma_us": f"{loo[0]:.1f}", "loo_ra_weight": f"{loo[1]:.3f}",
+                     "loo_predicted_s": f"{p_loo:.4f}",
                      "loo_error_pct": f"{(p_loo / measured[w] - 1) * 100:.1f}",
                      "measured_speedup": f"{work[w] / measured[w]:.3f}",
                      "predicted_speedup": f"{work[w] / p_in:.3f}"})
@@ -359,7 +382,7 @@ def main():
             r = replay(w, nodes, a.read_ahead)
             misses = sum(sum(m.values()) for m in r.misses.values())
             for net, lat, g in (("tcp", tcp, gamma), ("rdma", rdma, gamma_rdma)):
-                t = predict(r, work[w], lat, g, a.cores, worker_ids)
+                t = predict(r, work[w], lat, g, a.cores, worker_ids, ra_weight)
                 preds.append({"workload": w, "network": net, "nodes": nodes, "cores": a.cores,
                               "predicted_s": f"{t:.4f}", "speedup": f"{work[w] / t:.3f}",
                               "misses": misses, "invalidations": sum(r.invalidations),
@@ -368,14 +391,16 @@ def main():
         wr = csv.DictWriter(f, fieldnames=list(preds[0]))
         wr.writeheader()
         wr.writerows(preds)
-    params = {"gamma_us": gamma, "gamma_rdma_us": gamma_rdma, "cores_per_node": a.cores,
+    params = {"gamma_us": gamma, "ra_weight": ra_weight, "gamma_rdma_us": gamma_rdma,
+              "cores_per_node": a.cores,
               "read_ahead": a.read_ahead, "rdma_rtt_us": a.rdma_rtt_us,
               "rdma_gbps": a.rdma_gbps, "latency_tcp_us": tcp, "latency_rdma_us": rdma}
     with open(os.path.join(out, "model_params.json"), "w") as f:
         json.dump(params, f, indent=1)
 
-    print(f"Model: gamma = {gamma:.1f} us of node CPU per protocol event (fitted on "
-          f"{len(valid)} measured 2-node points); RDMA: {a.rdma_rtt_us} us round trip, "
+    print(f"Model: gamma = {gamma:.1f} us of node CPU per protocol event, a page read ahead "
+          f"{ra_weight:.2f} of that (fitted on {len(valid)} measured 2-node points); RDMA: "
+          f"{a.rdma_rtt_us} us round trip, "
           f"{a.rdma_gbps} Gbit/s, gamma {gamma_rdma:.1f} us\n")
     print("| workload | W (1 core) s | measured 2-node s | predicted s | error | "
           "leave-one-out error |")

@@ -117,6 +117,20 @@ class TimeTest(unittest.TestCase):
             points.append((f, f(150.0)))
         self.assertAlmostEqual(model.fit_gamma(points), 150.0, places=2)
 
+    def test_fit_recovers_the_cost_of_a_miss_and_of_a_read_ahead(self):
+        replays = [replay(trace(*[(2 + i % 2, 7, "write") for i in range(n)]), 2)
+                   for n in (100, 1000)]
+        replays += [replay(trace(*[(2, p, "read") for p in range(n)]), 2, read_ahead=8)
+                    for n in (500, 2000)]
+        points = []
+        for r in replays:
+            def f(g, ra, r=r):
+                return model.predict(r, 1.0, LAT, g, cores=1, workers={2, 3}, ra_weight=ra)
+            points.append((f, f(150.0, 0.3)))
+        gamma, ra_weight = model.fit(points)
+        self.assertAlmostEqual(gamma, 150.0, delta=0.5)
+        self.assertAlmostEqual(ra_weight, 0.3, delta=0.005)
+
 
 BENCH = """\
 FLOOR uffd_copy                p50     6.00 p99    15.28 n 1800

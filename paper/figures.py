@@ -1,0 +1,319 @@
+#!/usr/bin/python3
+"""Draws the report's figures and tables from a results folder written by paper/make.
+
+  /usr/bin/python3 paper/figures.py RESULTS [--out=paper]
+
+Reads RESULTS/speedup_2node_tcp, RESULTS/trace_model (with the model's predictions.csv and
+validation.csv), RESULTS/remote_fault_benchmark.txt and, if present, RESULTS/manual_2node_tcp
+and RESULTS/address_space_cost; writes OUT/figures/*.png and OUT/report.md, which is
+OUT/report.in.md with every {{name}} replaced by the table or figure of that name.
+"""
+import argparse
+import csv
+import json
+import os
+import re
+import statistics
+import sys
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+APPS = ["histogram", "kmeans", "linear_regression", "matrix_multiply", "pca", "string_match",
+        "word_count"]
+SHORT = {"histogram": "HIST", "kmeans": "KM", "linear_regression": "LR",
+         "matrix_multiply": "MM", "pca": "PCA", "string_match": "SM", "word_count": "WC"}
+# The thesis's reported speedups against vanilla on one machine (best and worst where it gave
+# a range); the others it did not report as numbers.
+THESIS = {"matrix_multiply": (3.39, 3.39), "pca": (2.08, 2.08), "kmeans": (0.56, 0.64)}
+
+
+def fail(msg):
+    sys.exit(f"figures.py: {msg}")
+
+
+def runs(folder):
+    path = os.path.join(folder, "runs.csv")
+    if not os.path.exists(path):
+        fail(f"{path} does not exist (paper/make runs the campaigns)")
+    with open(path, newline="") as f:
+        return [r for r in csv.DictReader(f) if r["rc"] == "0" and r["compute_s"]]
+
+
+def times(rows, w, label):
+    return [float(r["compute_s"]) for r in rows if r["workload"] == w and r["config"] == label]
+
+
+def speedups(rows, w, base, label):
+    """(median speedup, lowest, highest) of label against the base's median."""
+    b, t = times(rows, w, base), times(rows, w, label)
+    if not b or not t:
+        return None
+    mb = statistics.median(b)
+    return mb / statistics.median(t), mb / max(t), mb / min(t)
+
+
+def node_counts(folder, rows, w, label):
+    """Median over runs of the per-run totals (over nodes) of the engine's counters."""
+    keys = ["read_faults", "write_faults", "upgrades", "pages_read_ahead",
+            "invalidations_received", "forwards_served", "bytes_sent"]
+    per_run = []
+    for r in rows:
+        if r["workload"] != w or r["config"] != label or not r["stats"]:
+            continue
+        try:
+            with open(os.path.join(folder, "stats", r["stats"])) as f:
+                nodes = json.load(f)["nodes"]
+        except (OSError, ValueError, KeyError):
+            continue
+        per_run.append({k: sum(n.get(k, 0) for n in nodes) for k in keys})
+    if not per_run:
+        return None
+    return {k: statistics.median(p[k] for p in per_run) for k in keys}
+
+
+def bench(path):
+    text = open(path).read() if os.path.exists(path) else ""
+    project = {m.group(1): (float(m.group(2)), float(m.group(3)))
+               for m in re.finditer(r"^PROJECT (\S+)\s+p50\s+([0-9.]+).*\| floor\s+([0-9.]+)",
+                                    text, re.M)}
+    floors = {m.group(1): float(m.group(2))
+              for m in re.finditer(r"^FLOOR (\S+)\s+p50\s+([0-9.]+)", text, re.M)}
+    ratios = re.findall(r"^RATIO .*$", text, re.M)
+    return project, floors, ratios
+
+
+def save(fig, out, name):
+    path = os.path.join(out, "figures", name)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return f"![{name}](figures/{name})"
+
+
+def thesis_markers(ax, xs):
+    first = True
+    for i, w in enumerate(APPS):
+        if w in THESIS:
+            lo, hi = THESIS[w]
+            ax.plot([xs[i], xs[i]], [lo, hi], color="black", lw=3)
+            ax.scatter([xs[i]], [hi], marker="*", s=120, color="black", zorder=5,
+                       label="thesis (cluster)" if first else None)
+            first = False
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("results")
+    ap.add_argument("--out", default=os.path.dirname(os.path.abspath(__file__)))
+    a = ap.parse_args()
+    os.makedirs(os.path.join(a.out, "figures"), exist_ok=True)
+    parts = {}
+
+    # 1. Measured speedup, 4 threads, 2 emulated nodes over tcp.
+    sp_dir = os.path.join(a.results, "speedup_2node_tcp")
+    sp = runs(sp_dir)
+    fig, ax = plt.subplots(figsize=(8, 4))
+    xs = list(range(len(APPS)))
+    table = ["| application | vanilla CPUs 0-1 | Stretch 2 nodes tcp (range) | thesis |",
+             "|---|---|---|---|"]
+    for off, label, color in ((-0.2, "vanilla-cpu01", "#9ab"), (0.2, "stretch-2node-tcp", "#c53")):
+        vals = [speedups(sp, w, "vanilla-cpu0", label) for w in APPS]
+        ys = [v[0] if v else 0 for v in vals]
+        err = [[v[0] - v[1] if v else 0 for v in vals], [v[2] - v[0] if v else 0 for v in vals]]
+        ax.bar([x + off for x in xs], ys, width=0.4, color=color, yerr=err, capsize=3,
+               label={"vanilla-cpu01": "vanilla on 2 cores (one machine)",
+                      "stretch-2node-tcp": "Stretch, 2 nodes x 1 core, tcp"}[label])
+    thesis_markers(ax, xs)
+    ax.axhline(1.0, color="gray", lw=0.8, ls="--")
+    ax.set_xticks(xs, [SHORT[w] for w in APPS])
+    ax.set_ylabel("speedup vs vanilla on 1 core")
+    ax.set_title("Measured speedup (4 threads; median of 3, bars = range)")
+    ax.legend(fontsize=8)
+    parts["fig_speedup_measured"] = save(fig, a.out, "speedup_measured.png")
+    for w in APPS:
+        v1 = speedups(sp, w, "vanilla-cpu0", "vanilla-cpu01")
+        v2 = speedups(sp, w, "vanilla-cpu0", "stretch-2node-tcp")
+        th = THESIS.get(w)
+        ths = "-" if not th else (f"{th[0]:.2f}x" if th[0] == th[1] else f"{th[0]:.2f}-{th[1]:.2f}x")
+        table.append(f"| {w} | {v1[0]:.2f}x | {v2[0]:.2f}x ({v2[1]:.2f}-{v2[2]:.2f}) | {ths} |"
+                     if v1 and v2 else f"| {w} | - | - | {ths} |")
+    parts["table_speedup_measured"] = "\n".join(table)
+
+    # 2. Fault and invalidation breakdown of the measured 2-node runs.
+    fig, ax = plt.subplots(figsize=(8, 4))
+    cats = [("read misses", lambda c: c["read_faults"]),
+            ("write misses", lambda c: c["write_faults"] - c["upgrades"]),
+            ("upgrades S->M", lambda c: c["upgrades"]),
+            ("pages read ahead", lambda c: c["pages_read_ahead"]),
+            ("invalidations received", lambda c: c["invalidations_received"])]
+    table = ["| application | compute s | read misses | write misses | upgrades | read-ahead "
+             "pages | invalidations | forwards | MB the nodes sent | us of work per page moved |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    counts = {w: node_counts(sp_dir, sp, w, "stretch-2node-tcp") for w in APPS}
+    for i, (name, f) in enumerate(cats):
+        ax.bar([x + (i - 2) * 0.16 for x in xs],
+               [max(f(counts[w]), 0.5) if counts[w] else 0.5 for w in APPS], width=0.16,
+               label=name)
+    ax.set_yscale("log")
+    ax.set_xticks(xs, [SHORT[w] for w in APPS])
+    ax.set_ylabel("count per run (both nodes)")
+    ax.set_title("Where the DSM's work goes: Stretch, 2 nodes, tcp (median of 3)")
+    ax.legend(fontsize=7, ncol=2)
+    parts["fig_faults"] = save(fig, a.out, "fault_breakdown.png")
+    for w in APPS:
+        c = counts[w]
+        t = times(sp, w, "stretch-2node-tcp")
+        if not c or not t:
+            table.append(f"| {w} | - | - | - | - | - | - | - | - | - |")
+            continue
+        moved = c["read_faults"] + c["write_faults"] - c["upgrades"] + c["pages_read_ahead"]
+        work = times(sp, w, "vanilla-cpu0")
+        per_page = f"{statistics.median(work) * 1e6 / moved:.0f}" if work and moved else "-"
+        med = statistics.median(t)
+        table.append(f"| {w} | {med:.3f} | {c['read_faults']:.0f} | "
+                     f"{c['write_faults'] - c['upgrades']:.0f} | {c['upgrades']:.0f} | "
+                     f"{c['pages_read_ahead']:.0f} | {c['invalidations_received']:.0f} | "
+                     f"{c['forwards_served']:.0f} | {c['bytes_sent'] / 1e6:.1f} | "
+                     f"{per_page} |")
+    parts["table_faults"] = "\n".join(table)
+
+    # 3. Model: validation and extrapolation.
+    tm = os.path.join(a.results, "trace_model")
+    with open(os.path.join(tm, "validation.csv"), newline="") as f:
+        val = {r["workload"]: r for r in csv.DictReader(f)}
+    with open(os.path.join(tm, "predictions.csv"), newline="") as f:
+        pred = list(csv.DictReader(f))
+    with open(os.path.join(tm, "model_params.json")) as f:
+        params = json.load(f)
+    fig, ax = plt.subplots(figsize=(4.5, 4.5))
+    ms = [float(val[w]["measured_s"]) for w in APPS if w in val]
+    ps = [float(val[w]["loo_predicted_s"]) for w in APPS if w in val]
+    ax.scatter(ms, ps, color="#c53")
+    for w in APPS:
+        if w in val:
+            ax.annotate(SHORT[w], (float(val[w]["measured_s"]), float(val[w]["loo_predicted_s"])),
+                        fontsize=8, xytext=(4, 2), textcoords="offset points")
+    lim = [min(ms + ps) * 0.8, max(ms + ps) * 1.25]
+    ax.plot(lim, lim, color="gray", ls="--", lw=0.8)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("measured, 2 nodes tcp (s)")
+    ax.set_ylabel("predicted, leave-one-out (s)")
+    ax.set_title("Model vs measurement (8 threads)")
+    parts["fig_validation"] = save(fig, a.out, "model_validation.png")
+    table = ["| application | W: vanilla 1 core s | measured 2 nodes s | predicted s (error) | "
+             "leave-one-out predicted s (error) |", "|---|---|---|---|---|"]
+    for w in APPS:
+        if w in val:
+            v = val[w]
+            table.append(f"| {w} | {float(v['work_s']):.3f} | {float(v['measured_s']):.3f} | "
+                         f"{float(v['predicted_s']):.3f} ({float(v['error_pct']):+.0f}%) | "
+                         f"{float(v['loo_predicted_s']):.3f} ({float(v['loo_error_pct']):+.0f}%) |")
+    errs = [abs(float(val[w]["loo_error_pct"])) for w in val]
+    table.append(f"\nLeave-one-out error: median {statistics.median(errs):.0f}%, largest "
+                 f"{max(errs):.0f}%. Fitted CPU cost per protocol event: "
+                 f"{params['gamma_us']:.1f} us (tcp), {params['gamma_rdma_us']:.1f} us (RDMA, "
+                 f"scaled), a page read ahead {params['ra_weight']:.2f} of an event; RDMA "
+                 f"parameters: {params['rdma_rtt_us']} us round trip, "
+                 f"{params['rdma_gbps']} Gbit/s.")
+    parts["table_validation"] = "\n".join(table)
+
+    node_list = sorted({int(p["nodes"]) for p in pred})
+    fig, ax = plt.subplots(figsize=(9, 4))
+    series = [("measured 2 nodes tcp", None, None)] + [
+        (f"model {n} nodes {net}", net, n) for net in ("tcp", "rdma") for n in node_list]
+    width = 0.8 / len(series)
+    colors = ["#c53", "#fcb", "#f96", "#d63", "#bdf", "#69c", "#236"]
+    for i, (name, net, n) in enumerate(series):
+        ys = []
+        for w in APPS:
+            if net is None:
+                ys.append(float(val[w]["measured_speedup"]) if w in val else 0)
+            else:
+                p = [q for q in pred if q["workload"] == w and q["network"] == net and
+                     int(q["nodes"]) == n]
+                ys.append(float(p[0]["speedup"]) if p else 0)
+        ax.bar([x + (i - len(series) / 2 + 0.5) * width for x in xs], ys, width=width,
+               label=name, color=colors[i % len(colors)])
+    thesis_markers(ax, xs)
+    ax.axhline(1.0, color="gray", lw=0.8, ls="--")
+    ax.set_xticks(xs, [SHORT[w] for w in APPS])
+    ax.set_ylabel("speedup vs vanilla on 1 core")
+    ax.set_yscale("log")
+    ax.set_title("Measured and modelled speedup, 1-core nodes (8 threads)")
+    ax.legend(fontsize=7, ncol=2)
+    parts["fig_model"] = save(fig, a.out, "speedup_model.png")
+    head = " | ".join(f"{n} nodes {net}" for net in ("tcp", "rdma") for n in node_list)
+    table = [f"| application | measured 2 nodes tcp | {head} | thesis |",
+             "|---|---|" + "---|" * (2 * len(node_list)) + "---|"]
+    for w in APPS:
+        cells = []
+        for net in ("tcp", "rdma"):
+            for n in node_list:
+                p = [q for q in pred if q["workload"] == w and q["network"] == net and
+                     int(q["nodes"]) == n]
+                cells.append(f"{float(p[0]['speedup']):.2f}x" if p else "-")
+        th = THESIS.get(w)
+        ths = "-" if not th else (f"{th[0]:.2f}x" if th[0] == th[1] else f"{th[0]:.2f}-{th[1]:.2f}x")
+        m = f"{float(val[w]['measured_speedup']):.2f}x" if w in val else "-"
+        table.append(f"| {w} | {m} | " + " | ".join(cells) + f" | {ths} |")
+    parts["table_model"] = "\n".join(table)
+
+    # 4. Fault latency microbenchmark beside its floors.
+    project, floors, ratios = bench(os.path.join(a.results, "remote_fault_benchmark.txt"))
+    if project:
+        names = list(project)
+        fig, ax = plt.subplots(figsize=(8, 4))
+        ys = range(len(names))
+        ax.barh([y + 0.2 for y in ys], [project[n][0] for n in names], height=0.4,
+                color="#c53", label="Stretch (p50)")
+        ax.barh([y - 0.2 for y in ys], [project[n][1] for n in names], height=0.4,
+                color="#9ab", label="floor: uffd round trip + k x TCP 4 KiB ping-pong")
+        ax.set_yticks(list(ys), names)
+        ax.invert_yaxis()
+        ax.set_xlabel("microseconds")
+        ax.set_title("Fault latency across namespaces over tcp (same run)")
+        ax.legend(fontsize=8)
+        parts["fig_latency"] = save(fig, a.out, "fault_latency.png")
+        table = ["| event | Stretch p50 us | floor us | ratio |", "|---|---|---|---|"]
+        for n in names:
+            table.append(f"| {n} | {project[n][0]:.1f} | {project[n][1]:.1f} | "
+                         f"{project[n][0] / project[n][1]:.2f} |")
+        table.append("\nFloors measured in the same run: " + ", ".join(
+            f"{k} {v:.1f} us" for k, v in floors.items()) + ".")
+        parts["table_latency"] = "\n".join(table)
+    else:
+        parts["fig_latency"] = parts["table_latency"] = "(no benchmark output in the results)"
+
+    # 5. Manual vs automatic mode and the address-space cost, when those campaigns ran.
+    man_dir = os.path.join(a.results, "manual_2node_tcp")
+    if os.path.exists(os.path.join(man_dir, "runs.csv")):
+        man = runs(man_dir)
+        table = ["| application | automatic mode | manual mode |", "|---|---|---|"]
+        for w in dict.fromkeys(r["workload"] for r in man):
+            cells = []
+            for label in ("stretch-auto", "stretch-manual"):
+                v = speedups(man, w, "vanilla-cpu0", label)
+                cells.append(f"{v[0]:.2f}x" if v else "-")
+            table.append(f"| {w} | " + " | ".join(cells) + " |")
+        parts["table_manual"] = "\n".join(table)
+    else:
+        parts["table_manual"] = "(manual_2node_tcp was not run)"
+
+    with open(os.path.join(a.out, "report.in.md")) as f:
+        text = f.read()
+    missing = set(re.findall(r"\{\{(\w+)\}\}", text)) - set(parts)
+    if missing:
+        fail(f"report.in.md names unknown parts: {', '.join(sorted(missing))}")
+    text = re.sub(r"\{\{(\w+)\}\}", lambda m: parts[m.group(1)], text)
+    with open(os.path.join(a.out, "report.md"), "w") as f:
+        f.write(text)
+    print(f"figures.py: wrote {os.path.join(a.out, 'report.md')} and "
+          f"{len([p for p in parts if p.startswith('fig_')])} figures", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
