@@ -49,6 +49,10 @@ const char* Name(MessageType t) {
       return "Peers";
     case MessageType::kPageSeed:
       return "PageSeed";
+    case MessageType::kPagesHeld:
+      return "PagesHeld";
+    case MessageType::kPagesHeldReply:
+      return "PagesHeldReply";
   }
   return nullptr;
 }
@@ -281,6 +285,22 @@ void Fields(V& v, M& m) requires std::is_same_v<std::remove_const_t<M>, PageSeed
   v.PageData(m.data, "data");
 }
 
+template <typename V, typename M>
+void Fields(V& v, M& m) requires std::is_same_v<std::remove_const_t<M>, PageRun> {
+  v(m.first, "first");
+  v(m.count, "count");
+}
+template <typename V, typename M>
+void Fields(V& v, M& m) requires std::is_same_v<std::remove_const_t<M>, PagesHeld> {
+  v(m.seq, "seq");
+  v(m.runs, "runs");
+}
+template <typename V, typename M>
+void Fields(V& v, M& m) requires std::is_same_v<std::remove_const_t<M>, PagesHeldReply> {
+  v(m.seq, "seq");
+  v(m.pages, "pages");
+}
+
 template <typename T>
 constexpr MessageType kTypeOf = [] {
   if constexpr (std::is_same_v<T, Hello>) return MessageType::kHello;
@@ -301,6 +321,8 @@ constexpr MessageType kTypeOf = [] {
   if constexpr (std::is_same_v<T, Exit>) return MessageType::kExit;
   if constexpr (std::is_same_v<T, Peers>) return MessageType::kPeers;
   if constexpr (std::is_same_v<T, PageSeed>) return MessageType::kPageSeed;
+  if constexpr (std::is_same_v<T, PagesHeld>) return MessageType::kPagesHeld;
+  if constexpr (std::is_same_v<T, PagesHeldReply>) return MessageType::kPagesHeldReply;
 }();
 
 // Counts payload bytes.
@@ -621,6 +643,20 @@ absl::Status Validate(const PageSeed& m) {
   }
   return absl::OkStatus();
 }
+absl::Status Validate(const PagesHeld& m) {
+  for (const PageRun& r : m.runs) {
+    if (r.count == 0 || r.count > kMaxPagesPerRun) {
+      return Invalid("PagesHeld", absl::StrFormat("a run of %u pages", r.count));
+    }
+    if (r.first.number() >= (kUserAddressLimit >> kPageShift) ||
+        r.count > (kUserAddressLimit >> kPageShift) - r.first.number()) {
+      return Invalid("PagesHeld", absl::StrFormat("run %s +%u outside the user address space",
+                                                  r.first.ToString(), r.count));
+    }
+  }
+  return absl::OkStatus();
+}
+absl::Status Validate(const PagesHeldReply&) { return absl::OkStatus(); }
 absl::Status Validate(const Exit& m) {
   if (m.signaled && (m.status <= 0 || m.status > 64)) {
     return Invalid("Exit", absl::StrFormat("signal %d out of range", m.status));
@@ -757,6 +793,10 @@ absl::StatusOr<Message> Decode(absl::Span<const uint8_t> frame) {
       return DecodeAs<Peers>(payload);
     case MessageType::kPageSeed:
       return DecodeAs<PageSeed>(payload);
+    case MessageType::kPagesHeld:
+      return DecodeAs<PagesHeld>(payload);
+    case MessageType::kPagesHeldReply:
+      return DecodeAs<PagesHeldReply>(payload);
   }
   return absl::InvalidArgumentError(
       absl::StrFormat("wire: unknown message type %d", static_cast<int>(frame[5])));

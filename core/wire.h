@@ -66,6 +66,8 @@ enum class MessageType : uint8_t {
   kExit = 16,
   kPeers = 17,
   kPageSeed = 18,
+  kPagesHeld = 19,
+  kPagesHeldReply = 20,
 };
 // Name of a value, or nullptr if it is not a MessageType (used to validate input).
 const char* Name(MessageType t);
@@ -284,10 +286,28 @@ struct PageSeed {
   absl::Span<const uint8_t> data;  // exactly one page
 };
 
+// Node -> server, before the program runs: the node's replica holds these pages of the
+// checkpoint, with the checkpoint's contents, read-only. The directory makes the node a sharer
+// of each (a page must still be as the checkpoint left it: in the checkpoint, never requested
+// or written since) and answers with PagesHeldReply; anything else is refused with an Error.
+struct PageRun {
+  PageId first;
+  uint32_t count = 0;
+};
+inline constexpr uint32_t kMaxPagesPerRun = 1u << 20;
+struct PagesHeld {
+  uint64_t seq = 0;
+  std::vector<PageRun> runs;  // at most kMaxListEntries
+};
+struct PagesHeldReply {
+  uint64_t seq = 0;
+  uint64_t pages = 0;  // pages recorded
+};
+
 using Message =
     std::variant<Hello, HelloReply, AuthProof, CoherenceMsg, RegionAttach, RegionAttachReply,
                  RegionAnnounce, ThreadControl, Futex, FutexReply, AddressSpace, StatsRequest,
-                 StatsReply, Heartbeat, Error, Exit, Peers, PageSeed>;
+                 StatsReply, Heartbeat, Error, Exit, Peers, PageSeed, PagesHeld, PagesHeldReply>;
 
 MessageType TypeOf(const Message& m);
 

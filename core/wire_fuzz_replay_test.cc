@@ -48,7 +48,9 @@ std::vector<std::vector<uint8_t>> Seeds() {
                                Error{2, "x"},
                                Exit{true, 9},
                                Peers{{{NodeId(1), "10.0.0.1:1"}, {NodeId(2), "a"}}},
-                               PageSeed{PageId(3), page}};
+                               PageSeed{PageId(3), page},
+                               PagesHeld{7, {{PageId(0x100), 3}, {PageId(0x200), 1}}},
+                               PagesHeldReply{7, 4}};
   std::vector<std::vector<uint8_t>> out;
   for (const auto& m : msgs) out.push_back(Encode(m));
   return out;

@@ -293,6 +293,33 @@ TEST(WireTest, PageSeedCarriesExactlyOnePage) {
   EXPECT_FALSE(Decode(Reframe(frame)).ok());
 }
 
+TEST(WireTest, PagesHeldRoundTripAndLimits) {
+  auto out = Decode(Encode(PagesHeld{9, {{PageId(0x100), 3}, {PageId(0x7000), 1}}}));
+  ASSERT_TRUE(out.ok()) << out.status();
+  const auto& h = std::get<PagesHeld>(*out);
+  EXPECT_EQ(h.seq, 9u);
+  ASSERT_EQ(h.runs.size(), 2u);
+  EXPECT_EQ(h.runs[0].first, PageId(0x100));
+  EXPECT_EQ(h.runs[0].count, 3u);
+  EXPECT_EQ(h.runs[1].first, PageId(0x7000));
+  auto reply = Decode(Encode(PagesHeldReply{9, 4}));
+  ASSERT_TRUE(reply.ok()) << reply.status();
+  EXPECT_EQ(std::get<PagesHeldReply>(*reply).pages, 4u);
+  // Empty runs, runs longer than the limit, runs past the user address space (the frame of a
+  // valid message with its one run patched: seq 8 bytes, run count 4, first 8, count 4).
+  const uint64_t last_page = (kUserAddressLimit >> kPageShift) - 1;
+  for (const auto& [first, count] : std::vector<std::pair<uint64_t, uint32_t>>{
+           {1, 0}, {1, kMaxPagesPerRun + 1}, {last_page, 2}}) {
+    auto frame = Encode(PagesHeld{1, {{PageId(1), 1}}});
+    std::memcpy(&frame[kHeaderSize + 12], &first, 8);
+    std::memcpy(&frame[kHeaderSize + 20], &count, 4);
+    EXPECT_FALSE(Decode(frame).ok()) << first << " +" << count;
+  }
+  auto frame = Encode(PagesHeld{1, {{PageId(1), 1}}});
+  std::memcpy(&frame[kHeaderSize + 12], &last_page, 8);
+  EXPECT_TRUE(Decode(frame).ok()) << "the last user page is a valid run of one";
+}
+
 TEST(WireTest, EveryTruncationIsRejected) {
   std::vector<uint8_t> page = PageOf(1);
   CoherenceMsg c;
@@ -315,8 +342,8 @@ TEST(WireTest, EveryTruncationIsRejected) {
 }
 
 TEST(WireTest, NamesCoverEveryValue) {
-  for (int i = 1; i <= 18; ++i) EXPECT_NE(Name(static_cast<MessageType>(i)), nullptr) << i;
-  EXPECT_EQ(Name(static_cast<MessageType>(19)), nullptr);
+  for (int i = 1; i <= 20; ++i) EXPECT_NE(Name(static_cast<MessageType>(i)), nullptr) << i;
+  EXPECT_EQ(Name(static_cast<MessageType>(21)), nullptr);
   for (int i = 1; i <= 13; ++i) EXPECT_NE(Name(static_cast<CohOp>(i)), nullptr) << i;
   EXPECT_EQ(Name(static_cast<CohOp>(0)), nullptr);
 }

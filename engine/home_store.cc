@@ -22,6 +22,10 @@ absl::Span<const uint8_t> HomeStore::Get(PageId page) const {
   return absl::Span<const uint8_t>(kZeroPage, kPageSize);
 }
 
+bool HomeStore::IsCheckpointCopy(PageId page) const {
+  return !pages_.contains(page) && checkpoint_ && checkpoint_->Find(page.address()).has_value();
+}
+
 void HomeStore::Store(PageId page, absl::Span<const uint8_t> data) {
   CHECK_EQ(data.size(), kPageSize) << "HomeStore: not one page for " << page.ToString();
   auto& slot = pages_[page];

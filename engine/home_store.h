@@ -33,6 +33,9 @@ class HomeStore {
   void MoveRange(uint64_t from, uint64_t to, uint64_t length);
 
   size_t stored_pages() const;
+  // Whether the home copy of `page` is the checkpoint's contents (never stored over, erased or
+  // moved since).
+  bool IsCheckpointCopy(PageId page) const;
 
  private:
   // Pages in [base, +length) with a home copy other than zeros.

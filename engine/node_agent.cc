@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/container/node_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -522,6 +523,81 @@ class NodeAgent::Impl {
     return absl::OkStatus();
   }
 
+  absl::Status HoldCheckpointPages(
+      pid_t pid, const std::vector<std::pair<uintptr_t, absl::Span<const uint8_t>>>& pages,
+      absl::Time deadline) {
+    std::vector<wire::PageRun> runs;
+    for (const auto& [addr, bytes] : pages) {
+      if (!IsPageAligned(addr) || bytes.size() != kPageSize) {
+        return absl::InvalidArgumentError("HoldCheckpointPages: not whole pages");
+      }
+      Attachment* att = nullptr;
+      {
+        absl::ReaderMutexLock l(&attach_mu_);
+        auto it = ranges_.upper_bound(addr);
+        if (it != ranges_.begin() && addr < std::prev(it)->second.first) {
+          att = std::prev(it)->second.second;
+        }
+      }
+      if (att == nullptr || att->target->pid != pid) {
+        return absl::NotFoundError(
+            absl::StrFormat("hold: 0x%x is not memory of pid %d served here", addr, pid));
+      }
+      const PageId page = PageId::Containing(addr);
+      {
+        absl::MutexLock l(&mu_);
+        auto it = pages_.find(page);
+        if (it != pages_.end() && it->second.page.line.state != coherence::NodeState::kI) {
+          return absl::FailedPreconditionError(
+              absl::StrCat("hold: ", page.ToString(), " is in use already"));
+        }
+      }
+      uffd::UffdResult r = att->uffd->Copy(addr, bytes.data(), kPageSize,
+                                           /*write_protect=*/true, /*wake=*/false);
+      if (!r.ok()) return r.ToStatus("UFFDIO_COPY (checkpoint page, read-only)", addr);
+      {
+        absl::MutexLock l(&mu_);
+        pages_[page].page.line.state = coherence::NodeState::kS;
+      }
+      if (!runs.empty() && runs.back().first.number() + runs.back().count == page.number() &&
+          runs.back().count < wire::kMaxPagesPerRun) {
+        ++runs.back().count;
+      } else {
+        runs.push_back({page, 1});
+      }
+    }
+    // In messages of at most kMaxListEntries runs, each answered.
+    uint64_t first_seq = 0, last_seq = 0;
+    for (size_t i = 0; i < runs.size(); i += wire::kMaxListEntries) {
+      wire::PagesHeld held;
+      {
+        absl::MutexLock l(&held_mu_);
+        held.seq = ++held_seq_;
+      }
+      if (first_seq == 0) first_seq = held.seq;
+      last_seq = held.seq;
+      const size_t end = std::min(runs.size(), i + wire::kMaxListEntries);
+      held.runs.assign(runs.begin() + i, runs.begin() + end);
+      STRETCH_RETURN_IF_ERROR(SendMessage(server_, held));
+    }
+    if (last_seq != 0) {
+      absl::MutexLock l(&held_mu_);
+      auto all_in = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(held_mu_) {
+        for (uint64_t seq = first_seq; seq <= last_seq; ++seq) {
+          if (!held_acked_.contains(seq)) return false;
+        }
+        return true;
+      };
+      if (!held_mu_.AwaitWithDeadline(absl::Condition(&all_in), deadline)) {
+        return absl::DeadlineExceededError(
+            "the directory did not confirm the checkpoint pages this node holds");
+      }
+      for (uint64_t seq = first_seq; seq <= last_seq; ++seq) held_acked_.erase(seq);
+    }
+    stats_.pages_held.Add(pages.size());
+    return health();
+  }
+
   const std::string& address() const { return address_; }
   NodeId node() const { return self_; }
   const NodeStats& stats() const { return stats_; }
@@ -547,6 +623,7 @@ class NodeAgent::Impl {
     w.Field("pages_fetched", stats_.pages_fetched.Get());
     w.Field("upgrades", stats_.upgrades.Get());
     w.Field("pages_read_ahead", stats_.pages_read_ahead.Get());
+    w.Field("pages_held", stats_.pages_held.Get());
     w.Field("invalidations_received", stats_.invalidations_received.Get());
     w.Field("pages_dropped", stats_.pages_dropped.Get());
     w.Field("forwards_served", stats_.forwards_served.Get());
@@ -1157,6 +1234,12 @@ class NodeAgent::Impl {
       if (auto handler = handlers().futex) handler(*reply);
       return;
     }
+    if (auto* held = std::get_if<wire::PagesHeldReply>(&*decoded)) {
+      if (peer != server_) return;
+      absl::MutexLock l(&held_mu_);
+      held_acked_.insert(held->seq);
+      return;
+    }
     if (auto* tc = std::get_if<wire::ThreadControl>(&*decoded)) {
       if (peer != server_) return;
       if (auto handler = handlers().thread) handler(*tc);
@@ -1407,6 +1490,11 @@ class NodeAgent::Impl {
   mutable absl::Mutex handlers_mu_;
   Handlers handlers_ ABSL_GUARDED_BY(handlers_mu_);
 
+  // PagesHeld messages sent and the directory's answers to them.
+  absl::Mutex held_mu_;
+  uint64_t held_seq_ ABSL_GUARDED_BY(held_mu_) = 0;
+  absl::flat_hash_set<uint64_t> held_acked_ ABSL_GUARDED_BY(held_mu_);
+
   struct TraceEntry {
     int64_t t_ns;
     pid_t tid;
@@ -1465,6 +1553,11 @@ void NodeAgent::SetFutexReplyHandler(std::function<void(const wire::FutexReply&)
 }
 absl::Status NodeAgent::SeedPages(uint64_t base, absl::Span<const uint8_t> bytes) {
   return impl_->SeedPages(base, bytes);
+}
+absl::Status NodeAgent::HoldCheckpointPages(
+    pid_t pid, const std::vector<std::pair<uintptr_t, absl::Span<const uint8_t>>>& pages,
+    absl::Time deadline) {
+  return impl_->HoldCheckpointPages(pid, pages, deadline);
 }
 const std::string& NodeAgent::address() const { return impl_->address(); }
 NodeId NodeAgent::node() const { return impl_->node(); }

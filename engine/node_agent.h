@@ -82,6 +82,7 @@ struct NodeStats {
   Counter pages_fetched;           // pages installed with data from another node or the home copy
   Counter upgrades;                // read-only copies made writable without a transfer
   Counter pages_read_ahead;        // read misses asked for ahead of a fault (NodeOptions)
+  Counter pages_held;              // checkpoint pages held read-only from the start
   Counter invalidations_received;  // Inv messages
   Counter pages_dropped;           // pages made missing in a process
   Counter forwards_served;         // FwdGetS / FwdGetM answered with our copy
@@ -122,6 +123,14 @@ class NodeAgent {
   // Sends the initial contents of pages the checkpoint does not hold to the server (attach
   // their range first). `bytes` covers whole pages starting at `base`.
   absl::Status SeedPages(uint64_t base, absl::Span<const uint8_t> bytes);
+
+  // Installs the checkpoint's contents of `pages` (address -> one page of bytes, each within an
+  // attached range of process `pid`, all missing there now) read-only, makes this node a
+  // sharer of each at the directory, and returns once the directory has recorded them. Only
+  // before the program runs: the directory refuses pages already used.
+  absl::Status HoldCheckpointPages(
+      pid_t pid, const std::vector<std::pair<uintptr_t, absl::Span<const uint8_t>>>& pages,
+      absl::Time deadline);
 
   // The page of the invalidation helper's code in attached process `pid` (its system calls
   // must bypass a seccomp filter placed in that process).

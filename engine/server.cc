@@ -102,6 +102,7 @@ class DirectoryServer::Impl {
       w.Field("invalidations_sent", node.stats.invalidations_sent);
       w.Field("forwards_sent", node.stats.forwards_sent);
       w.Field("writebacks", node.stats.writebacks);
+      w.Field("pages_held", node.stats.pages_held);
       w.EndObject();
     }
     w.EndArray();
@@ -264,6 +265,8 @@ class DirectoryServer::Impl {
       OnFutex(peer, *id, *f);
     } else if (auto* seed = std::get_if<wire::PageSeed>(&m)) {
       OnSeed(peer, *id, *seed);
+    } else if (auto* held = std::get_if<wire::PagesHeld>(&m)) {
+      OnPagesHeld(peer, *id, *held);
     } else if (auto* as = std::get_if<wire::AddressSpace>(&m)) {
       OnAddressSpace(peer, *id, *as);
     } else if (auto* tc = std::get_if<wire::ThreadControl>(&m);
@@ -543,6 +546,48 @@ class DirectoryServer::Impl {
     if (pages_.contains(seed.page) || seeded_.contains(seed.page)) return;
     seeded_.insert(seed.page);
     home_.Store(seed.page, seed.data);
+  }
+
+  // A replica holds these pages as the checkpoint left them (every replica is restored from
+  // it): its node becomes a sharer, so reads of data nobody has written since never fault.
+  // Only before the pages are used: a page someone asked for or wrote is refused, and the
+  // message is checked whole before any of it is applied.
+  void OnPagesHeld(PeerId peer, NodeId from, const wire::PagesHeld& held)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    uint64_t pages = 0;
+    for (const wire::PageRun& run : held.runs) {
+      for (uint64_t i = 0; i < run.count; ++i) {
+        const PageId page(run.first.number() + i);
+        std::string why;
+        if (!InRegion(page)) {
+          why = "outside every announced region";
+        } else if (!home_.IsCheckpointCopy(page)) {
+          why = "not in the checkpoint as it was";
+        } else if (auto it = pages_.find(page); it != pages_.end()) {
+          const coherence::DirLine& line = it->second.line;
+          if (line.state != coherence::DirState::kS || line.version != 0 ||
+              !it->second.queue.empty()) {
+            why = absl::StrCat("already in use (", coherence::Name(line.state), ", version ",
+                               line.version, ")");
+          }
+        }
+        if (!why.empty()) {
+          Reject(peer, absl::StrCat("node ", from.value(), " holds page ", page.ToString(),
+                                    " from the checkpoint, but it is ", why));
+          return;
+        }
+      }
+      pages += run.count;
+    }
+    for (const wire::PageRun& run : held.runs) {
+      for (uint64_t i = 0; i < run.count; ++i) {
+        coherence::DirLine& line = pages_[PageId(run.first.number() + i)].line;
+        line.state = coherence::DirState::kS;
+        line.sharers.Add(from);
+      }
+    }
+    nodes_[from].stats.pages_held += pages;
+    SendTo(peer, wire::PagesHeldReply{held.seq, pages});
   }
 
   bool Gone(NodeId n) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {

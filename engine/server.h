@@ -46,6 +46,7 @@ struct ServerOptions {
 struct ServerNodeStats {
   uint64_t read_requests = 0;   // GetS
   uint64_t write_requests = 0;  // GetM (misses and upgrades)
+  uint64_t pages_held = 0;      // checkpoint pages its replica held from the start (PagesHeld)
   uint64_t evictions = 0;       // PutS / PutM
   uint64_t pages_sent = 0;      // grants with data from the home copy
   uint64_t invalidations_sent = 0;

@@ -10,7 +10,9 @@ and one traced run with every thread on its own node ("trace-9node", no read-ahe
 output of //engine:remote_fault_benchmark for the latency of each kind of fault over tcp.
 
 Replay. With one thread per node every coherence miss a thread can take is in the trace (a
-thread's copy of a page is invalidated by any other thread's write). Grouping threads onto
+thread's copy of a page is invalidated by any other thread's write). Pages every replica held
+from the checkpoint (those whose first fault in the trace is an upgrade) start shared by every
+node. Grouping threads onto
 fewer nodes can only remove misses (a node's copy is invalidated only by writes of threads
 elsewhere), so replaying the merged traces in time order through an MSI directory with the
 threads regrouped gives the misses of the grouped placement: read misses (from home or from an
@@ -136,6 +138,15 @@ class Replay:
 
     def run(self, trace):
         self.known_pages = {e[2] for e in trace}
+        # Every replica starts holding the checkpoint's pages read-only (stretchd run
+        # --hold_checkpoint): such a page's first fault anywhere is a write to that copy, an
+        # upgrade. A page first read or written missing was not held.
+        first = {}
+        for _, _, page, access in trace:
+            first.setdefault(page, access)
+        for page, access in first.items():
+            if access == "upgrade":
+                self.sharers[page] = set(range(self.nodes))
         for _, thread, page, access in trace:
             n = self.node_of(thread)
             owner = self.owner.get(page)

@@ -65,6 +65,16 @@ class ReplayTest(unittest.TestCase):
         # One node: the first touch of each page, and page 1's read copy made writable.
         self.assertEqual(counts[-1], 3)
 
+    def test_pages_held_from_the_checkpoint_start_shared_by_every_node(self):
+        # Page 5's first fault is an upgrade: every replica held it. Page 6 was missing.
+        events = trace((2, 5, "upgrade"), (3, 5, "read"), (2, 6, "write"), (3, 6, "read"))
+        r = replay(events, 3)
+        self.assertEqual(r.misses[2], {"upgrade_2": 1, "write": 1})
+        self.assertEqual(r.misses[3], {"read_owned": 2})
+        self.assertEqual(r.invalidations, [1, 0, 1])
+        # On one node the held page is written without a transfer (an upgrade, alone).
+        self.assertEqual(replay(events, 1).misses[2], {"upgrade_0": 1, "write": 1})
+
     def test_read_ahead_after_two_sequential_misses(self):
         events = trace(*[(2, p, "read") for p in range(10, 20)])
         plain = replay(events, 2)

@@ -324,6 +324,7 @@ int RunLauncher(const LaunchOptions& o) {
               absl::StrCat("--criu=", o.criu.binary)};
     if (!VLOG_IS_ON(1)) a.argv.push_back("--minloglevel=1");
     if (o.manual) a.argv.push_back("--manual");
+    if (!o.hold_checkpoint) a.argv.push_back("--nohold_checkpoint");
     a.argv.push_back(absl::StrCat("--read_ahead=", o.read_ahead));
     if (!o.fault_trace.empty()) {
       a.argv.push_back(absl::StrCat("--fault_trace=", o.fault_trace, "/node", i, ".csv"));
@@ -630,6 +631,7 @@ int RunReplicaAgent(const ReplicaAgentOptions& o) {
   ro.criu = o.criu;
   ro.run_threads.assign(o.run_threads.begin(), o.run_threads.end());
   ro.manual = o.manual;
+  ro.hold_checkpoint = o.hold_checkpoint;
   auto replica = Replica::Restore(agent->get(), ro);
   if (!replica.ok()) return report_error(std::string(replica.status().message()));
   SendLine(ctl, absl::StrCat("ready ", (*replica)->threads_run()));

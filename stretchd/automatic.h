@@ -46,6 +46,8 @@ struct LaunchOptions {
   // Manual mode: only the program's MAP_SHARED anonymous mappings are coherent; the rest of
   // its memory is copied at migration and node-private after it.
   bool manual = false;
+  // Replicas start holding the checkpoint's pages (ReplicaOptions::hold_checkpoint).
+  bool hold_checkpoint = true;
   // NodeOptions::read_ahead of every node.
   int read_ahead = 8;
   // If set, a directory: node i writes its fault trace to node<i>.csv there.
@@ -69,6 +71,7 @@ struct ReplicaAgentOptions {
   std::string work_dir;
   std::vector<int> run_threads;
   bool manual = false;
+  bool hold_checkpoint = true;
   int read_ahead = 8;
   std::string fault_trace;  // file
   std::string stats_json;

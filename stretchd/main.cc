@@ -84,6 +84,10 @@ DEFINE_bool(manual, false,
             "run: manual mode: only the program's MAP_SHARED anonymous mappings (present at "
             "migration) are coherent across nodes, each sync object on its own page; the rest of "
             "its memory is copied at migration and private to each node after it");
+DEFINE_bool(hold_checkpoint, true,
+            "run, node: every replica starts with the checkpoint's pages read-only, as a sharer "
+            "(every node restores the same checkpoint), so reading data nobody has written since "
+            "the migration never faults; --nohold_checkpoint fetches each page on first use");
 DEFINE_int32(thread, 0, "migrate: the thread to move (its id inside the program, as gettid())");
 DEFINE_int32(to, -1, "migrate: the node to move it to");
 DEFINE_string(replica_images, "", "node (internal, used by run): restore a replica from here");
@@ -140,7 +144,7 @@ const std::vector<Subcommand>& Subcommands() {
        "[--fault_cpu=C] [--stats_json=FILE]",
        {"node", "server", "listen", "attach_socket", "transport", "fault_cpu", "stats_json",
         "replica_images", "replica_work", "run_threads", "criu", "manual", "read_ahead",
-        "fault_trace"},
+        "fault_trace", "hold_checkpoint"},
        RunNode},
       {"stats",
        "Print the server's statistics (per node and totals) as JSON.",
@@ -156,7 +160,7 @@ const std::vector<Subcommand>& Subcommands() {
        "[--migrate_threads=T,T] [--work_dir=DIR] [--nonetns] -- PROG ARGS...",
        {"nodes", "transport", "stats_json", "migrate_at_threads", "migrate_threads", "work_dir",
         "netns", "one_malloc_arena", "node_cpus", "criu", "control", "manual", "read_ahead",
-        "fault_trace"},
+        "fault_trace", "hold_checkpoint"},
        RunRun},
       {"migrate",
        "Move a thread of a program running under `stretchd run` to another node (its registers, "
@@ -357,6 +361,7 @@ int RunNode(const std::vector<std::string>& args) {
     r.work_dir = FLAGS_replica_work;
     r.stats_json = FLAGS_stats_json;
     r.manual = FLAGS_manual;
+    r.hold_checkpoint = FLAGS_hold_checkpoint;
     r.read_ahead = FLAGS_read_ahead;
     r.fault_trace = FLAGS_fault_trace;
     r.criu.binary = CriuPath();
@@ -528,6 +533,7 @@ int RunRun(const std::vector<std::string>& args) {
   o.one_malloc_arena = FLAGS_one_malloc_arena;
   o.control_socket = FLAGS_control;
   o.manual = FLAGS_manual;
+  o.hold_checkpoint = FLAGS_hold_checkpoint;
   o.read_ahead = FLAGS_read_ahead;
   if (!FLAGS_fault_trace.empty()) {
     if (mkdir(FLAGS_fault_trace.c_str(), 0755) != 0 && errno != EEXIST) {

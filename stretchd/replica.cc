@@ -219,6 +219,33 @@ absl::Status GiveThreadIdsTheirOwnRange(pid_t pid, NodeId node) {
   return absl::OkStatus();
 }
 
+// The pages of `ranges` ([start, end) pairs) present in process `pid`'s memory now
+// (/proc/PID/pagemap, bit 63).
+absl::StatusOr<std::vector<uintptr_t>> PresentPages(
+    pid_t pid, const std::vector<std::pair<uintptr_t, uintptr_t>>& ranges) {
+  const std::string path = absl::StrCat("/proc/", pid, "/pagemap");
+  UniqueFd fd(open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (!fd.valid()) return ErrnoStatus(errno, absl::StrCat("open ", path));
+  std::vector<uintptr_t> present;
+  std::vector<uint64_t> entries;
+  for (const auto& [start, end] : ranges) {
+    for (uintptr_t at = start; at < end;) {
+      const size_t n = std::min<size_t>((end - at) / kPageSize, 4096);
+      entries.resize(n);
+      const ssize_t got = pread(fd.get(), entries.data(), n * sizeof(uint64_t),
+                                static_cast<off_t>(at / kPageSize * sizeof(uint64_t)));
+      if (got < 0) return ErrnoStatus(errno, absl::StrCat("read ", path));
+      if (got == 0) break;
+      const size_t read = static_cast<size_t>(got) / sizeof(uint64_t);
+      for (size_t i = 0; i < read; ++i) {
+        if (entries[i] & (uint64_t{1} << 63)) present.push_back(at + i * kPageSize);
+      }
+      at += read * kPageSize;
+    }
+  }
+  return present;
+}
+
 absl::StatusOr<std::vector<ReplicaMapping>> ReadMappings(pid_t pid) {
   std::string path = absl::StrCat("/proc/", pid, "/smaps");
   std::ifstream in(path);
@@ -425,7 +452,8 @@ absl::StatusOr<std::unique_ptr<Replica>> Replica::Restore(engine::NodeAgent* age
           "so nothing would be shared between nodes (map the shared data with "
           "mmap(MAP_SHARED | MAP_ANONYMOUS) before creating the threads, or use automatic mode)");
     }
-    STRETCH_RETURN_IF_ERROR(r->Serve(std::move(ranges), std::move(shared_uffd), seeds, deadline));
+    STRETCH_RETURN_IF_ERROR(
+        r->Serve(std::move(ranges), std::move(shared_uffd), seeds, nullptr, {}, deadline));
     return r;
   }
 
@@ -505,12 +533,21 @@ absl::StatusOr<std::unique_ptr<Replica>> Replica::Restore(engine::NodeAgent* age
     absl::MutexLock l(&r->mu_);
     r->address_space_ = std::move(address_space);
   }
-  STRETCH_RETURN_IF_ERROR(r->Serve(std::move(ranges), std::move(own_uffd), seeds, deadline));
+  std::vector<std::pair<uintptr_t, uintptr_t>> lazy;
+  if (options.hold_checkpoint) {
+    for (const ReplicaMapping& m : maps) {
+      if (m.uffd_missing && !IsSpecial(m.path)) lazy.emplace_back(m.start, m.end);
+    }
+  }
+  STRETCH_RETURN_IF_ERROR(
+      r->Serve(std::move(ranges), std::move(own_uffd), seeds, &mem, lazy, deadline));
   return r;
 }
 
 absl::Status Replica::Serve(std::vector<engine::NodeAgent::Range> ranges, UniqueFd uffd,
                             const std::vector<std::pair<uintptr_t, std::vector<uint8_t>>>& seeds,
+                            const CheckpointMemory* checkpoint,
+                            const std::vector<std::pair<uintptr_t, uintptr_t>>& lazy,
                             absl::Time deadline) {
   const pid_t pid = pid_;
   engine::NodeAgent* const agent = agent_;
@@ -554,9 +591,25 @@ absl::Status Replica::Serve(std::vector<engine::NodeAgent::Range> ranges, Unique
       },
       deadline));
   // No more calls are injected into program threads: drop every page, so that from its
-  // first instruction the program sees only what the directory gives it.
+  // first instruction the program sees only what the directory gives it. Pages the restore
+  // never touched still hold exactly the checkpoint's contents, as on every other node: they
+  // are put back read-only, and this node holds them as a sharer.
+  std::vector<std::pair<uintptr_t, absl::Span<const uint8_t>>> held;
+  if (checkpoint != nullptr && !lazy.empty()) {
+    STRETCH_ASSIGN_OR_RETURN(std::vector<uintptr_t> touched, PresentPages(pid, lazy));
+    std::sort(touched.begin(), touched.end());
+    for (const auto& [start, end] : lazy) {
+      for (uintptr_t page = start; page < end; page += kPageSize) {
+        if (std::binary_search(touched.begin(), touched.end(), page)) continue;
+        if (auto content = checkpoint->Find(page)) held.emplace_back(page, *content);
+      }
+    }
+  }
   for (const auto& range : ranges) {
     STRETCH_RETURN_IF_ERROR(agent->DropRange(pid, range.base, range.length));
+  }
+  if (!held.empty()) {
+    STRETCH_RETURN_IF_ERROR(agent->HoldCheckpointPages(pid, held, deadline));
   }
   std::function<bool(uint64_t)> is_shared;  // automatic mode: every futex is the cluster's
   if (options_.manual) {

@@ -32,6 +32,7 @@
 #include "absl/time/time.h"
 #include "engine/node_agent.h"
 #include "migrate/criu.h"
+#include "migrate/criu_images.h"
 #include "migrate/subprocess.h"
 #include "migrate/thread_supervisor.h"
 #include "stretchd/address_space_service.h"
@@ -47,6 +48,8 @@ struct ReplicaOptions {
   std::vector<pid_t> run_threads;
   // Manual mode: only MAP_SHARED anonymous mappings are coherent (see LaunchOptions::manual).
   bool manual = false;
+  // Automatic mode: start holding the checkpoint's pages read-only, as a sharer (see Serve).
+  bool hold_checkpoint = true;
 };
 
 // A private writable mapping of the replica.
@@ -102,10 +105,15 @@ class Replica {
   // The end of a restore, both modes: attaches `ranges` to the agent through `uffd`, sends
   // the seeds, places the seccomp filter (the last call injected into a program thread:
   // each makes the kernel write the thread's rseq area, in its TLS), drops every page, and
-  // starts the futex service.
+  // starts the futex service. With `checkpoint`, the pages of `lazy` (the ranges the restore
+  // left to be filled from the checkpoint) that nothing touched during the restore are then
+  // installed read-only with the checkpoint's contents and held as a sharer (every replica
+  // is restored from the same checkpoint), so that reading data no node has written since
+  // never faults.
   absl::Status Serve(std::vector<engine::NodeAgent::Range> ranges, UniqueFd uffd,
                      const std::vector<std::pair<uintptr_t, std::vector<uint8_t>>>& seeds,
-                     absl::Time deadline);
+                     const CheckpointMemory* checkpoint,
+                     const std::vector<std::pair<uintptr_t, uintptr_t>>& lazy, absl::Time deadline);
   // Tracer thread: sched_setaffinity(pid, len, mask) made by `tid`, emulated on this node's
   // CPUs.
   void EmulateSetAffinity(pid_t tid, struct user_regs_struct& regs);

@@ -346,6 +346,32 @@ TEST_F(RunTest, FaultTraceRecordsEveryFault) {
   }
 }
 
+// Every replica starts with the checkpoint's pages read-only, as a sharer: the input matrix
+// multiply generated before migration is read on both nodes without faults, and its writes
+// invalidate the other node's copy. --nohold_checkpoint fetches every page on first use.
+TEST_F(RunTest, ReplicasStartHoldingTheCheckpointsPages) {
+  const std::vector<std::string> prog = {Runfile("experiments/workloads/matrix_multiply"),
+                                         "--size=300", "--threads=4"};
+  int64_t read_faults[2] = {0, 0};
+  for (const bool hold : {true, false}) {
+    auto [native, stretch] = Both(prog, {"--migrate_at_threads=5", "--read_ahead=0",
+                                         hold ? "--hold_checkpoint" : "--nohold_checkpoint"});
+    ASSERT_EQ(stretch.status.ToString(), "exit status 0") << stretch.err;
+    EXPECT_EQ(stretch.out, native.out) << "hold " << hold;
+    ASSERT_EQ(ThreadsRun().size(), 2u) << last_stats_;
+    for (int t : ThreadsRun()) EXPECT_GT(t, 0) << last_stats_;
+    // The input is two 300 x 300 matrices of 32-bit integers: about 180 pages.
+    for (int64_t held : Numbers("pages_held")) {
+      if (hold) EXPECT_GT(held, 170) << last_stats_;
+      if (!hold) EXPECT_EQ(held, 0) << last_stats_;
+    }
+    for (int64_t r : Numbers("read_faults")) read_faults[hold ? 0 : 1] += r;
+  }
+  EXPECT_LT(read_faults[0] * 3, read_faults[1])
+      << "read faults holding the checkpoint " << read_faults[0] << ", fetching it "
+      << read_faults[1];
+}
+
 TEST_F(RunTest, ExitStatusAndFatalSignalsAreNative) {
   auto [native, stretch] =
       Both({Runfile("experiments/workloads/sync_torture"), "--test=exit", "--threads=3"},
