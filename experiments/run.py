@@ -63,8 +63,14 @@ def load_config(path):
     return c
 
 
+def program(workload):
+    """The binary of a workload entry: "blocked_lu@64" runs blocked_lu (one config can list a
+    program several times with different arguments)."""
+    return workload.split("@")[0]
+
+
 def command(c, cfg, workload, bin_dir, stats_path, trace_dir):
-    prog = [os.path.join(bin_dir, "experiments/workloads", workload),
+    prog = [os.path.join(bin_dir, "experiments/workloads", program(workload)),
             f"--threads={cfg.get('threads', c['threads'])}"] + list(c["workloads"][workload]) + \
         list(cfg.get("workload_flags", []))
     if cfg["kind"] == "native":
@@ -111,7 +117,7 @@ def main():
     with open(os.path.join(results, "config.json"), "w") as f:
         json.dump(c, f, indent=1)
     for w in c["workloads"]:
-        path = os.path.join(a.bin, "experiments/workloads", w)
+        path = os.path.join(a.bin, "experiments/workloads", program(w))
         if not os.access(path, os.X_OK):
             fail(f"{path} is missing: bazel build //experiments/workloads:all")
     if any(cfg["kind"] == "stretch" for cfg in c["configs"]):

@@ -5,7 +5,7 @@ set -u
 dir=$(dirname "$0")
 [ -n "${TEST_SRCDIR:-}" ] && dir=$TEST_SRCDIR/${TEST_WORKSPACE:-stretch}/experiments/workloads
 fail=0
-declare -A size=([histogram]=200000 [kmeans]=20000 [linear_regression]=300000
+declare -A size=([blocked_lu]=128 [histogram]=200000 [kmeans]=20000 [linear_regression]=300000
                  [matrix_multiply]=96 [pca]=48 [string_match]=200000 [word_count]=100000)
 for w in "${!size[@]}"; do
   bin=$dir/$w
@@ -32,6 +32,12 @@ out=$("$dir/word_count" --size=100000 --threads=2 2>/dev/null)
 case "$out" in "words: 100000 "*) ;; *) echo "FAIL: word_count total: $out"; fail=1;; esac
 out=$("$dir/string_match" --size=200000 --threads=2 2>/dev/null)
 echo "$out" | grep -q "matches=[1-9]" || { echo "FAIL: string_match found no planted key: $out"; fail=1; }
+for b in 8 32 96; do
+  out=$("$dir/blocked_lu" --size=96 --block=$b --threads=3 2>/dev/null)
+  echo "$out" | grep -q "block=$b .*residual=small" || { echo "FAIL: blocked_lu --block=$b: $out"; fail=1; }
+done
+"$dir/blocked_lu" --size=100 --block=32 >/dev/null 2>&1; rc=$?
+[ "$rc" = 2 ] || { echo "FAIL: blocked_lu with a size not a multiple of the block exited $rc"; fail=1; }
 out=$("$dir/kmeans" --size=20000 --threads=2 2>/dev/null)
 echo "$out" | grep -q "converged: yes" || { echo "FAIL: kmeans did not converge: $out"; fail=1; }
 exit $fail
