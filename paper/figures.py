@@ -5,7 +5,7 @@
 
 Reads RESULTS/speedup_2node_tcp, RESULTS/trace_model (with the model's predictions.csv and
 validation.csv), RESULTS/remote_fault_benchmark.txt and, if present, RESULTS/manual_2node_tcp
-and RESULTS/address_space_cost; writes OUT/figures/*.png and OUT/report.md, which is
+and RESULTS/block_sweep; writes OUT/figures/*.png and OUT/report.md, which is
 OUT/report.in.md with every {{name}} replaced by the table or figure of that name.
 """
 import argparse
@@ -117,15 +117,22 @@ def main():
     sp = runs(sp_dir)
     fig, ax = plt.subplots(figsize=(8, 4))
     xs = list(range(len(APPS)))
-    table = ["| application | vanilla CPUs 0-1 | Stretch 2 nodes tcp (range) | thesis |",
-             "|---|---|---|---|"]
-    for off, label, color in ((-0.2, "vanilla-cpu01", "#9ab"), (0.2, "stretch-2node-tcp", "#c53")):
+    adaptive = any(r["config"] == "stretch-2node-adaptive" for r in sp)
+    table = ["| application | vanilla CPUs 0-1 | Stretch 2 nodes tcp (range) | "
+             + ("Stretch adaptive placement (range) | " if adaptive else "") + "thesis |",
+             "|---|---|---|" + ("---|" if adaptive else "") + "---|"]
+    bars = [("vanilla-cpu01", "#9ab", "vanilla on 2 cores (one machine)"),
+            ("stretch-2node-tcp", "#c53", "Stretch, 2 nodes x 1 core, tcp")]
+    if adaptive:
+        bars.append(("stretch-2node-adaptive", "#f96", "Stretch, --placement=adaptive"))
+    width = 0.8 / len(bars)
+    for i, (label, color, name) in enumerate(bars):
+        off = (i - (len(bars) - 1) / 2) * width
         vals = [speedups(sp, w, "vanilla-cpu0", label) for w in APPS]
         ys = [v[0] if v else 0 for v in vals]
         err = [[v[0] - v[1] if v else 0 for v in vals], [v[2] - v[0] if v else 0 for v in vals]]
-        ax.bar([x + off for x in xs], ys, width=0.4, color=color, yerr=err, capsize=3,
-               label={"vanilla-cpu01": "vanilla on 2 cores (one machine)",
-                      "stretch-2node-tcp": "Stretch, 2 nodes x 1 core, tcp"}[label])
+        ax.bar([x + off for x in xs], ys, width=width, color=color, yerr=err, capsize=3,
+               label=name)
     thesis_markers(ax, xs)
     ax.axhline(1.0, color="gray", lw=0.8, ls="--")
     ax.set_xticks(xs, [SHORT[w] for w in APPS])
@@ -133,13 +140,19 @@ def main():
     ax.set_title("Measured speedup (4 threads; median of 3, bars = range)")
     ax.legend(fontsize=8)
     parts["fig_speedup_measured"] = save(fig, a.out, "speedup_measured.png")
+    def cell(v, ranged=True):
+        if not v:
+            return "-"
+        return f"{v[0]:.2f}x ({v[1]:.2f}-{v[2]:.2f})" if ranged else f"{v[0]:.2f}x"
+
     for w in APPS:
-        v1 = speedups(sp, w, "vanilla-cpu0", "vanilla-cpu01")
-        v2 = speedups(sp, w, "vanilla-cpu0", "stretch-2node-tcp")
         th = THESIS.get(w)
         ths = "-" if not th else (f"{th[0]:.2f}x" if th[0] == th[1] else f"{th[0]:.2f}-{th[1]:.2f}x")
-        table.append(f"| {w} | {v1[0]:.2f}x | {v2[0]:.2f}x ({v2[1]:.2f}-{v2[2]:.2f}) | {ths} |"
-                     if v1 and v2 else f"| {w} | - | - | {ths} |")
+        cells = [cell(speedups(sp, w, "vanilla-cpu0", "vanilla-cpu01"), False),
+                 cell(speedups(sp, w, "vanilla-cpu0", "stretch-2node-tcp"))]
+        if adaptive:
+            cells.append(cell(speedups(sp, w, "vanilla-cpu0", "stretch-2node-adaptive")))
+        table.append(f"| {w} | " + " | ".join(cells) + f" | {ths} |")
     parts["table_speedup_measured"] = "\n".join(table)
 
     # 2. Fault and invalidation breakdown of the measured 2-node runs.
@@ -302,6 +315,40 @@ def main():
         parts["table_manual"] = "\n".join(table)
     else:
         parts["table_manual"] = "(manual_2node_tcp was not run)"
+
+    # 6. Block size of the HPL-style LU against page-granularity sharing.
+    bs_dir = os.path.join(a.results, "block_sweep")
+    if os.path.exists(os.path.join(bs_dir, "runs.csv")):
+        bs = runs(bs_dir)
+        names = sorted(dict.fromkeys(r["workload"] for r in bs), key=lambda w: int(w.split("@")[1]))
+        blocks = [int(w.split("@")[1]) for w in names]
+        table = ["| block B | bytes per block row | vanilla 1 core s | Stretch 2 nodes s | speedup | "
+                 "upgrades | invalidations | read misses |", "|---|---|---|---|---|---|---|---|"]
+        van, st = [], []
+        for w, b in zip(names, blocks):
+            v, t = times(bs, w, "vanilla-cpu0"), times(bs, w, "stretch-2node-tcp")
+            c = node_counts(bs_dir, bs, w, "stretch-2node-tcp")
+            van.append(statistics.median(v) if v else float("nan"))
+            st.append(statistics.median(t) if t else float("nan"))
+            table.append(f"| {b} | {8 * b} | {van[-1]:.3f} | {st[-1]:.3f} | {van[-1] / st[-1]:.2f}x | "
+                         + (f"{c['upgrades']:.0f} | {c['invalidations_received']:.0f} | "
+                            f"{c['read_faults']:.0f} |" if c else "- | - | - |"))
+        fig, ax = plt.subplots(figsize=(6, 4))
+        ax.plot(blocks, van, marker="o", color="#9ab", label="vanilla, 1 core")
+        ax.plot(blocks, st, marker="s", color="#c53", label="Stretch, 2 nodes x 1 core, tcp")
+        ax.axvline(512, color="gray", ls=":", lw=0.8)
+        ax.annotate("block row = one page", (512, max(st + van)), fontsize=8, ha="right")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xticks(blocks, [str(b) for b in blocks])
+        ax.set_xlabel("block size B")
+        ax.set_ylabel("compute time (s)")
+        ax.set_title("Blocked LU, N = 2048: block size vs page granularity")
+        ax.legend(fontsize=8)
+        parts["fig_blocks"] = save(fig, a.out, "block_sweep.png")
+        parts["table_blocks"] = "\n".join(table)
+    else:
+        parts["fig_blocks"] = parts["table_blocks"] = "(block_sweep was not run)"
 
     with open(os.path.join(a.out, "report.in.md")) as f:
         text = f.read()

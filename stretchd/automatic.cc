@@ -42,11 +42,12 @@ namespace {
 
 // --- control channel: one line per datagram ---
 //
-// Launcher -> node: "go", "stop", "kill SIG", and for `stretchd migrate`: "where" (answered
-// "here T1,T2,..."), "migrate-out T" (answered "migrated-out T HEXSTATE", "notmine T" or
-// "migrate-error T WHY"), "migrate-in T HEXSTATE" (answered "migrated-in T" or
-// "migrate-error T WHY"). Node -> launcher, once: "ready N", then "exit CODE", "signal SIG" or
-// "error WHY".
+// Launcher -> node: "go", "stop", "kill SIG", "cpu" (answered "cpu NS N STALL": CPU time of
+// the N threads running there, and the time its faults took to resolve, both in ns so far), and for
+// `stretchd migrate`: "where" (answered "here T1,T2,..."), "migrate-out T" (answered "migrated-out
+// T HEXSTATE", "notmine T" or "migrate-error T WHY"), "migrate-in T HEXSTATE" (answered
+// "migrated-in T" or "migrate-error T WHY"). Node -> launcher, once: "ready N", then "exit CODE",
+// "signal SIG" or "error WHY".
 
 bool SendLine(int fd, const std::string& line) {
   return send(fd, line.data(), line.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(line.size());
@@ -494,6 +495,112 @@ int RunLauncher(const LaunchOptions& o) {
   // get a moment to report how the program ended, which is then the outcome, or their view of
   // the failure.
   absl::Time error_grace_end = absl::InfiniteFuture();
+
+  // Adaptive placement (LaunchOptions::placement): one sample of every node's CPU time per
+  // window; the decisions go to the log and the stats JSON.
+  const bool adaptive = o.placement == "adaptive";
+  bool placement_done = !adaptive;
+  int low_windows = 0, windows = 0;
+  std::vector<uint64_t> last_cpu(o.nodes, 0), last_stall(o.nodes, 0);
+  size_t last_threads = 0;
+  const absl::Time run_start = absl::Now();
+  absl::Time last_sample = run_start, next_sample = run_start + o.placement_window;
+  std::vector<std::string> samples_json, decisions_json;
+  auto sample_placement = [&]() {
+    std::vector<uint64_t> cpu(o.nodes, 0), stall(o.nodes, 0);
+    size_t threads = 0;
+    for (int i = 0; i < o.nodes; ++i) {
+      if (agents[i].done) {
+        placement_done = true;
+        return;
+      }
+      SendLine(agents[i].control.get(), "cpu");
+    }
+    for (int i = 0; i < o.nodes; ++i) {
+      auto r = await(i, {"cpu"}, absl::Seconds(2));
+      std::vector<std::string> f;
+      if (r) f = absl::StrSplit(*r, ' ');
+      size_t n = 0;
+      if (f.size() != 4 || !absl::SimpleAtoi(f[1], &cpu[i]) || !absl::SimpleAtoi(f[2], &n) ||
+          !absl::SimpleAtoi(f[3], &stall[i])) {
+        placement_done = true;  // a node that does not answer is ending
+        return;
+      }
+      threads += n;
+    }
+    const absl::Time now = absl::Now();
+    const double secs = absl::ToDoubleSeconds(now - last_sample);
+    double cores = 0;
+    double waiting = 0;  // cores' worth of threads waiting for pages
+    double away = 0;     // cores busy on nodes other than 0
+    for (int i = 0; i < o.nodes; ++i) {
+      if (cpu[i] > last_cpu[i]) {
+        cores += static_cast<double>(cpu[i] - last_cpu[i]) / 1e9;
+        if (i > 0) away += static_cast<double>(cpu[i] - last_cpu[i]) / 1e9;
+      }
+      if (stall[i] > last_stall[i]) waiting += static_cast<double>(stall[i] - last_stall[i]) / 1e9;
+    }
+    cores = secs > 0 ? cores / secs : 0;
+    waiting = secs > 0 ? waiting / secs : 0;
+    away = secs > 0 ? away / secs : 0;
+    const bool first = windows++ == 0;  // from the go to the first sample: start-up
+    // Threads ending (the program winding down) make a window say nothing about placement.
+    const bool fewer_threads = threads < last_threads;
+    last_cpu = cpu;
+    last_stall = stall;
+    last_threads = threads;
+    last_sample = now;
+    if (first) return;
+    if (samples_json.size() < 100) {
+      samples_json.push_back(absl::StrFormat(R"({"t_ms":%.0f,"cores":%.3f,"waiting":%.3f})",
+                                             absl::ToDoubleMilliseconds(now - run_start), cores,
+                                             waiting));
+    }
+    // Distribution costs more than it gives when the threads on all nodes together keep fewer
+    // cores busy than one node has and wait for pages longer than they compute, while threads
+    // away from node 0 still run (a serial phase, threads idle by design, is not that; nor is
+    // main alone on node 0 collecting results: moving threads would not move the data).
+    const bool dsm_bound = cores < o.placement_min_cores && waiting > cores && away > 0.05;
+    low_windows = dsm_bound && !fewer_threads ? low_windows + 1 : 0;
+    if (low_windows < 2) return;
+    placement_done = true;
+    std::string reason = absl::StrFormat(
+        "over the last %.0f ms the program's threads kept %.2f cores busy on %d nodes (less "
+        "than --placement_min_cores=%.2f) and waited for pages %.2f cores' worth: one node "
+        "does better",
+        absl::ToDoubleMilliseconds(o.placement_window), cores, o.nodes, o.placement_min_cores,
+        waiting);
+    std::fprintf(stderr, "stretchd run: placement: moving every thread to node 0: %s\n",
+                 reason.c_str());
+    int moved = 0, failed = 0;
+    std::string failures;
+    for (int i = 1; i < o.nodes; ++i) {
+      if (agents[i].done) continue;
+      SendLine(agents[i].control.get(), "where");
+      auto r = await(i, {"here"}, absl::Seconds(5));
+      if (!r) continue;
+      for (absl::string_view t :
+           absl::StrSplit(absl::StripPrefix(*r, "here "), ',', absl::SkipEmpty())) {
+        pid_t tid = 0;
+        if (!absl::SimpleAtoi(t, &tid)) continue;
+        std::string result = migrate(tid, 0);
+        if (absl::StartsWith(result, "ok")) {
+          ++moved;
+        } else {
+          ++failed;
+          LOG(WARNING) << "stretchd run: placement: " << result;
+          if (failures.empty()) failures = result;
+        }
+      }
+    }
+    decisions_json.push_back(absl::StrFormat(
+        R"({"t_ms":%.0f,"action":"consolidate","to_node":0,"cores":%.3f,)"
+        R"("threads_moved":%d,"threads_not_moved":%d,"reason":"%s"})",
+        absl::ToDoubleMilliseconds(absl::Now() - run_start), cores, moved, failed, reason));
+    LOG(INFO) << "stretchd run: placement: moved " << moved << " thread(s) to node 0"
+              << (failed ? absl::StrCat(", ", failed, " could not move: ", failures) : "");
+  };
+
   for (bool finished = false; !finished;) {
     std::vector<struct pollfd> p;
     bool pending = false;
@@ -507,6 +614,11 @@ int RunLauncher(const LaunchOptions& o) {
     if (error_grace_end != absl::InfiniteFuture()) {
       timeout_ms = static_cast<int>(
           std::max<int64_t>(0, absl::ToInt64Milliseconds(error_grace_end - absl::Now())));
+    }
+    if (!placement_done && error_grace_end == absl::InfiniteFuture() && !pending) {
+      const int to_sample = static_cast<int>(
+          std::max<int64_t>(0, absl::ToInt64Milliseconds(next_sample - absl::Now())));
+      timeout_ms = timeout_ms < 0 ? to_sample : std::min(timeout_ms, to_sample);
     }
     int ready = poll(p.data(), p.size(), timeout_ms);
     if (ready < 0 && errno != EINTR) break;
@@ -525,6 +637,11 @@ int RunLauncher(const LaunchOptions& o) {
       }
     }
     if (p[o.nodes].revents & POLLIN) serve_control();
+    if (!placement_done && error_grace_end == absl::InfiniteFuture() &&
+        absl::Now() >= next_sample) {
+      sample_placement();
+      next_sample = absl::Now() + o.placement_window;
+    }
     for (int i = 0; i < o.nodes && !finished; ++i) {
       if (agents[i].done) continue;
       bool closed = false;
@@ -539,7 +656,7 @@ int RunLauncher(const LaunchOptions& o) {
       if (!line) continue;
       // Late answers to a migration that gave up waiting for them.
       if (!closed && (absl::StartsWith(*line, "here") || absl::StartsWith(*line, "migrat") ||
-                      absl::StartsWith(*line, "notmine"))) {
+                      absl::StartsWith(*line, "notmine") || absl::StartsWith(*line, "cpu "))) {
         continue;
       }
       agents[i].done = true;
@@ -598,7 +715,10 @@ int RunLauncher(const LaunchOptions& o) {
                     ",\"migration\":{\"stop_ms\":", absl::ToDoubleMilliseconds(origin->stop_time),
                     ",\"checkpoint_ms\":", absl::ToDoubleMilliseconds(origin->dump_time),
                     ",\"image_bytes\":", image_bytes,
-                    ",\"restore_ms\":", absl::ToDoubleMilliseconds(restore_time), "}}");
+                    ",\"restore_ms\":", absl::ToDoubleMilliseconds(restore_time), "}",
+                    ",\"placement\":{\"policy\":\"", o.placement, "\",\"samples\":[",
+                    absl::StrJoin(samples_json, ","), "],\"decisions\":[",
+                    absl::StrJoin(decisions_json, ","), "]}}");
     FILE* f = std::fopen(o.stats_json.c_str(), "w");
     if (f == nullptr)
       return Fail(ErrnoStatus(errno, absl::StrCat("write ", o.stats_json)).ToString());
@@ -675,7 +795,8 @@ int RunReplicaAgent(const ReplicaAgentOptions& o) {
   }
   if (early_signal != 0) kill((*replica)->pid(), early_signal);
   for (;;) {
-    auto st = (*replica)->Wait(absl::Now() + absl::Milliseconds(100));
+    // Control lines (placement's "cpu", migrations) are answered within 10 ms.
+    auto st = (*replica)->Wait(absl::Now() + absl::Milliseconds(10));
     if (st.ok()) {
       // Killed by this agent because the cluster failed: say why, not "signal 9".
       if (absl::Status h = (*agent)->health(); !h.ok() && st->signaled && st->code == SIGKILL) {
@@ -700,7 +821,13 @@ int RunReplicaAgent(const ReplicaAgentOptions& o) {
     if (line && absl::StartsWith(*line, "kill ") && absl::SimpleAtoi(line->substr(5), &sig)) {
       kill((*replica)->pid(), sig);
     }
-    if (line) HandleMigration(**replica, ctl, *line);
+    if (line && *line == "cpu") {
+      SendLine(ctl, absl::StrCat("cpu ", (*replica)->CpuTimeNs(), " ",
+                                 (*replica)->ThreadsRunningHere().size(), " ",
+                                 (*agent)->stats().fault_latency.Snap().sum_ns));
+    } else if (line) {
+      HandleMigration(**replica, ctl, *line);
+    }
   }
 }
 

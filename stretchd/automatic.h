@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/time/time.h"
 #include "migrate/criu.h"
 
 namespace stretch {
@@ -50,6 +51,14 @@ struct LaunchOptions {
   bool hold_checkpoint = true;
   // NodeOptions::read_ahead of every node.
   int read_ahead = 8;
+  // "static": threads stay where they were placed. "adaptive": every placement_window the
+  // launcher measures how many cores the program's threads keep busy on all nodes together
+  // and how long they wait for pages; after two windows in a row below placement_min_cores
+  // busy and waiting longer than computing (one node would do at least as well) it moves
+  // every thread to node 0, once.
+  std::string placement = "static";
+  absl::Duration placement_window = absl::Milliseconds(100);
+  double placement_min_cores = 1.0;
   // If set, a directory: node i writes its fault trace to node<i>.csv there.
   std::string fault_trace;
   // Where `stretchd migrate` reaches this run (a Unix socket); empty: WORK_DIR/control.sock.

@@ -84,6 +84,16 @@ DEFINE_bool(manual, false,
             "run: manual mode: only the program's MAP_SHARED anonymous mappings (present at "
             "migration) are coherent across nodes, each sync object on its own page; the rest of "
             "its memory is copied at migration and private to each node after it");
+DEFINE_string(placement, "static",
+              "run: static (threads stay where they were placed) or adaptive (every "
+              "--placement_window_ms the cores the program's threads keep busy on all nodes and "
+              "their waiting for pages are measured; two windows in a row below "
+              "--placement_min_cores busy and waiting longer than computing move every thread "
+              "to node 0, once; decisions on stderr and in the stats JSON)");
+DEFINE_int32(placement_window_ms, 100, "run: adaptive placement's measuring window");
+DEFINE_double(placement_min_cores, 1.0,
+              "run: adaptive placement consolidates on node 0 when the program keeps fewer cores "
+              "busy than this");
 DEFINE_bool(hold_checkpoint, true,
             "run, node: every replica starts with the checkpoint's pages read-only, as a sharer "
             "(every node restores the same checkpoint), so reading data nobody has written since "
@@ -160,7 +170,8 @@ const std::vector<Subcommand>& Subcommands() {
        "[--migrate_threads=T,T] [--work_dir=DIR] [--nonetns] -- PROG ARGS...",
        {"nodes", "transport", "stats_json", "migrate_at_threads", "migrate_threads", "work_dir",
         "netns", "one_malloc_arena", "node_cpus", "criu", "control", "manual", "read_ahead",
-        "fault_trace", "hold_checkpoint"},
+        "fault_trace", "hold_checkpoint", "placement", "placement_window_ms",
+        "placement_min_cores"},
        RunRun},
       {"migrate",
        "Move a thread of a program running under `stretchd run` to another node (its registers, "
@@ -528,6 +539,21 @@ int RunRun(const std::vector<std::string>& args) {
   o.transport = FLAGS_transport;
   o.stats_json = FLAGS_stats_json;
   o.migrate_at_threads = FLAGS_migrate_at_threads;
+  if (FLAGS_placement != "static" && FLAGS_placement != "adaptive") {
+    std::fprintf(stderr, "stretchd run: --placement must be static or adaptive (got '%s')\n",
+                 FLAGS_placement.c_str());
+    return 2;
+  }
+  if (FLAGS_placement_window_ms < 10 || FLAGS_placement_window_ms > 60000 ||
+      !(FLAGS_placement_min_cores > 0)) {
+    std::fprintf(stderr,
+                 "stretchd run: --placement_window_ms must be 10..60000 and "
+                 "--placement_min_cores positive\n");
+    return 2;
+  }
+  o.placement = FLAGS_placement;
+  o.placement_window = absl::Milliseconds(FLAGS_placement_window_ms);
+  o.placement_min_cores = FLAGS_placement_min_cores;
   o.work_dir = FLAGS_work_dir;
   o.netns = FLAGS_netns;
   o.one_malloc_arena = FLAGS_one_malloc_arena;

@@ -878,6 +878,21 @@ struct ThreadState {
 
 }  // namespace
 
+uint64_t Replica::CpuTimeNs() {
+  std::vector<pid_t> ours;
+  {
+    absl::MutexLock l(&mu_);
+    for (const auto& [inner, our] : runs_here_) ours.push_back(our);
+  }
+  uint64_t total = 0;
+  for (pid_t t : ours) {
+    std::ifstream in(absl::StrCat("/proc/", pid_, "/task/", t, "/schedstat"));
+    uint64_t ns = 0;
+    if (in >> ns) total += ns;
+  }
+  return total;
+}
+
 std::vector<pid_t> Replica::ThreadsRunningHere() {
   absl::MutexLock l(&mu_);
   std::vector<pid_t> out;

@@ -88,6 +88,9 @@ class Replica {
   absl::Status MigrateIn(pid_t tid, const std::string& state);
   // Program-namespace tids of the threads running here.
   std::vector<pid_t> ThreadsRunningHere();
+  // CPU time (ns, /proc/PID/task/TID/schedstat) the threads running here have used in this
+  // replica so far.
+  uint64_t CpuTimeNs();
 
   // Threads created here since the replica started (they run here).
   int threads_created();

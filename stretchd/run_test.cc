@@ -372,6 +372,33 @@ TEST_F(RunTest, ReplicasStartHoldingTheCheckpointsPages) {
       << read_faults[1];
 }
 
+// --placement=adaptive: K-means' write sharing keeps its threads waiting for pages, so the
+// two nodes together keep fewer cores busy than one node would, and every thread moves to
+// node 0; matrix multiply keeps both nodes busy and stays spread. Outputs stay native.
+TEST_F(RunTest, AdaptivePlacementConsolidatesWhatDistributionSlowsDown) {
+  const std::vector<std::string> flags = {"--migrate_at_threads=5", "--placement=adaptive",
+                                          "--placement_window_ms=50", "--node_cpus=0;1"};
+  {
+    auto [native, stretch] =
+        Both({Runfile("experiments/workloads/kmeans"), "--size=100000", "--threads=4"}, flags);
+    ASSERT_EQ(stretch.status.ToString(), "exit status 0") << stretch.err;
+    EXPECT_EQ(stretch.out, native.out);
+    EXPECT_THAT(last_stats_, HasSubstr("\"policy\":\"adaptive\""));
+    EXPECT_THAT(last_stats_, HasSubstr("\"action\":\"consolidate\""));
+    EXPECT_EQ(StatNumber("threads_not_moved"), 0) << last_stats_;
+    EXPECT_GE(StatNumber("threads_moved"), 2) << last_stats_;
+    EXPECT_THAT(stretch.err, HasSubstr("placement: moving every thread to node 0"));
+  }
+  {
+    auto [native, stretch] = Both(
+        {Runfile("experiments/workloads/matrix_multiply"), "--size=1000", "--threads=4"}, flags);
+    ASSERT_EQ(stretch.status.ToString(), "exit status 0") << stretch.err;
+    EXPECT_EQ(stretch.out, native.out);
+    EXPECT_THAT(last_stats_, HasSubstr("\"decisions\":[]")) << last_stats_;
+    EXPECT_THAT(last_stats_, HasSubstr("\"cores\":")) << "no window measured: " << last_stats_;
+  }
+}
+
 TEST_F(RunTest, ExitStatusAndFatalSignalsAreNative) {
   auto [native, stretch] =
       Both({Runfile("experiments/workloads/sync_torture"), "--test=exit", "--threads=3"},
