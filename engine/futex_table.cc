@@ -45,10 +45,10 @@ int FutexTable::Wake(uint64_t address, uint32_t count, uint32_t mask, std::vecto
 int FutexTable::Requeue(uint64_t address, uint32_t wake, uint64_t address2, uint32_t requeue,
                         std::vector<Waiter>* woken) {
   int n = Wake(address, wake, 0xFFFFFFFF, woken);
-  auto q = queues_.find(address);
-  if (q == queues_.end() || requeue == 0 || address == address2) return n;
-  auto& from = q->second;
+  if (requeue == 0 || address == address2 || !queues_.contains(address)) return n;
+  // operator[] may rehash and move every queue: only then take references.
   auto& to = queues_[address2];
+  auto& from = queues_.find(address)->second;
   uint32_t moved = 0;
   while (!from.empty() && moved < requeue) {
     Waiter w = from.front();
@@ -57,10 +57,8 @@ int FutexTable::Requeue(uint64_t address, uint32_t wake, uint64_t address2, uint
     to.push_back(w);
     ++moved;
   }
-  // `from` may be gone after operator[] rehashed; look it up again.
-  if (auto again = queues_.find(address); again != queues_.end() && again->second.empty()) {
-    queues_.erase(again);
-  }
+  if (from.empty()) queues_.erase(address);
+  if (auto t = queues_.find(address2); t != queues_.end() && t->second.empty()) queues_.erase(t);
   return n + static_cast<int>(moved);
 }
 

@@ -64,6 +64,23 @@ TEST(FutexTableTest, RequeueMovesTheRestBehindTheTarget) {
   EXPECT_TRUE(t.Cancel(NodeId(0), 4) == false);
 }
 
+// Requeueing to an address with no queue yet adds one, which may grow the table and move every
+// queue (found by //engine:server_fuzzer as a use after free): the waiters must all arrive.
+TEST(FutexTableTest, RequeueToANewAddressWhileTheTableGrows) {
+  for (uint64_t others = 0; others < 80; ++others) {
+    FutexTable t;
+    for (uint64_t i = 0; i < others; ++i) t.Wait(0x100000 + 4 * i, W{NodeId(1), 1000 + i});
+    for (uint64_t s = 1; s <= 3; ++s) t.Wait(0x1000, W{NodeId(0), s});
+    std::vector<W> woken;
+    EXPECT_EQ(t.Requeue(0x1000, 0, 0x2000, 3, &woken), 3) << others;
+    EXPECT_EQ(t.Wake(0x1000, 10, ~0u, &woken), 0) << others;
+    EXPECT_EQ(t.Wake(0x2000, 10, ~0u, &woken), 3) << others;
+    ASSERT_EQ(woken.size(), 3u) << others;
+    for (uint64_t s = 1; s <= 3; ++s) EXPECT_EQ(woken[s - 1].seq, s) << others;
+    EXPECT_EQ(t.waiters(), others) << others;
+  }
+}
+
 TEST(FutexTableTest, ForgetNodeDropsItsWaiters) {
   FutexTable t;
   t.Wait(0x1000, W{NodeId(0), 1});
