@@ -531,14 +531,7 @@ class NodeAgent::Impl {
       if (!IsPageAligned(addr) || bytes.size() != kPageSize) {
         return absl::InvalidArgumentError("HoldCheckpointPages: not whole pages");
       }
-      Attachment* att = nullptr;
-      {
-        absl::ReaderMutexLock l(&attach_mu_);
-        auto it = ranges_.upper_bound(addr);
-        if (it != ranges_.begin() && addr < std::prev(it)->second.first) {
-          att = std::prev(it)->second.second;
-        }
-      }
+      Attachment* att = FindAttachment(addr);
       if (att == nullptr || att->target->pid != pid) {
         return absl::NotFoundError(
             absl::StrFormat("hold: 0x%x is not memory of pid %d served here", addr, pid));
@@ -1028,13 +1021,12 @@ class NodeAgent::Impl {
     }
   }
 
-  // Sequential read misses (this one follows the previous one of the attachment): ask for the
-  // next pages too, as ordinary read misses nobody waits for yet, so their round trips overlap
-  // with this one's and with the program's work. Only pages this node holds no copy of and has
-  // no transaction for, inside the attachment's ranges.
-  // A thread's read miss on the page after its previous one (or after its previous read-ahead
-  // window: a sequential scan misses once per window) also asks for the next pages this node
-  // lacks. Per thread, so that threads scanning their own slices side by side all qualify.
+  // Sequential read misses (a thread's miss on the page after its previous one, or after its
+  // previous read-ahead window, so that a scan misses once per window): ask for the next pages
+  // too, as ordinary read misses nobody waits for yet, so their round trips overlap with this
+  // one's and with the program's work. Only pages this node holds no copy of and has no
+  // transaction for, inside the attachment's ranges. Per thread, so that threads scanning
+  // their own slices side by side all qualify.
   void ReadAhead(Attachment& att, PageId page, int tid) {
     if (options_.read_ahead <= 0) return;
     if (att.last_read_miss.size() >= kMaxReadAheadThreads) att.last_read_miss.clear();
