@@ -4,7 +4,9 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 
 namespace stretch::transport {
 
@@ -65,6 +67,10 @@ void FaultInjectingTransport::IngestLocked(Event e, absl::Time now) {
   const double u_duplicate = UniformLocked();
   const double u_delay = UniformLocked();
   const double u_amount = UniformLocked();
+  if (options_.eligible && !options_.eligible(e.data)) {
+    QueueLocked(std::move(e), now);
+    return;
+  }
   if (u_disconnect < options_.disconnect_probability) {
     CutLocked(e.peer, now, "connection cut");
     return;
@@ -177,6 +183,50 @@ absl::Status FaultInjectingTransport::InjectDisconnect(PeerId peer) {
   }
   CutLocked(peer, absl::Now(), "injected disconnect");
   return absl::OkStatus();
+}
+
+absl::StatusOr<FaultOptions> ParseFaultSpec(absl::string_view spec) {
+  FaultOptions o;
+  int64_t min_delay_ms = 0, max_delay_ms = 0;
+  for (absl::string_view item : absl::StrSplit(spec, ',', absl::SkipEmpty())) {
+    std::pair<absl::string_view, absl::string_view> kv = absl::StrSplit(item, '=');
+    const auto [key, value] = kv;
+    auto bad = [&](absl::string_view what) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("fault spec \"", spec, "\": ", key, "=", value, ": ", what));
+    };
+    double* probability = key == "drop"         ? &o.drop_probability
+                          : key == "duplicate"  ? &o.duplicate_probability
+                          : key == "disconnect" ? &o.disconnect_probability
+                          : key == "delay"      ? &o.delay_probability
+                                                : nullptr;
+    if (probability != nullptr) {
+      if (!absl::SimpleAtod(value, probability) || !(*probability >= 0 && *probability <= 1)) {
+        return bad("a probability must be a number from 0 to 1");
+      }
+    } else if (key == "min_delay_ms" || key == "max_delay_ms") {
+      int64_t* ms = key == "min_delay_ms" ? &min_delay_ms : &max_delay_ms;
+      if (!absl::SimpleAtoi(value, ms) || *ms < 0 || *ms > 60000) {
+        return bad("must be 0..60000 milliseconds");
+      }
+    } else if (key == "reorder") {
+      if (value != "0" && value != "1") return bad("must be 0 or 1");
+      o.reorder_across_peers = value == "1";
+    } else if (key == "seed") {
+      if (!absl::SimpleAtoi(value, &o.seed)) return bad("must be an unsigned integer");
+    } else {
+      return bad(
+          "unknown key (valid: drop, duplicate, disconnect, delay, min_delay_ms, max_delay_ms, "
+          "reorder, seed)");
+    }
+  }
+  if (min_delay_ms > max_delay_ms) {
+    return absl::InvalidArgumentError(absl::StrCat("fault spec \"", spec, "\": min_delay_ms ",
+                                                   min_delay_ms, " > max_delay_ms ", max_delay_ms));
+  }
+  o.min_delay = absl::Milliseconds(min_delay_ms);
+  o.max_delay = absl::Milliseconds(max_delay_ms);
+  return o;
 }
 
 }  // namespace stretch::transport

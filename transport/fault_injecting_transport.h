@@ -27,13 +27,17 @@
 
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <random>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/types/span.h"
 #include "transport/transport.h"
 
 namespace stretch::transport {
@@ -49,7 +53,16 @@ struct FaultOptions {
   // Contract-breaking (see above).
   double drop_probability = 0;
   double duplicate_probability = 0;
+  // If set, only messages it returns true for are faulted (e.g. one protocol's messages);
+  // the others pass untouched, in order. Decisions are drawn for every message either way.
+  std::function<bool(absl::Span<const uint8_t>)> eligible;
 };
+
+// Parses a fault specification, a comma-separated list of key=value (for flags such as
+// `stretchd node --inject_faults`): drop=P, duplicate=P, disconnect=P, delay=P (probabilities
+// in [0, 1]), min_delay_ms=N, max_delay_ms=N, reorder=0|1, seed=N. Example:
+// "drop=0.01,seed=7". Unknown keys, bad numbers and probabilities outside [0, 1] are errors.
+absl::StatusOr<FaultOptions> ParseFaultSpec(absl::string_view spec);
 
 class FaultInjectingTransport final : public Transport {
  public:

@@ -8,6 +8,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "transport/loopback_transport.h"
 
@@ -119,6 +120,47 @@ TEST(FaultInjectingTransportTest, DropsAndDuplicatesAreCountedAndKeepOrder) {
   EXPECT_GT(counts.duplicated, 0u);
   EXPECT_EQ(seen.size(), 300 - counts.dropped + counts.duplicated);
   for (size_t k = 1; k < seen.size(); ++k) EXPECT_LE(seen[k - 1].second, seen[k].second);
+}
+
+TEST(FaultInjectingTransportTest, OnlyEligibleMessagesAreFaulted) {
+  FaultOptions f;
+  f.seed = 7;
+  f.drop_probability = 1;
+  // Odd sequence numbers only: every one of them is dropped, every even one arrives.
+  f.eligible = [](absl::Span<const uint8_t> m) { return m.size() == 8 && (m[4] & 1) != 0; };
+  Cluster s = MakeCluster(f, 1);
+  auto seen = Exchange(s, 100);
+  ASSERT_EQ(seen.size(), 50u);
+  for (size_t k = 0; k < seen.size(); ++k) EXPECT_EQ(seen[k].second, static_cast<int64_t>(2 * k));
+  EXPECT_EQ(s.server->fault_counts().dropped, 50u);
+}
+
+TEST(FaultSpecTest, ParsesEveryKey) {
+  auto f = ParseFaultSpec(
+      "drop=0.25,duplicate=0.5,disconnect=0.125,delay=1,min_delay_ms=2,max_delay_ms=9,"
+      "reorder=1,seed=42");
+  ASSERT_TRUE(f.ok()) << f.status();
+  EXPECT_EQ(f->drop_probability, 0.25);
+  EXPECT_EQ(f->duplicate_probability, 0.5);
+  EXPECT_EQ(f->disconnect_probability, 0.125);
+  EXPECT_EQ(f->delay_probability, 1);
+  EXPECT_EQ(f->min_delay, absl::Milliseconds(2));
+  EXPECT_EQ(f->max_delay, absl::Milliseconds(9));
+  EXPECT_TRUE(f->reorder_across_peers);
+  EXPECT_EQ(f->seed, 42u);
+  auto none = ParseFaultSpec("");
+  ASSERT_TRUE(none.ok());
+  EXPECT_EQ(none->drop_probability, 0);
+}
+
+TEST(FaultSpecTest, RejectsBadSpecsWithTheReason) {
+  for (const char* bad : {"drop=2", "drop=-0.1", "drop=x", "delay", "lose=0.1", "seed=-1",
+                          "reorder=yes", "min_delay_ms=5,max_delay_ms=1", "max_delay_ms=99999"}) {
+    auto f = ParseFaultSpec(bad);
+    ASSERT_FALSE(f.ok()) << bad;
+    EXPECT_EQ(f.status().code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_THAT(std::string(f.status().message()), ::testing::HasSubstr(bad)) << f.status();
+  }
 }
 
 TEST(FaultInjectingTransportTest, DelaysHoldMessagesButKeepPerPeerOrder) {
