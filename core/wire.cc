@@ -713,6 +713,14 @@ void EncodeTo(const Message& m, std::vector<uint8_t>* out) {
       m);
 }
 
+std::optional<MessageType> PeekType(absl::Span<const uint8_t> frame) {
+  uint32_t magic = 0;
+  if (frame.size() < kHeaderSize) return std::nullopt;
+  std::memcpy(&magic, frame.data(), sizeof(magic));
+  if (magic != kMagic) return std::nullopt;
+  return static_cast<MessageType>(frame[5]);
+}
+
 std::vector<uint8_t> Encode(const Message& m) {
   std::vector<uint8_t> out;
   EncodeTo(m, &out);

@@ -23,6 +23,7 @@
 
 #include <array>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <variant>
 #include <vector>
@@ -310,6 +311,9 @@ using Message =
                  StatsReply, Heartbeat, Error, Exit, Peers, PageSeed, PagesHeld, PagesHeldReply>;
 
 MessageType TypeOf(const Message& m);
+// The type a frame's header claims (nullopt if the frame is shorter than a header or its
+// magic is wrong); nothing else is checked: Decode() validates.
+std::optional<MessageType> PeekType(absl::Span<const uint8_t> frame);
 
 // Bytes Encode() produces for `m`.
 size_t EncodedSize(const Message& m);

@@ -110,6 +110,10 @@ TEST(WireTest, TypeOfMatchesHeader) {
   auto len = FrameLength(frame);
   ASSERT_TRUE(len.ok());
   EXPECT_EQ(*len, frame.size());
+  EXPECT_EQ(PeekType(frame), MessageType::kHeartbeat);
+  EXPECT_EQ(PeekType(absl::MakeConstSpan(frame).first(kHeaderSize - 1)), std::nullopt);
+  frame[0] ^= 1;
+  EXPECT_EQ(PeekType(frame), std::nullopt);
 }
 
 absl::Status DecodeStatus(const std::vector<uint8_t>& frame) { return Decode(frame).status(); }

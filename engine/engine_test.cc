@@ -3,6 +3,7 @@
 // shared region. The multi-namespace, multi-process version is stretchd/cluster_test.
 #include <sys/prctl.h>
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -28,7 +29,7 @@ std::string Prog() {
 
 class EngineTest : public ::testing::TestWithParam<std::string> {
  protected:
-  void StartCluster(int nodes) {
+  void StartCluster(int nodes, const std::function<void(int, NodeOptions&)>& tweak = nullptr) {
     ServerOptions so;
     so.transport = GetParam();
     so.listen = GetParam() == "loopback" ? "loop:server" : "127.0.0.1:0";
@@ -42,6 +43,7 @@ class EngineTest : public ::testing::TestWithParam<std::string> {
       no.transport = GetParam();
       no.listen = GetParam() == "loopback" ? absl::StrCat("loop:node", i) : "127.0.0.1:0";
       no.attach_socket = absl::StrCat(dir_.path(), "/node", i, ".sock");
+      if (tweak) tweak(i, no);
       auto agent = NodeAgent::Start(no);
       ASSERT_TRUE(agent.ok()) << agent.status();
       agents_.push_back(std::move(*agent));
@@ -49,8 +51,8 @@ class EngineTest : public ::testing::TestWithParam<std::string> {
     ASSERT_TRUE(server_->WaitForNodes(nodes, absl::Now() + absl::Seconds(10)));
   }
 
-  // Runs dsm_prog on every node at once; returns each node's stdout.
-  std::vector<std::string> RunAll(const std::string& mode, const std::vector<std::string>& extra) {
+  // Starts dsm_prog on every node at once.
+  std::vector<Subprocess> Launch(const std::string& mode, const std::vector<std::string>& extra) {
     std::vector<Subprocess> procs;
     int n = static_cast<int>(agents_.size());
     for (int i = 0; i < n; ++i) {
@@ -65,12 +67,20 @@ class EngineTest : public ::testing::TestWithParam<std::string> {
       EXPECT_TRUE(p.ok()) << p.status();
       if (p.ok()) procs.push_back(std::move(*p));
     }
+    return procs;
+  }
+
+  // Runs dsm_prog on every node at once; returns each node's stdout.
+  std::vector<std::string> RunAll(const std::string& mode, const std::vector<std::string>& extra) {
+    std::vector<Subprocess> procs = Launch(mode, extra);
     std::vector<std::string> out;
     for (int i = 0; i < static_cast<int>(procs.size()); ++i) {
       auto st = procs[i].Wait(absl::Now() + absl::Seconds(60));
       EXPECT_TRUE(st.ok()) << st.status();
       std::string err = testing::ReadFileOrEmpty(absl::StrCat(dir_.path(), "/", mode, i, ".err"));
-      if (st.ok()) EXPECT_EQ(st->ToString(), "exit status 0") << "node " << i << ": " << err;
+      if (st.ok()) {
+        EXPECT_EQ(st->ToString(), "exit status 0") << "node " << i << ": " << err;
+      }
       out.push_back(testing::ReadFileOrEmpty(absl::StrCat(dir_.path(), "/", mode, i, ".out")));
     }
     for (auto& a : agents_) EXPECT_TRUE(a->health().ok()) << a->health();
@@ -145,6 +155,32 @@ TEST_P(EngineTest, SharedRegionStressHasNoStaleReads) {
   ASSERT_NO_FATAL_FAILURE(StartCluster(3));
   auto out = RunAll("stress", {"--iters=10000", "--pages=16", "--shared"});
   for (int i = 0; i < 3; ++i) EXPECT_THAT(out[i], HasSubstr(absl::StrCat("node ", i, " stale 0")));
+}
+
+// Every coherence message to node 1 is lost: its faults never get an answer, and neither do
+// node 0's that need node 1's copy. Each agent's watchdog fails it after fault_timeout and its
+// process is killed (never left blocked forever, never run on with a page it did not get).
+TEST_P(EngineTest, FaultsWithoutAnAnswerStopTheProcessesWithAClearError) {
+  ASSERT_NO_FATAL_FAILURE(StartCluster(2, [](int i, NodeOptions& o) {
+    o.fault_timeout = absl::Milliseconds(500);
+    if (i == 1) {
+      o.inject_faults.emplace();
+      o.inject_faults->drop_probability = 1;
+    }
+  }));
+  std::vector<Subprocess> procs = Launch("pingpong", {"--iters=500"});
+  ASSERT_EQ(procs.size(), 2u);
+  for (int i = 0; i < 2; ++i) {
+    auto st = procs[i].Wait(absl::Now() + absl::Seconds(30));
+    ASSERT_TRUE(st.ok()) << "node " << i << ": " << st.status();
+    EXPECT_EQ(st->ToString(), "killed by signal 9 (Killed)") << "node " << i;
+  }
+  for (int i = 0; i < 2; ++i) {
+    const absl::Status health = agents_[i]->health();
+    EXPECT_EQ(health.code(), absl::StatusCode::kDeadlineExceeded) << "node " << i << ": " << health;
+    EXPECT_THAT(health.message(), HasSubstr("got no answer in")) << "node " << i;
+    EXPECT_THAT(health.message(), HasSubstr("a message was lost or a peer is stuck"));
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Transports, EngineTest, ::testing::Values("tcp", "loopback"));

@@ -71,6 +71,13 @@ class NodeAgent::Impl {
     transport::TransportOptions topts = options_.transport_options;
     if (topts.name.empty()) topts.name = absl::StrCat("node", self_.value());
     STRETCH_ASSIGN_OR_RETURN(transport_, transport::CreateTransport(options_.transport, topts));
+    if (options_.inject_faults) {
+      transport::FaultOptions f = *options_.inject_faults;
+      f.eligible = [](absl::Span<const uint8_t> m) {
+        return wire::PeekType(m) == wire::MessageType::kCoherence;
+      };
+      transport_ = std::make_unique<transport::FaultInjectingTransport>(std::move(transport_), f);
+    }
     STRETCH_ASSIGN_OR_RETURN(address_, transport_->Listen(options_.listen));
     const absl::Time deadline = absl::Now() + options_.connect_timeout;
     auto server = transport_->Connect(options_.server, deadline);
@@ -105,6 +112,7 @@ class NodeAgent::Impl {
     STRETCH_RETURN_IF_ERROR(SendMessage(server_, wire::Peers{{{self_, address_}}}));
     receiver_ = std::thread([this] { ReceiveLoop(); });
     connector_ = std::thread([this] { ConnectLoop(); });
+    watchdog_ = std::thread([this] { WatchdogLoop(); });
     if (!options_.attach_socket.empty()) STRETCH_RETURN_IF_ERROR(StartAttachSocket());
     LOG(INFO) << "node " << self_.value() << ": up, listening on " << address_ << ", server "
               << options_.server;
@@ -119,6 +127,11 @@ class NodeAgent::Impl {
       (void)!write(attach_stop_.get(), &one, sizeof(one));
     }
     if (attacher_.joinable()) attacher_.join();
+    {
+      absl::MutexLock l(&watchdog_mu_);
+      watchdog_stop_ = true;
+    }
+    if (watchdog_.joinable()) watchdog_.join();
     if (transport_ && server_.value() != 0) {
       (void)SendMessage(server_, wire::Exit{false, 0});
     }
@@ -946,6 +959,43 @@ class NodeAgent::Impl {
     if (ps.fault_start_ns != 0) {
       stats_.fault_latency.Record(static_cast<uint64_t>(now - ps.fault_start_ns));
       ps.fault_start_ns = 0;
+      waiting_.erase(page);
+    }
+  }
+
+  // Fails the agent if a fault has waited longer than fault_timeout for its answer. Peers that
+  // die are the transport's to detect (heartbeats); this catches what liveness cannot see: a
+  // message lost, a peer alive but stuck.
+  void WatchdogLoop() {
+    const absl::Duration period = std::min(
+        absl::Milliseconds(250), std::max(absl::Milliseconds(1), options_.fault_timeout / 4));
+    const int64_t limit_ns = absl::ToInt64Nanoseconds(options_.fault_timeout);
+    for (;;) {
+      {
+        absl::MutexLock l(&watchdog_mu_);
+        if (watchdog_mu_.AwaitWithTimeout(absl::Condition(&watchdog_stop_), period)) return;
+      }
+      std::optional<std::pair<PageId, int64_t>> overdue;
+      {
+        absl::MutexLock l(&mu_);
+        const int64_t now = NowNs();
+        for (auto it = waiting_.begin(); it != waiting_.end();) {
+          auto p = pages_.find(it->first);
+          if (p == pages_.end() || p->second.fault_start_ns != it->second) {
+            waiting_.erase(it++);  // resolved without an install, or the page was unmapped
+            continue;
+          }
+          if (now - it->second > limit_ns && !overdue) overdue.emplace(it->first, now - it->second);
+          ++it;
+        }
+      }
+      if (overdue) {
+        Fail(absl::DeadlineExceededError(
+            absl::StrCat("a fault on ", overdue->first.ToString(), " got no answer in ",
+                         absl::FormatDuration(absl::Nanoseconds(overdue->second)),
+                         " (fault_timeout ", absl::FormatDuration(options_.fault_timeout),
+                         "): a message was lost or a peer is stuck")));
+      }
     }
   }
 
@@ -1057,7 +1107,10 @@ class NodeAgent::Impl {
   void HandleLocal(Attachment& att, PageId page, LocalEvent ev, int64_t start_ns) {
     absl::MutexLock l(&mu_);
     PageState& ps = pages_[page];
-    if (ps.fault_start_ns == 0 && ev.op != coherence::LocalOp::kEvict) ps.fault_start_ns = start_ns;
+    if (ps.fault_start_ns == 0 && ev.op != coherence::LocalOp::kEvict) {
+      ps.fault_start_ns = start_ns;
+      waiting_[page] = start_ns;
+    }
     if (ps.busy) {
       // The network thread is carrying out this page's actions; it handles this event next.
       ps.pending.push_back(ev);
@@ -1183,7 +1236,8 @@ class NodeAgent::Impl {
   void OnDisconnected(PeerId peer, const absl::Status& why) {
     if (peer == server_) {
       if (!stopping_)
-        Fail(absl::UnavailableError(absl::StrCat("lost the server: ", why.message())));
+        Fail(absl::UnavailableError(absl::StrCat("lost the server: ", why.message())),
+             /*tell_server=*/false);
       return;
     }
     absl::MutexLock l(&net_mu_);
@@ -1203,7 +1257,7 @@ class NodeAgent::Impl {
     if (!decoded.ok()) {
       LOG(ERROR) << "node " << self_.value() << ": malformed message from peer " << peer.value()
                  << ": " << decoded.status().message();
-      if (peer == server_) Fail(decoded.status());
+      if (peer == server_) Fail(decoded.status(), /*tell_server=*/false);
       return;
     }
     if (auto* hello = std::get_if<wire::Hello>(&*decoded)) {
@@ -1252,7 +1306,8 @@ class NodeAgent::Impl {
     }
     if (auto* error = std::get_if<wire::Error>(&*decoded)) {
       Fail(absl::Status(static_cast<absl::StatusCode>(error->code),
-                        absl::StrCat("from the server: ", error->message)));
+                        absl::StrCat("from the server: ", error->message)),
+           /*tell_server=*/false);
       return;
     }
     auto* msg = std::get_if<wire::CoherenceMsg>(&*decoded);
@@ -1317,7 +1372,7 @@ class NodeAgent::Impl {
         absl::StrCat("node ", self_.value(), " lost page ", page.ToString(), ": ", why.message());
     (void)SendMessage(server_,
                       wire::Error{static_cast<uint32_t>(absl::StatusCode::kDataLoss), msg});
-    Fail(absl::DataLossError(msg));
+    Fail(absl::DataLossError(msg), /*tell_server=*/false);
   }
 
   void KillTarget(Attachment& att, const absl::Status& why) {
@@ -1332,7 +1387,10 @@ class NodeAgent::Impl {
     if (health_.ok()) health_ = why;
   }
 
-  void Fail(const absl::Status& why) {
+  // Stops every attached process. Unless the failure came from the server (or is the
+  // server's loss), the server hears why and tells the other nodes: the program cannot go on
+  // anywhere without this node's pages.
+  void Fail(const absl::Status& why, bool tell_server = true) {
     {
       absl::MutexLock l(&health_mu_);
       if (!health_.ok()) return;
@@ -1340,8 +1398,15 @@ class NodeAgent::Impl {
     }
     LOG(ERROR) << "node " << self_.value() << ": " << why.message()
                << "; stopping every attached process";
-    absl::ReaderMutexLock l(&attach_mu_);
-    for (auto& [pid, t] : targets_) (void)t->pidfd.Signal(SIGKILL);
+    {
+      absl::ReaderMutexLock l(&attach_mu_);
+      for (auto& [pid, t] : targets_) (void)t->pidfd.Signal(SIGKILL);
+    }
+    if (tell_server && server_.value() != 0) {
+      (void)SendMessage(
+          server_, wire::Error{static_cast<uint32_t>(why.code()),
+                               absl::StrCat("node ", self_.value(), " failed: ", why.message())});
+    }
   }
 
   // ---------------------------------------------------------------- attach socket
@@ -1468,6 +1533,12 @@ class NodeAgent::Impl {
   absl::Mutex mu_;
   // node_hash_map: a PageState stays put while a thread waits for it (Await releases mu_).
   absl::node_hash_map<PageId, PageState> pages_ ABSL_GUARDED_BY(mu_);
+  // Pages with an unresolved fault: their fault_start_ns (may be stale; the watchdog checks).
+  absl::flat_hash_map<PageId, int64_t> waiting_ ABSL_GUARDED_BY(mu_);
+
+  absl::Mutex watchdog_mu_;
+  bool watchdog_stop_ ABSL_GUARDED_BY(watchdog_mu_) = false;
+  std::thread watchdog_;
 
   // Where server messages for the replica's services go; copied out to be called unlocked.
   struct Handlers {

@@ -21,7 +21,9 @@
 //
 // Failures never produce wrong memory: if the server reports a lost node, or refuses a page
 // whose only copy was lost, the agent kills the affected processes (SIGKILL) with a message
-// naming the cause; a keeper process (uffd/keeper.h) kills them if the agent itself dies.
+// naming the cause; a keeper process (uffd/keeper.h) kills them if the agent itself dies. A
+// fault that waits longer than `fault_timeout` for its answer (a lost message, a stuck peer)
+// fails the agent the same way.
 //
 // Thread-safe.
 #ifndef STRETCH_ENGINE_NODE_AGENT_H_
@@ -32,6 +34,7 @@
 #include <array>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -42,6 +45,7 @@
 #include "core/stats.h"
 #include "core/unique_fd.h"
 #include "core/wire.h"
+#include "transport/fault_injecting_transport.h"
 #include "transport/transport.h"
 
 namespace stretch::uffd {
@@ -73,6 +77,12 @@ struct NodeOptions {
   int fault_cpu = -1;
   // How long to wait for the server and for peers to answer a connection.
   absl::Duration connect_timeout = absl::Seconds(10);
+  // A fault still unanswered after this long means a message was lost or a peer is stuck
+  // (peers that die are detected by the transport's heartbeats): the agent fails and kills its
+  // processes rather than leave them blocked forever.
+  absl::Duration fault_timeout = absl::Seconds(2);
+  // Tests: faults injected into the coherence messages this agent receives (others pass).
+  std::optional<transport::FaultOptions> inject_faults;
 };
 
 // What the agent counts (relaxed atomics).
