@@ -36,6 +36,7 @@
 #include "migrate/subprocess.h"
 #include "stretchd/replica.h"
 #include "testing/netns.h"
+#include "transport/fault_injecting_transport.h"
 
 namespace stretch {
 namespace {
@@ -285,6 +286,8 @@ int RunLauncher(const LaunchOptions& o) {
   so.transport = o.transport;
   so.listen = o.transport == "loopback" ? "loop:" : absl::StrCat(node_ip(0), ":0");
   so.checkpoint_images = oo.images_dir;
+  so.transport_options.heartbeat_interval = o.heartbeat_interval;
+  so.transport_options.peer_timeout = o.peer_timeout;
   absl::StatusOr<std::unique_ptr<engine::DirectoryServer>> server =
       absl::UnavailableError("not started");
   auto start_server = [&] { server = engine::DirectoryServer::Start(so); };
@@ -327,6 +330,12 @@ int RunLauncher(const LaunchOptions& o) {
     if (o.manual) a.argv.push_back("--manual");
     if (!o.hold_checkpoint) a.argv.push_back("--nohold_checkpoint");
     a.argv.push_back(absl::StrCat("--read_ahead=", o.read_ahead));
+    a.argv.push_back(
+        absl::StrCat("--heartbeat_ms=", absl::ToInt64Milliseconds(o.heartbeat_interval)));
+    a.argv.push_back(absl::StrCat("--peer_timeout_ms=", absl::ToInt64Milliseconds(o.peer_timeout)));
+    a.argv.push_back(
+        absl::StrCat("--fault_timeout_ms=", absl::ToInt64Milliseconds(o.fault_timeout)));
+    if (!o.inject_faults.empty()) a.argv.push_back("--inject_faults=" + o.inject_faults);
     if (!o.fault_trace.empty()) {
       a.argv.push_back(absl::StrCat("--fault_trace=", o.fault_trace, "/node", i, ".csv"));
     }
@@ -743,6 +752,14 @@ int RunReplicaAgent(const ReplicaAgentOptions& o) {
   no.transport = o.transport;
   no.read_ahead = o.read_ahead;
   no.fault_trace = o.fault_trace;
+  no.transport_options.heartbeat_interval = o.heartbeat_interval;
+  no.transport_options.peer_timeout = o.peer_timeout;
+  no.fault_timeout = o.fault_timeout;
+  if (!o.inject_faults.empty()) {
+    auto f = transport::ParseFaultSpec(o.inject_faults);
+    if (!f.ok()) return report_error(std::string(f.status().message()));
+    no.inject_faults = *f;
+  }
   auto agent = engine::NodeAgent::Start(no);
   if (!agent.ok()) return report_error(std::string(agent.status().message()));
   ReplicaOptions ro;

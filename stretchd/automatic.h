@@ -64,7 +64,13 @@ struct LaunchOptions {
   // Where `stretchd migrate` reaches this run (a Unix socket); empty: WORK_DIR/control.sock.
   std::string control_socket;
   // Optional, per node: the CPUs its agent, CRIU and replica run on (node i: node_cpus[i]).
-  std::vector<std::vector<int>> node_cpus;
+  std::vector<std::vector<int>> node_cpus;  // Failure detection (transport::TransportOptions,
+                                            // engine::NodeOptions::fault_timeout) and,
+  // for tests, faults injected into each node's coherence messages (transport::ParseFaultSpec).
+  absl::Duration heartbeat_interval = absl::Milliseconds(100);
+  absl::Duration peer_timeout = absl::Seconds(1);
+  absl::Duration fault_timeout = absl::Seconds(2);
+  std::string inject_faults;
 };
 
 // Runs the program; returns the process exit status stretchd should end with (a program killed
@@ -85,7 +91,13 @@ struct ReplicaAgentOptions {
   std::string fault_trace;  // file
   std::string stats_json;
   CriuOptions criu;
-  int control_fd = 3;
+  int control_fd = 3;  // Failure detection (transport::TransportOptions,
+                       // engine::NodeOptions::fault_timeout) and,
+  // for tests, faults injected into each node's coherence messages (transport::ParseFaultSpec).
+  absl::Duration heartbeat_interval = absl::Milliseconds(100);
+  absl::Duration peer_timeout = absl::Seconds(1);
+  absl::Duration fault_timeout = absl::Seconds(2);
+  std::string inject_faults;
 };
 
 // The replica side of a node agent in automatic mode; returns the process exit status.

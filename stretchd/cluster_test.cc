@@ -97,6 +97,29 @@ class ClusterTest : public ::testing::Test {
     return out;
   }
 
+  // Every process of "hold" says it holds the shared page (past its first barrier).
+  void ExpectHolding(std::vector<Subprocess>& procs) {
+    for (size_t i = 0; i < procs.size(); ++i) {
+      auto line = procs[i].ReadLine(Deadline());
+      ASSERT_TRUE(line.ok()) << line.status();
+      ASSERT_EQ(*line, absl::StrCat("node ", i, " holding"));
+    }
+  }
+
+  // Every process dies of SIGKILL (its agent's or its keeper's); prints how long after `since`
+  // the last one was gone (the failure detection time, for the record: not asserted).
+  void ExpectKilled(std::vector<Subprocess>& procs, absl::Time since, const char* what) {
+    for (size_t i = 0; i < procs.size(); ++i) {
+      auto st = procs[i].Wait(Deadline(30));
+      ASSERT_TRUE(st.ok()) << "node " << i << ": " << st.status();
+      EXPECT_TRUE(WIFSIGNALED(*st) && WTERMSIG(*st) == SIGKILL)
+          << "node " << i << ": " << testing::DescribeWaitStatus(*st);
+    }
+    const double ms = absl::ToDoubleMilliseconds(absl::Now() - since);
+    std::printf("[ measured ] %s: every process stopped %.0f ms later\n", what, ms);
+    RecordProperty("stop_ms", static_cast<int>(ms));
+  }
+
   void TearDown() override {
     for (auto& a : agents_) {
       if (a->running()) (void)a->Kill(SIGTERM);
@@ -175,6 +198,52 @@ TEST_F(ClusterTest, KilledAgentStopsEveryProcessWithAClearErrorAndNoHang) {
   auto st = agents_[0]->Wait(limit);
   ASSERT_TRUE(st.ok()) << st.status();
   EXPECT_TRUE(WIFEXITED(*st) && WEXITSTATUS(*st) == 1) << testing::DescribeWaitStatus(*st);
+}
+
+// The server killed: each agent loses it within --peer_timeout_ms (1 s by default; usually at
+// once, by the closed connection) and stops its processes, exiting 1 with the reason.
+TEST_F(ClusterTest, KilledServerStopsEveryProcessWithAClearError) {
+  ASSERT_NO_FATAL_FAILURE(Start(2));
+  std::vector<Subprocess> procs = Launch("hold", {});
+  ASSERT_EQ(procs.size(), 2u);
+  ASSERT_NO_FATAL_FAILURE(ExpectHolding(procs));
+  const absl::Time killed = absl::Now();
+  ASSERT_TRUE(server_->Kill(SIGKILL).ok());
+  ASSERT_NO_FATAL_FAILURE(ExpectKilled(procs, killed, "server killed"));
+  for (int i = 0; i < 2; ++i) {
+    auto log = agents_[i]->ReadAll(Deadline(10));
+    ASSERT_TRUE(log.ok()) << log.status();
+    EXPECT_THAT(*log, HasSubstr("lost the server")) << "node " << i;
+    auto st = agents_[i]->Wait(Deadline(10));
+    ASSERT_TRUE(st.ok()) << st.status();
+    EXPECT_TRUE(WIFEXITED(*st) && WEXITSTATUS(*st) == 1) << testing::DescribeWaitStatus(*st);
+  }
+}
+
+// Node 1's link cut (its interface down: no connection is closed, nothing more arrives):
+// the server hears nothing from node 1 for --peer_timeout_ms and tells node 0 that node 1 was
+// lost; node 1 loses the server the same way. Both stop their processes and fail.
+TEST_F(ClusterTest, CutLinkStopsEveryProcessNamingTheLostNode) {
+  ASSERT_NO_FATAL_FAILURE(Start(2));
+  std::vector<Subprocess> procs = Launch("hold", {});
+  ASSERT_EQ(procs.size(), 2u);
+  ASSERT_NO_FATAL_FAILURE(ExpectHolding(procs));
+  const absl::Time cut = absl::Now();
+  auto down = cluster_->Run(1, {"ip", "link", "set", "eth0", "down"}, Deadline(10));
+  ASSERT_TRUE(down.ok() && down->ok()) << (down.ok() ? down->output : down.status().ToString());
+  ASSERT_NO_FATAL_FAILURE(ExpectKilled(procs, cut, "link cut"));
+  auto log0 = agents_[0]->ReadAll(Deadline(10));
+  ASSERT_TRUE(log0.ok()) << log0.status();
+  EXPECT_THAT(*log0, HasSubstr("node 1"));
+  EXPECT_THAT(*log0, HasSubstr("was lost"));
+  auto log1 = agents_[1]->ReadAll(Deadline(10));
+  ASSERT_TRUE(log1.ok()) << log1.status();
+  EXPECT_THAT(*log1, HasSubstr("lost the server"));
+  for (int i = 0; i < 2; ++i) {
+    auto st = agents_[i]->Wait(Deadline(10));
+    ASSERT_TRUE(st.ok()) << st.status();
+    EXPECT_TRUE(WIFEXITED(*st) && WEXITSTATUS(*st) == 1) << testing::DescribeWaitStatus(*st);
+  }
 }
 
 }  // namespace

@@ -16,6 +16,7 @@
 #include <cstdio>
 #include <cstring>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -35,6 +36,7 @@
 #include "stretchd/check.h"
 #include "transport/create_transport.h"
 #include "transport/fabric_transport.h"
+#include "transport/fault_injecting_transport.h"
 
 DEFINE_bool(json, false, "check: print the report as one JSON object instead of text");
 DEFINE_string(criu, "criu", "check: the CRIU binary to probe (a name in PATH or a path)");
@@ -80,6 +82,19 @@ DEFINE_string(fault_trace, "",
 DEFINE_int32(read_ahead, 8,
              "run, node: after a sequential read miss also ask for up to this many next pages "
              "(0: off)");
+DEFINE_int32(heartbeat_ms, 100,
+             "server, node, run: a heartbeat goes to every peer nothing else was sent to for "
+             "this long");
+DEFINE_int32(peer_timeout_ms, 1000,
+             "server, node, run: a peer heard nothing from (not even a heartbeat) for this long "
+             "is lost: the program stops with an error naming it (must exceed --heartbeat_ms)");
+DEFINE_int32(fault_timeout_ms, 2000,
+             "node, run: a page fault still unanswered after this long (a lost message, a stuck "
+             "peer) stops the program with an error");
+DEFINE_string(inject_faults, "",
+              "node, run (testing): faults injected into the coherence messages each node "
+              "receives, e.g. 'drop=0.01,seed=7' or 'delay=0.5,max_delay_ms=5' (keys: drop, "
+              "duplicate, disconnect, delay, min_delay_ms, max_delay_ms, reorder, seed)");
 DEFINE_bool(manual, false,
             "run: manual mode: only the program's MAP_SHARED anonymous mappings (present at "
             "migration) are coherent across nodes, each sync object on its own page; the rest of "
@@ -144,7 +159,8 @@ const std::vector<Subcommand>& Subcommands() {
        "Run the directory server: per-page MSI state and home copies for every node; runs "
        "until SIGINT/SIGTERM.",
        "[--listen=IP:PORT] [--transport=tcp] [--checkpoint_images=DIR] [--stats_json=FILE]",
-       {"listen", "transport", "checkpoint_images", "stats_json"},
+       {"listen", "transport", "checkpoint_images", "stats_json", "heartbeat_ms",
+        "peer_timeout_ms"},
        RunServer},
       {"node",
        "Run the node agent of this machine: processes attach memory to it and it keeps that "
@@ -154,7 +170,8 @@ const std::vector<Subcommand>& Subcommands() {
        "[--fault_cpu=C] [--stats_json=FILE]",
        {"node", "server", "listen", "attach_socket", "transport", "fault_cpu", "stats_json",
         "replica_images", "replica_work", "run_threads", "criu", "manual", "read_ahead",
-        "fault_trace", "hold_checkpoint"},
+        "fault_trace", "hold_checkpoint", "heartbeat_ms", "peer_timeout_ms", "fault_timeout_ms",
+        "inject_faults"},
        RunNode},
       {"stats",
        "Print the server's statistics (per node and totals) as JSON.",
@@ -168,10 +185,28 @@ const std::vector<Subcommand>& Subcommands() {
        "with its status.",
        "[--nodes=N] [--transport=tcp] [--stats_json=FILE] [--migrate_at_threads=K] "
        "[--migrate_threads=T,T] [--work_dir=DIR] [--nonetns] -- PROG ARGS...",
-       {"nodes", "transport", "stats_json", "migrate_at_threads", "migrate_threads", "work_dir",
-        "netns", "one_malloc_arena", "node_cpus", "criu", "control", "manual", "read_ahead",
-        "fault_trace", "hold_checkpoint", "placement", "placement_window_ms",
-        "placement_min_cores"},
+       {"nodes",
+        "transport",
+        "stats_json",
+        "migrate_at_threads",
+        "migrate_threads",
+        "work_dir",
+        "netns",
+        "one_malloc_arena",
+        "node_cpus",
+        "criu",
+        "control",
+        "manual",
+        "read_ahead",
+        "fault_trace",
+        "hold_checkpoint",
+        "placement",
+        "placement_window_ms",
+        "placement_min_cores",
+        "heartbeat_ms",
+        "peer_timeout_ms",
+        "fault_timeout_ms",
+        "inject_faults"},
        RunRun},
       {"migrate",
        "Move a thread of a program running under `stretchd run` to another node (its registers, "
@@ -329,13 +364,50 @@ bool WriteFile(const std::string& path, const std::string& text) {
   return true;
 }
 
+// Failure detection and fault injection from the flags, checked; false (after one line on
+// stderr) if a flag is out of range.
+struct Liveness {
+  absl::Duration heartbeat, peer_timeout, fault_timeout;
+  std::optional<transport::FaultOptions> faults;
+};
+bool LivenessFromFlags(const char* command, Liveness* out) {
+  if (FLAGS_heartbeat_ms < 1 || FLAGS_heartbeat_ms > 600000 ||
+      FLAGS_peer_timeout_ms <= FLAGS_heartbeat_ms || FLAGS_peer_timeout_ms > 600000) {
+    std::fprintf(stderr, "%s: need 1 <= --heartbeat_ms (%d) < --peer_timeout_ms (%d) <= 600000\n",
+                 command, FLAGS_heartbeat_ms, FLAGS_peer_timeout_ms);
+    return false;
+  }
+  if (FLAGS_fault_timeout_ms < 10 || FLAGS_fault_timeout_ms > 3600000) {
+    std::fprintf(stderr, "%s: --fault_timeout_ms must be 10..3600000 (got %d)\n", command,
+                 FLAGS_fault_timeout_ms);
+    return false;
+  }
+  out->heartbeat = absl::Milliseconds(FLAGS_heartbeat_ms);
+  out->peer_timeout = absl::Milliseconds(FLAGS_peer_timeout_ms);
+  out->fault_timeout = absl::Milliseconds(FLAGS_fault_timeout_ms);
+  if (!FLAGS_inject_faults.empty()) {
+    auto f = transport::ParseFaultSpec(FLAGS_inject_faults);
+    if (!f.ok()) {
+      std::fprintf(stderr, "%s: --inject_faults: %s\n", command,
+                   std::string(f.status().message()).c_str());
+      return false;
+    }
+    out->faults = *f;
+  }
+  return true;
+}
+
 int RunServer(const std::vector<std::string>& args) {
   if (!args.empty()) {
     std::fprintf(stderr, "stretchd server: unexpected argument '%s'\n", args[0].c_str());
     return 2;
   }
+  Liveness live;
+  if (!LivenessFromFlags("stretchd server", &live)) return 2;
   engine::ServerOptions o;
   o.transport = FLAGS_transport;
+  o.transport_options.heartbeat_interval = live.heartbeat;
+  o.transport_options.peer_timeout = live.peer_timeout;
   o.listen = FLAGS_listen.empty() ? "127.0.0.1:7000" : FLAGS_listen;
   o.checkpoint_images = FLAGS_checkpoint_images;
   auto server = engine::DirectoryServer::Start(o);
@@ -362,8 +434,14 @@ int RunNode(const std::vector<std::string>& args) {
                  FLAGS_node);
     return 2;
   }
+  Liveness live;
+  if (!LivenessFromFlags("stretchd node", &live)) return 2;
   if (!FLAGS_replica_images.empty()) {
     ReplicaAgentOptions r;
+    r.heartbeat_interval = live.heartbeat;
+    r.peer_timeout = live.peer_timeout;
+    r.fault_timeout = live.fault_timeout;
+    r.inject_faults = FLAGS_inject_faults;
     r.node = FLAGS_node;
     r.server = FLAGS_server;
     r.listen = FLAGS_listen.empty() ? "127.0.0.1:0" : FLAGS_listen;
@@ -384,6 +462,10 @@ int RunNode(const std::vector<std::string>& args) {
   }
   engine::NodeOptions o;
   o.node = NodeId(static_cast<uint32_t>(FLAGS_node));
+  o.transport_options.heartbeat_interval = live.heartbeat;
+  o.transport_options.peer_timeout = live.peer_timeout;
+  o.fault_timeout = live.fault_timeout;
+  o.inject_faults = live.faults;
   o.server = FLAGS_server;
   o.listen = FLAGS_listen.empty() ? "127.0.0.1:0" : FLAGS_listen;
   o.transport = FLAGS_transport;
@@ -551,6 +633,12 @@ int RunRun(const std::vector<std::string>& args) {
                  "--placement_min_cores positive\n");
     return 2;
   }
+  Liveness live;
+  if (!LivenessFromFlags("stretchd run", &live)) return 2;
+  o.heartbeat_interval = live.heartbeat;
+  o.peer_timeout = live.peer_timeout;
+  o.fault_timeout = live.fault_timeout;
+  o.inject_faults = FLAGS_inject_faults;
   o.placement = FLAGS_placement;
   o.placement_window = absl::Milliseconds(FLAGS_placement_window_ms);
   o.placement_min_cores = FLAGS_placement_min_cores;
