@@ -76,7 +76,9 @@ class NodeAgent::Impl {
       f.eligible = [](absl::Span<const uint8_t> m) {
         return wire::PeekType(m) == wire::MessageType::kCoherence;
       };
-      transport_ = std::make_unique<transport::FaultInjectingTransport>(std::move(transport_), f);
+      auto faulty = std::make_unique<transport::FaultInjectingTransport>(std::move(transport_), f);
+      faults_ = faulty.get();
+      transport_ = std::move(faulty);
     }
     STRETCH_ASSIGN_OR_RETURN(address_, transport_->Listen(options_.listen));
     const absl::Time deadline = absl::Now() + options_.connect_timeout;
@@ -620,6 +622,11 @@ class NodeAgent::Impl {
     return n;
   }
 
+  absl::Status Guard(pid_t pid, int uffd) {
+    STRETCH_ASSIGN_OR_RETURN(uffd::Pidfd pidfd, uffd::Pidfd::Open(pid));
+    return keeper_->Guard(pidfd, uffd, absl::Now() + absl::Seconds(2));
+  }
+
   std::string StatsJson() const {
     JsonWriter w;
     w.BeginObject();
@@ -639,6 +646,17 @@ class NodeAgent::Impl {
     w.Field("bytes_received", stats_.bytes_received.Get());
     w.Key("fault_latency");
     stats_.fault_latency.Snap().WriteJson(w);
+    if (faults_ != nullptr) {
+      const auto c = faults_->fault_counts();
+      w.Key("faults_injected");
+      w.BeginObject();
+      w.Field("delayed", c.delayed);
+      w.Field("dropped", c.dropped);
+      w.Field("duplicated", c.duplicated);
+      w.Field("disconnected", c.disconnected);
+      w.Field("reordered", c.reordered);
+      w.EndObject();
+    }
     w.EndObject();
     return w.str();
   }
@@ -1505,6 +1523,7 @@ class NodeAgent::Impl {
   uffd::Stats uffd_stats_;
   std::unique_ptr<uffd::Keeper> keeper_;
   std::unique_ptr<transport::Transport> transport_;
+  transport::FaultInjectingTransport* faults_ = nullptr;  // transport_ if faults are injected
   std::string address_;
   PeerId server_;
   std::thread receiver_;
@@ -1589,6 +1608,7 @@ absl::StatusOr<std::unique_ptr<NodeAgent>> NodeAgent::Start(const NodeOptions& o
 
 absl::Status NodeAgent::Attach(AttachRequest request) { return impl_->Attach(std::move(request)); }
 absl::Status NodeAgent::SendToServer(const wire::Message& m) { return impl_->SendToServer(m); }
+absl::Status NodeAgent::Guard(pid_t pid, int uffd) { return impl_->Guard(pid, uffd); }
 absl::StatusOr<uintptr_t> NodeAgent::HelperCodePage(pid_t pid) const {
   return impl_->HelperCodePage(pid);
 }

@@ -167,6 +167,10 @@ class NodeAgent {
   // Where ThreadControl messages from the server go (network thread; must not block).
   void SetThreadControlHandler(std::function<void(const wire::ThreadControl&)> handler);
 
+  // Makes `pid` die with this agent from now on (the keeper holds a duplicate of `uffd`), for
+  // a process whose memory is this agent's before it is attached: a replica just restored
+  // with its lazy pages' uffd. Attach() guards every attached process itself.
+  absl::Status Guard(pid_t pid, int uffd);
   // Sends a message to the server (the futex service uses it).
   absl::Status SendToServer(const wire::Message& message);
   // Where FutexReply messages from the server go (called on the network thread; must not

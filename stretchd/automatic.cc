@@ -165,6 +165,11 @@ int Fail(const std::string& what) {
 int RunLauncher(const LaunchOptions& o) {
   if (o.argv.empty()) return Fail("no program given (stretchd run [flags] -- PROG ARGS...)");
   if (o.nodes < 1 || o.nodes > 64) return Fail("--nodes must be 1..64");
+  if (o.netns && o.nodes > 1) {
+    // What a launcher that was killed outright could not remove (its processes are gone).
+    auto removed = testing::NetnsCluster::RemoveStale();
+    if (!removed.ok()) LOG(WARNING) << "stretchd run: " << removed.status();
+  }
   std::string work = o.work_dir;
   bool remove_work = false;
   if (work.empty()) {

@@ -338,6 +338,9 @@ absl::StatusOr<std::unique_ptr<Replica>> Replica::Restore(engine::NodeAgent* age
   }
   if (!uffd.valid()) return absl::InternalError("CRIU finished the restore without a uffd");
   STRETCH_ASSIGN_OR_RETURN(r->pid_, pending.Wait(deadline));
+  // From here the replica dies with this agent, also before it is attached (its lazy pages are
+  // ours to serve: without us they would read as zeros).
+  STRETCH_RETURN_IF_ERROR(agent->Guard(r->pid_, uffd.get()));
   STRETCH_RETURN_IF_ERROR(GiveThreadIdsTheirOwnRange(r->pid_, agent->node()));
 
   r->agent_ = agent;

@@ -579,6 +579,51 @@ TEST_F(RunTest, AKilledNodeStopsTheProgramWithAClearError) {
   ExpectNothingLeftOf(p->pid());
 }
 
+// The launcher (with the directory server inside it) killed outright: its agents die with it
+// (parent-death signal) and their keepers kill the replicas, so no part of the program runs
+// on; the next run removes the network namespaces the dead launcher could not.
+TEST_F(RunTest, AKilledLauncherLeavesNoReplicaRunning) {
+  auto p = StartLongSpin(dir_.path());
+  ASSERT_TRUE(p.has_value());
+  p->Kill(SIGKILL);
+  auto st = p->Wait(absl::Now() + absl::Seconds(10));
+  ASSERT_TRUE(st.ok()) << st.status();
+  const absl::Time end = absl::Now() + absl::Seconds(20);
+  auto left = [] {
+    return CountProcesses("-x spin_prog") +
+           CountProcesses("-f '[s]tretchd node .*--replica_images'");
+  };
+  while (left() > 0 && absl::Now() < end) absl::SleepFor(absl::Milliseconds(20));
+  EXPECT_EQ(left(), 0);
+  Outcome next = RunCommand({Runfile("stretchd/stretchd"), "run", "--nodes=2", "--", "/bin/true"},
+                            dir_.path(), "after-kill");
+  EXPECT_EQ(next.status.ToString(), "exit status 0") << next.err;
+  ExpectNothingLeftOf(p->pid());
+}
+
+// Coherence messages delayed on their way to each node (--inject_faults): slower, same
+// result. Lost (a transport must never lose one, so this is a broken network or peer): the
+// fault that waits for one stops the program everywhere after --fault_timeout_ms with an
+// error, never a hang, never a wrong result.
+TEST_F(RunTest, DelayedMessagesChangeNothingAndLostOnesStopTheProgramClearly) {
+  const std::vector<std::string> prog = {Runfile("experiments/workloads/kmeans"), "--size=8000",
+                                         "--threads=4"};
+  auto [native, delayed] =
+      Both(prog, {"--migrate_at_threads=5", "--inject_faults=delay=0.3,max_delay_ms=3,seed=5"});
+  EXPECT_EQ(delayed.status.ToString(), "exit status 0") << delayed.err;
+  EXPECT_EQ(delayed.out, native.out);
+  std::vector<int64_t> counts = Numbers("delayed");
+  ASSERT_EQ(counts.size(), 2u) << last_stats_;
+  EXPECT_GT(counts[0] + counts[1], 0) << last_stats_;
+
+  auto [native2, lossy] = Both(prog, {"--migrate_at_threads=5", "--fault_timeout_ms=500",
+                                      "--inject_faults=drop=0.05,seed=3"});
+  EXPECT_EQ(lossy.status.ToString(), "exit status 1") << lossy.err;
+  EXPECT_THAT(lossy.err, HasSubstr("got no answer in"));
+  EXPECT_THAT(lossy.err, HasSubstr("a message was lost or a peer is stuck"));
+  EXPECT_EQ(CountProcesses("-x kmeans"), 0);
+}
+
 // `stretchd migrate` moves running threads between nodes and back, the main thread (asleep
 // in usleep) included, while they compute in registers: the program prints what it prints
 // natively. Requests for a thread no node runs, or a node that does not exist, fail clearly.

@@ -169,16 +169,16 @@ void Drop(Guarded* targets, int* n, int i) {
         break;
       case kRelease: {
         for (int i = 0; i < nfds_in; ++i) close(fds_in[i]);
-        int found = -1;
-        for (int i = 0; i < n; ++i) {
-          if (targets[i].pid == req.pid) found = i;
+        int dropped = 0;
+        for (int i = 0; i < n;) {
+          if (targets[i].pid == req.pid) {
+            Drop(targets, &n, i);  // moves the last entry to i
+            ++dropped;
+          } else {
+            ++i;
+          }
         }
-        if (found < 0) {
-          SendReply(sock, -ESRCH);
-        } else {
-          Drop(targets, &n, found);
-          SendReply(sock, n);
-        }
+        SendReply(sock, dropped == 0 ? -ESRCH : n);
         break;
       }
       case kCount:

@@ -50,9 +50,11 @@ class Keeper {
   Keeper& operator=(const Keeper&) = delete;
 
   // Gives the keeper a duplicate of `uffd` and of the target's pidfd; returns once it holds
-  // them. ResourceExhausted beyond kMaxTargets.
+  // them. ResourceExhausted beyond kMaxTargets. A target may be guarded more than once (e.g.
+  // with another uffd); each counts towards kMaxTargets.
   absl::Status Guard(const Pidfd& target, int uffd, absl::Time deadline);
-  // Drops the target's references without killing it. NotFound if it is not guarded.
+  // Drops the target's references (every Guard of it) without killing it. NotFound if it is
+  // not guarded.
   absl::Status Release(pid_t pid, absl::Time deadline);
   // Targets guarded now (targets that exited are dropped as the keeper notices).
   absl::StatusOr<int> GuardedCount(absl::Time deadline);

@@ -149,8 +149,9 @@ TEST(KeeperTest, ReleaseLetsTheTargetLive) {
   ASSERT_TRUE(pidfd.ok());
   const absl::Time deadline = absl::Now() + kTimeout;
   ASSERT_TRUE((*keeper)->Guard(*pidfd, uffd.get(), deadline).ok());
-  EXPECT_EQ(*(*keeper)->GuardedCount(deadline), 1);
-  ASSERT_TRUE((*keeper)->Release(target.pid(), deadline).ok());
+  ASSERT_TRUE((*keeper)->Guard(*pidfd, uffd.get(), deadline).ok());  // guarded twice
+  EXPECT_EQ(*(*keeper)->GuardedCount(deadline), 2);
+  ASSERT_TRUE((*keeper)->Release(target.pid(), deadline).ok());  // releases both
   EXPECT_EQ(*(*keeper)->GuardedCount(deadline), 0);
   EXPECT_EQ((*keeper)->Release(target.pid(), deadline).code(), absl::StatusCode::kNotFound);
   keeper->reset();
