@@ -29,8 +29,10 @@ std::string Prog() {
 
 class EngineTest : public ::testing::TestWithParam<std::string> {
  protected:
-  void StartCluster(int nodes, const std::function<void(int, NodeOptions&)>& tweak = nullptr) {
+  void StartCluster(int nodes, const std::function<void(int, NodeOptions&)>& tweak = nullptr,
+                    const std::function<void(ServerOptions&)>& tweak_server = nullptr) {
     ServerOptions so;
+    if (tweak_server) tweak_server(so);
     so.transport = GetParam();
     so.listen = GetParam() == "loopback" ? "loop:server" : "127.0.0.1:0";
     auto server = DirectoryServer::Start(so);
@@ -181,6 +183,23 @@ TEST_P(EngineTest, FaultsWithoutAnAnswerStopTheProcessesWithAClearError) {
     EXPECT_THAT(health.message(), HasSubstr("got no answer in")) << "node " << i;
     EXPECT_THAT(health.message(), HasSubstr("a message was lost or a peer is stuck"));
   }
+}
+
+// The directory tracks at most max_pages pages: a program that needs more stops on every node
+// with an error naming the limit (never runs on with pages nobody tracks).
+TEST_P(EngineTest, ADirectoryThatIsFullStopsTheProgramNamingTheLimit) {
+  ASSERT_NO_FATAL_FAILURE(StartCluster(2, nullptr, [](ServerOptions& so) { so.max_pages = 100; }));
+  std::vector<Subprocess> procs = Launch("pages", {"--pages=300"});
+  ASSERT_EQ(procs.size(), 2u);
+  for (int i = 0; i < 2; ++i) {
+    auto st = procs[i].Wait(absl::Now() + absl::Seconds(30));
+    ASSERT_TRUE(st.ok()) << "node " << i << ": " << st.status();
+    EXPECT_EQ(st->ToString(), "killed by signal 9 (Killed)") << "node " << i;
+    const absl::Status health = agents_[i]->health();
+    EXPECT_EQ(health.code(), absl::StatusCode::kResourceExhausted) << health;
+    EXPECT_THAT(health.message(), HasSubstr("the limit is 100 (--max_pages)")) << health;
+  }
+  EXPECT_THAT(server_->StatsJson(), HasSubstr("\"pages\":100"));
 }
 
 INSTANTIATE_TEST_SUITE_P(Transports, EngineTest, ::testing::Values("tcp", "loopback"));

@@ -591,6 +591,7 @@ class NodeAgent::Impl {
     if (last_seq != 0) {
       absl::MutexLock l(&held_mu_);
       auto all_in = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(held_mu_) {
+        if (held_failed_) return true;  // the answer may never come: health() says why
         for (uint64_t seq = first_seq; seq <= last_seq; ++seq) {
           if (!held_acked_.contains(seq)) return false;
         }
@@ -1417,6 +1418,10 @@ class NodeAgent::Impl {
     LOG(ERROR) << "node " << self_.value() << ": " << why.message()
                << "; stopping every attached process";
     {
+      absl::MutexLock l(&held_mu_);
+      held_failed_ = true;
+    }
+    {
       absl::ReaderMutexLock l(&attach_mu_);
       for (auto& [pid, t] : targets_) (void)t->pidfd.Signal(SIGKILL);
     }
@@ -1576,6 +1581,7 @@ class NodeAgent::Impl {
   absl::Mutex held_mu_;
   uint64_t held_seq_ ABSL_GUARDED_BY(held_mu_) = 0;
   absl::flat_hash_set<uint64_t> held_acked_ ABSL_GUARDED_BY(held_mu_);
+  bool held_failed_ ABSL_GUARDED_BY(held_mu_) = false;  // Fail() was called
 
   struct TraceEntry {
     int64_t t_ns;

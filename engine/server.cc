@@ -45,8 +45,8 @@ std::vector<NodeId> Destinations(const coherence::OutMsg& m) {
 
 class DirectoryServer::Impl {
  public:
-  Impl(std::unique_ptr<transport::Transport> t, HomeStore home)
-      : transport_(std::move(t)), home_(std::move(home)) {}
+  Impl(std::unique_ptr<transport::Transport> t, HomeStore home, uint64_t max_pages)
+      : transport_(std::move(t)), home_(std::move(home)), max_pages_(max_pages) {}
 
   void StartThread() {
     thread_ = std::thread([this] { Loop(); });
@@ -186,6 +186,25 @@ class DirectoryServer::Impl {
     ++protocol_errors_;
     LOG(ERROR) << "server: " << why;
     SendTo(peer, wire::Error{static_cast<uint32_t>(absl::StatusCode::kInvalidArgument), why});
+  }
+
+  // The program cannot go on (a limit was reached): every node stops its processes.
+  void StopProgram(const absl::Status& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    LOG(ERROR) << "server: " << why.message() << "; stopping the program";
+    for (auto& [id, n] : nodes_) {
+      if (n.alive)
+        SendTo(n.peer, wire::Error{static_cast<uint32_t>(why.code()), std::string(why.message())});
+    }
+  }
+
+  // False (and the program stopped) if `more` new pages would exceed max_pages_.
+  bool RoomForPages(NodeId from, uint64_t more, PageId first) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (more == 0 || pages_.size() + more <= max_pages_) return true;
+    StopProgram(absl::ResourceExhaustedError(
+        absl::StrCat("the directory is full: it tracks ", pages_.size(), " pages, the limit is ",
+                     max_pages_, " (--max_pages), and node ", from.value(), " needs ", more,
+                     " more (from page ", first.ToString(), ")")));
+    return false;
   }
 
   void OnDisconnected(PeerId peer, const absl::Status& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -579,6 +598,12 @@ class DirectoryServer::Impl {
       }
       pages += run.count;
     }
+    uint64_t fresh = 0;
+    for (const wire::PageRun& run : held.runs) {
+      for (uint64_t i = 0; i < run.count; ++i)
+        fresh += !pages_.contains(PageId(run.first.number() + i));
+    }
+    if (!held.runs.empty() && !RoomForPages(from, fresh, held.runs.front().first)) return;
     for (const wire::PageRun& run : held.runs) {
       for (uint64_t i = 0; i < run.count; ++i) {
         coherence::DirLine& line = pages_[PageId(run.first.number() + i)].line;
@@ -643,6 +668,7 @@ class DirectoryServer::Impl {
       default:
         break;
     }
+    if (!pages_.contains(msg.page) && !RoomForPages(from, 1, msg.page)) return;
     coherence::DirPage& page = pages_[msg.page];
     if (ForgetGoneCopies(page)) {
       // Only GetS/GetM can be answered with a refusal; anything else is about a transaction
@@ -722,6 +748,7 @@ class DirectoryServer::Impl {
   HomeStore home_ ABSL_GUARDED_BY(mu_);
   std::vector<coherence::Action> actions_ ABSL_GUARDED_BY(mu_);
   uint64_t protocol_errors_ ABSL_GUARDED_BY(mu_) = 0;
+  const uint64_t max_pages_;
 };
 
 DirectoryServer::DirectoryServer(std::unique_ptr<Impl> impl, std::string address)
@@ -743,7 +770,7 @@ absl::StatusOr<std::unique_ptr<DirectoryServer>> DirectoryServer::Start(
   if (topts.name.empty()) topts.name = "server";
   STRETCH_ASSIGN_OR_RETURN(auto t, transport::CreateTransport(options.transport, topts));
   STRETCH_ASSIGN_OR_RETURN(std::string address, t->Listen(options.listen));
-  auto impl = std::make_unique<Impl>(std::move(t), std::move(home));
+  auto impl = std::make_unique<Impl>(std::move(t), std::move(home), options.max_pages);
   impl->StartThread();
   LOG(INFO) << "server: listening on " << address << " (" << options.transport << ")";
   return std::unique_ptr<DirectoryServer>(new DirectoryServer(std::move(impl), address));

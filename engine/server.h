@@ -40,6 +40,10 @@ struct ServerOptions {
   // pages start zero-filled.
   std::string checkpoint_images;
   int checkpoint_pid = 1;
+  // Most pages the directory tracks (one entry per page any node ever held or asked for, about
+  // 100 bytes each, plus a home copy for pages written back). A request for one more stops the
+  // program with an error naming the limit. Default: 16 Mi pages (64 GiB of shared memory).
+  uint64_t max_pages = uint64_t{1} << 24;
 };
 
 // Per-node counters kept by the server.

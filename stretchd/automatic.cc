@@ -293,6 +293,7 @@ int RunLauncher(const LaunchOptions& o) {
   so.checkpoint_images = oo.images_dir;
   so.transport_options.heartbeat_interval = o.heartbeat_interval;
   so.transport_options.peer_timeout = o.peer_timeout;
+  so.max_pages = o.max_pages;
   absl::StatusOr<std::unique_ptr<engine::DirectoryServer>> server =
       absl::UnavailableError("not started");
   auto start_server = [&] { server = engine::DirectoryServer::Start(so); };

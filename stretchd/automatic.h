@@ -71,6 +71,8 @@ struct LaunchOptions {
   absl::Duration peer_timeout = absl::Seconds(1);
   absl::Duration fault_timeout = absl::Seconds(2);
   std::string inject_faults;
+  // engine::ServerOptions::max_pages.
+  uint64_t max_pages = uint64_t{1} << 24;
 };
 
 // Runs the program; returns the process exit status stretchd should end with (a program killed

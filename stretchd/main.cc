@@ -82,6 +82,9 @@ DEFINE_string(fault_trace, "",
 DEFINE_int32(read_ahead, 8,
              "run, node: after a sequential read miss also ask for up to this many next pages "
              "(0: off)");
+DEFINE_uint64(max_pages, uint64_t{1} << 24,
+              "server, run: most pages the directory tracks (about 100 bytes each; 16 Mi pages "
+              "= 64 GiB of shared memory); a program that needs more stops with an error");
 DEFINE_int32(heartbeat_ms, 100,
              "server, node, run: a heartbeat goes to every peer nothing else was sent to for "
              "this long");
@@ -159,8 +162,8 @@ const std::vector<Subcommand>& Subcommands() {
        "Run the directory server: per-page MSI state and home copies for every node; runs "
        "until SIGINT/SIGTERM.",
        "[--listen=IP:PORT] [--transport=tcp] [--checkpoint_images=DIR] [--stats_json=FILE]",
-       {"listen", "transport", "checkpoint_images", "stats_json", "heartbeat_ms",
-        "peer_timeout_ms"},
+       {"listen", "transport", "checkpoint_images", "stats_json", "heartbeat_ms", "peer_timeout_ms",
+        "max_pages"},
        RunServer},
       {"node",
        "Run the node agent of this machine: processes attach memory to it and it keeps that "
@@ -206,7 +209,8 @@ const std::vector<Subcommand>& Subcommands() {
         "heartbeat_ms",
         "peer_timeout_ms",
         "fault_timeout_ms",
-        "inject_faults"},
+        "inject_faults",
+        "max_pages"},
        RunRun},
       {"migrate",
        "Move a thread of a program running under `stretchd run` to another node (its registers, "
@@ -404,10 +408,15 @@ int RunServer(const std::vector<std::string>& args) {
   }
   Liveness live;
   if (!LivenessFromFlags("stretchd server", &live)) return 2;
+  if (FLAGS_max_pages == 0) {
+    std::fprintf(stderr, "stretchd server: --max_pages must be positive\n");
+    return 2;
+  }
   engine::ServerOptions o;
   o.transport = FLAGS_transport;
   o.transport_options.heartbeat_interval = live.heartbeat;
   o.transport_options.peer_timeout = live.peer_timeout;
+  o.max_pages = FLAGS_max_pages;
   o.listen = FLAGS_listen.empty() ? "127.0.0.1:7000" : FLAGS_listen;
   o.checkpoint_images = FLAGS_checkpoint_images;
   auto server = engine::DirectoryServer::Start(o);
@@ -635,10 +644,15 @@ int RunRun(const std::vector<std::string>& args) {
   }
   Liveness live;
   if (!LivenessFromFlags("stretchd run", &live)) return 2;
+  if (FLAGS_max_pages == 0) {
+    std::fprintf(stderr, "stretchd run: --max_pages must be positive\n");
+    return 2;
+  }
   o.heartbeat_interval = live.heartbeat;
   o.peer_timeout = live.peer_timeout;
   o.fault_timeout = live.fault_timeout;
   o.inject_faults = FLAGS_inject_faults;
+  o.max_pages = FLAGS_max_pages;
   o.placement = FLAGS_placement;
   o.placement_window = absl::Milliseconds(FLAGS_placement_window_ms);
   o.placement_min_cores = FLAGS_placement_min_cores;

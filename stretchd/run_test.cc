@@ -624,6 +624,17 @@ TEST_F(RunTest, DelayedMessagesChangeNothingAndLostOnesStopTheProgramClearly) {
   EXPECT_EQ(CountProcesses("-x kmeans"), 0);
 }
 
+// A program whose shared memory needs more pages than the directory may track
+// (--max_pages) stops with an error naming the limit.
+TEST_F(RunTest, AProgramLargerThanMaxPagesStopsNamingTheLimit) {
+  auto [native, stretch] =
+      Both({Runfile("experiments/workloads/big_heap"), "--mib=16", "--threads=4"},
+           {"--migrate_at_threads=5", "--max_pages=1000"});
+  EXPECT_EQ(native.status.ToString(), "exit status 0");
+  EXPECT_EQ(stretch.status.ToString(), "exit status 1") << stretch.err;
+  EXPECT_THAT(stretch.err, HasSubstr("the limit is 1000 (--max_pages)"));
+}
+
 // `stretchd migrate` moves running threads between nodes and back, the main thread (asleep
 // in usleep) included, while they compute in registers: the program prints what it prints
 // natively. Requests for a thread no node runs, or a node that does not exist, fail clearly.
