@@ -15,12 +15,14 @@
 #ifndef STRETCH_STRETCHD_AUTOMATIC_H_
 #define STRETCH_STRETCHD_AUTOMATIC_H_
 
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "migrate/criu.h"
+#include "transport/cluster_secret.h"
 
 namespace stretch {
 
@@ -65,6 +67,10 @@ struct LaunchOptions {
   std::string control_socket;
   // Optional, per node: the CPUs its agent, CRIU and replica run on (node i: node_cpus[i]).
   std::vector<std::vector<int>> node_cpus;
+  // The cluster secret file (absolute path) the server, the nodes and the launcher prove on
+  // every connection. Empty: a fresh secret is made for this run, WORK_DIR/cluster_secret
+  // (mode 0600).
+  std::string cluster_secret_file;
 };
 
 // Runs the program; returns the process exit status stretchd should end with (a program killed
@@ -84,6 +90,7 @@ struct ReplicaAgentOptions {
   int read_ahead = 8;
   std::string fault_trace;  // file
   std::string stats_json;
+  std::optional<transport::ClusterSecret> cluster_secret;
   CriuOptions criu;
   int control_fd = 3;
 };
