@@ -17,8 +17,6 @@ const char* Name(MessageType t) {
       return "Hello";
     case MessageType::kHelloReply:
       return "HelloReply";
-    case MessageType::kAuthProof:
-      return "AuthProof";
     case MessageType::kCoherence:
       return "Coherence";
     case MessageType::kRegionAttach:
@@ -164,7 +162,6 @@ void Fields(V& v, M& m) requires std::is_same_v<std::remove_const_t<M>, Hello> {
   v(m.role, "role");
   v(m.node, "node");
   v(m.incarnation, "incarnation");
-  v(m.nonce, "nonce");
   v(m.name, "name");
 }
 template <typename V, typename M>
@@ -172,10 +169,6 @@ void Fields(V& v, M& m) requires std::is_same_v<std::remove_const_t<M>, HelloRep
   v(m.accepted, "accepted");
   v(m.node, "node");
   v(m.reason, "reason");
-}
-template <typename V, typename M>
-void Fields(V& v, M& m) requires std::is_same_v<std::remove_const_t<M>, AuthProof> {
-  v(m.mac, "mac");
 }
 template <typename V, typename M>
 void Fields(V& v, M& m) requires std::is_same_v<std::remove_const_t<M>, CoherenceMsg> {
@@ -305,7 +298,6 @@ template <typename T>
 constexpr MessageType kTypeOf = [] {
   if constexpr (std::is_same_v<T, Hello>) return MessageType::kHello;
   if constexpr (std::is_same_v<T, HelloReply>) return MessageType::kHelloReply;
-  if constexpr (std::is_same_v<T, AuthProof>) return MessageType::kAuthProof;
   if constexpr (std::is_same_v<T, CoherenceMsg>) return MessageType::kCoherence;
   if constexpr (std::is_same_v<T, RegionAttach>) return MessageType::kRegionAttach;
   if constexpr (std::is_same_v<T, RegionAttachReply>) return MessageType::kRegionAttachReply;
@@ -544,7 +536,6 @@ absl::Status Validate(const Hello& m) {
   return CheckEndpoint("Hello", "node", m.node);
 }
 absl::Status Validate(const HelloReply& m) { return CheckEndpoint("HelloReply", "node", m.node); }
-absl::Status Validate(const AuthProof&) { return absl::OkStatus(); }
 absl::Status Validate(const CoherenceMsg& m) {
   if (m.flags & ~kCohFlagsMask) {
     return Invalid("Coherence", absl::StrFormat("unknown flags 0x%x", m.flags));
@@ -769,8 +760,6 @@ absl::StatusOr<Message> Decode(absl::Span<const uint8_t> frame) {
       return DecodeAs<Hello>(payload);
     case MessageType::kHelloReply:
       return DecodeAs<HelloReply>(payload);
-    case MessageType::kAuthProof:
-      return DecodeAs<AuthProof>(payload);
     case MessageType::kCoherence:
       return DecodeAs<CoherenceMsg>(payload);
     case MessageType::kRegionAttach:

@@ -36,7 +36,9 @@
 namespace stretch::wire {
 
 inline constexpr uint32_t kMagic = 0x57525453;  // "STRW" as little-endian bytes
-inline constexpr uint8_t kVersion = 1;
+// 2: Hello lost its unused `nonce` and AuthProof (type 3) is gone: peers authenticate in the
+// transport's handshake (TransportOptions::cluster_secret), before any wire message.
+inline constexpr uint8_t kVersion = 2;
 inline constexpr size_t kHeaderSize = 12;
 // Largest payload a peer may send; larger frames are rejected before anything is allocated.
 inline constexpr uint32_t kMaxPayload = 16u << 20;
@@ -51,7 +53,7 @@ inline bool IsValidEndpoint(NodeId n) { return IsValidNode(n) || n == kServerEnd
 enum class MessageType : uint8_t {
   kHello = 1,
   kHelloReply = 2,
-  kAuthProof = 3,
+  // 3 is retired (was AuthProof); never reuse it.
   kCoherence = 4,
   kRegionAttach = 5,
   kRegionAttachReply = 6,
@@ -87,7 +89,6 @@ struct Hello {
   Role role = Role::kNode;
   NodeId node;                      // the sender's node id (kServerEndpoint for the server)
   uint64_t incarnation = 0;         // changes when the sender restarts
-  std::array<uint8_t, 32> nonce{};  // challenge for the peer's AuthProof
   std::string name;                 // human-readable, for logs ("node1@10.0.0.2")
 };
 
@@ -95,11 +96,6 @@ struct HelloReply {
   bool accepted = false;
   NodeId node;         // node id assigned or confirmed by the server
   std::string reason;  // why not accepted
-};
-
-// HMAC of the peer's nonce under the cluster secret.
-struct AuthProof {
-  std::array<uint8_t, 32> mac{};
 };
 
 // MSI protocol operations (see coherence/ for the transactions that use them).
@@ -306,7 +302,7 @@ struct PagesHeldReply {
 };
 
 using Message =
-    std::variant<Hello, HelloReply, AuthProof, CoherenceMsg, RegionAttach, RegionAttachReply,
+    std::variant<Hello, HelloReply, CoherenceMsg, RegionAttach, RegionAttachReply,
                  RegionAnnounce, ThreadControl, Futex, FutexReply, AddressSpace, StatsRequest,
                  StatsReply, Heartbeat, Error, Exit, Peers, PageSeed, PagesHeld, PagesHeldReply>;
 

@@ -33,7 +33,6 @@ std::vector<std::vector<uint8_t>> Seeds() {
   f.address = 0x1000;
   std::vector<Message> msgs = {h,
                                HelloReply{true, NodeId(1), "ok"},
-                               AuthProof{},
                                c,
                                ra,
                                RegionAttachReply{0, ""},

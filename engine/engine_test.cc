@@ -29,11 +29,16 @@ std::string Prog() {
 
 class EngineTest : public ::testing::TestWithParam<std::string> {
  protected:
+  // Every cluster proves one cluster secret on every connection (server <-> nodes and node
+  // <-> node), as `stretchd run` does.
   void StartCluster(int nodes, const std::function<void(int, NodeOptions&)>& tweak = nullptr,
                     const std::function<void(ServerOptions&)>& tweak_server = nullptr) {
+    auto secret = transport::ClusterSecret::Generate();
+    ASSERT_TRUE(secret.ok()) << secret.status();
     ServerOptions so;
     if (tweak_server) tweak_server(so);
     so.transport = GetParam();
+    so.transport_options.cluster_secret = *secret;
     so.listen = GetParam() == "loopback" ? "loop:server" : "127.0.0.1:0";
     auto server = DirectoryServer::Start(so);
     ASSERT_TRUE(server.ok()) << server.status();
@@ -43,6 +48,7 @@ class EngineTest : public ::testing::TestWithParam<std::string> {
       no.node = NodeId(i);
       no.server = server_->address();
       no.transport = GetParam();
+      no.transport_options.cluster_secret = *secret;
       no.listen = GetParam() == "loopback" ? absl::StrCat("loop:node", i) : "127.0.0.1:0";
       no.attach_socket = absl::StrCat(dir_.path(), "/node", i, ".sock");
       if (tweak) tweak(i, no);
@@ -146,6 +152,29 @@ TEST_P(EngineTest, StressHasNoStaleReads) {
 
 // MAP_SHARED regions (shmem, as manual mode's): pages are invalidated by punching holes, and
 // the same protocol guarantees hold.
+// A node agent with a different cluster secret (or none) is refused by the server: it never
+// joins, and the server counts the refusals.
+TEST_P(EngineTest, NodeWithoutTheClusterSecretCannotJoin) {
+  ASSERT_NO_FATAL_FAILURE(StartCluster(1));
+  auto other = transport::ClusterSecret::Generate();
+  ASSERT_TRUE(other.ok());
+  for (const bool with_other_secret : {true, false}) {
+    NodeOptions no;
+    no.node = NodeId(1);
+    no.server = server_->address();
+    no.transport = GetParam();
+    if (with_other_secret) no.transport_options.cluster_secret = *other;
+    no.listen =
+        GetParam() == "loopback" ? absl::StrCat("loop:intruder", with_other_secret) : "127.0.0.1:0";
+    no.attach_socket = absl::StrCat(dir_.path(), "/intruder", with_other_secret, ".sock");
+    auto agent = NodeAgent::Start(no);
+    ASSERT_FALSE(agent.ok()) << (with_other_secret ? "another secret" : "no secret");
+    EXPECT_EQ(agent.status().code(), absl::StatusCode::kPermissionDenied) << agent.status();
+    EXPECT_THAT(std::string(agent.status().message()), HasSubstr("cluster secret"));
+  }
+  EXPECT_FALSE(server_->WaitForNodes(2, absl::Now()));
+}
+
 TEST_P(EngineTest, SharedRegionCounter) {
   ASSERT_NO_FATAL_FAILURE(StartCluster(2));
   auto out = RunAll("counter", {"--iters=1000", "--shared"});

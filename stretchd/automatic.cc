@@ -189,6 +189,19 @@ int RunLauncher(const LaunchOptions& o) {
     }
   } cleanup{work, remove_work};
 
+  // Every connection of the run proves the cluster secret: its nodes listen on the veth
+  // addresses of their namespaces, reachable from outside the launcher's control.
+  std::string secret_file = o.cluster_secret_file;
+  if (secret_file.empty()) {
+    secret_file = work + "/cluster_secret";
+    unlink(secret_file.c_str());  // a previous run's, in a reused --work_dir
+    auto fresh = transport::ClusterSecret::Generate();
+    absl::Status written = fresh.ok() ? fresh->WriteNewFile(secret_file) : fresh.status();
+    if (!written.ok()) return Fail(std::string(written.message()));
+  }
+  auto secret = transport::ClusterSecret::Load(secret_file);
+  if (!secret.ok()) return Fail(std::string(secret.status().message()));
+
   const std::string out = work + "/stdout", err = work + "/stderr";
   for (const std::string& f : {out, err}) {
     UniqueFd fd(open(f.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
@@ -294,6 +307,7 @@ int RunLauncher(const LaunchOptions& o) {
   so.transport_options.heartbeat_interval = o.heartbeat_interval;
   so.transport_options.peer_timeout = o.peer_timeout;
   so.max_pages = o.max_pages;
+  so.transport_options.cluster_secret = *secret;
   absl::StatusOr<std::unique_ptr<engine::DirectoryServer>> server =
       absl::UnavailableError("not started");
   auto start_server = [&] { server = engine::DirectoryServer::Start(so); };
@@ -327,6 +341,7 @@ int RunLauncher(const LaunchOptions& o) {
               absl::StrCat("--server=", (*server)->address()),
               absl::StrCat("--listen=", node_ip(i), ":0"),
               absl::StrCat("--transport=", o.transport),
+              absl::StrCat("--cluster_secret=", secret_file),
               absl::StrCat("--replica_images=", oo.images_dir),
               absl::StrCat("--replica_work=", work, "/node", i),
               absl::StrCat("--run_threads=", absl::StrJoin(placement[i], ",")),
@@ -756,6 +771,7 @@ int RunReplicaAgent(const ReplicaAgentOptions& o) {
   no.server = o.server;
   no.listen = o.listen;
   no.transport = o.transport;
+  no.transport_options.cluster_secret = o.cluster_secret;
   no.read_ahead = o.read_ahead;
   no.fault_trace = o.fault_trace;
   no.transport_options.heartbeat_interval = o.heartbeat_interval;

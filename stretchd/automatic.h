@@ -15,12 +15,14 @@
 #ifndef STRETCH_STRETCHD_AUTOMATIC_H_
 #define STRETCH_STRETCHD_AUTOMATIC_H_
 
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "migrate/criu.h"
+#include "transport/cluster_secret.h"
 
 namespace stretch {
 
@@ -64,8 +66,12 @@ struct LaunchOptions {
   // Where `stretchd migrate` reaches this run (a Unix socket); empty: WORK_DIR/control.sock.
   std::string control_socket;
   // Optional, per node: the CPUs its agent, CRIU and replica run on (node i: node_cpus[i]).
-  std::vector<std::vector<int>> node_cpus;  // Failure detection (transport::TransportOptions,
-                                            // engine::NodeOptions::fault_timeout) and,
+  std::vector<std::vector<int>> node_cpus;
+  // The cluster secret file (absolute path) the server, the nodes and the launcher prove on
+  // every connection. Empty: a fresh secret is made for this run, WORK_DIR/cluster_secret
+  // (mode 0600).
+  std::string cluster_secret_file;
+  // Failure detection (transport::TransportOptions, engine::NodeOptions::fault_timeout) and,
   // for tests, faults injected into each node's coherence messages (transport::ParseFaultSpec).
   absl::Duration heartbeat_interval = absl::Milliseconds(100);
   absl::Duration peer_timeout = absl::Seconds(1);
@@ -92,10 +98,10 @@ struct ReplicaAgentOptions {
   int read_ahead = 8;
   std::string fault_trace;  // file
   std::string stats_json;
+  std::optional<transport::ClusterSecret> cluster_secret;
   CriuOptions criu;
-  int control_fd = 3;  // Failure detection (transport::TransportOptions,
-                       // engine::NodeOptions::fault_timeout) and,
-  // for tests, faults injected into each node's coherence messages (transport::ParseFaultSpec).
+  int control_fd = 3;
+  // As in LaunchOptions.
   absl::Duration heartbeat_interval = absl::Milliseconds(100);
   absl::Duration peer_timeout = absl::Seconds(1);
   absl::Duration fault_timeout = absl::Seconds(2);

@@ -21,10 +21,10 @@ expect 2 "usage: stretchd check" err check --bogus=1
 expect 2 "does not apply to 'version'" err version --json
 expect 2 "unexpected argument 'extra'" err check extra
 expect 0 "subcommands:" out --help
-for sc in check server node run stats version; do expect 0 "  $sc" out --help; done
+for sc in check server node run stats secret version; do expect 0 "  $sc" out --help; done
 expect 0 "--json" out check --help
 expect 0 "usage: stretchd run" out help run
-expect 0 "wire protocol 1" out version
+expect 0 "wire protocol 2" out version
 expect 2 "--node must be 0..63" err node
 expect 2 "no program given" err run
 expect 2 "--nodes must be 1..64" err run --nodes=0 -- /bin/true
@@ -52,6 +52,51 @@ got=$(GLIBC_TUNABLES=glibc.malloc.tcache_count=0 "$bin" run --one_malloc_arena -
 [ "$got" = "glibc.malloc.tcache_count=0:glibc.malloc.arena_max=1" ] || { echo "FAIL: GLIBC_TUNABLES '$got'"; fail=1; }
 got=$(env -u GLIBC_TUNABLES "$bin" run -- /bin/sh -c 'echo "[$GLIBC_TUNABLES]"' 2>/dev/null)
 [ "$got" = "[]" ] || { echo "FAIL: default GLIBC_TUNABLES '$got'"; fail=1; }
+# The cluster secret: `secret` makes a private file and never replaces one; every subcommand
+# that connects or listens loads it and refuses a readable-by-others or malformed file;
+# listening beyond loopback needs one.
+d=$(mktemp -d "${TEST_TMPDIR:-/tmp}/cli_secret.XXXXXX")
+expect 2 "--out=FILE is required" err secret
+expect 0 "wrote $d/s" out secret --out="$d/s"
+[ "$(stat -c %a "$d/s")" = 600 ] || { echo "FAIL: secret file mode $(stat -c %a "$d/s")"; fail=1; }
+grep -qxE '[0-9a-f]{64}' "$d/s" && [ "$(wc -c <"$d/s")" = 65 ] \
+  || { echo "FAIL: secret file content: $(cat "$d/s")"; fail=1; }
+before=$(cat "$d/s")
+expect 1 "not replacing it" err secret --out="$d/s"
+[ "$(cat "$d/s")" = "$before" ] || { echo "FAIL: secret --out replaced an existing file"; fail=1; }
+expect 0 "wrote $d/other" out secret --out="$d/other"
+cp -p "$d/s" "$d/open" && chmod 644 "$d/open"
+expect 2 "chmod 600" err server --cluster_secret="$d/open"
+expect 2 "chmod 600" err stats --cluster_secret="$d/open"
+printf 'abc\n' >"$d/short" && chmod 600 "$d/short"
+expect 2 "64 hex digits" err node --node=1 --cluster_secret="$d/short"
+expect 2 "cluster secret" err run --cluster_secret="$d/missing" -- /bin/true
+advice="create one with \`stretchd secret --out=FILE\` and pass --cluster_secret=FILE"
+expect 2 "$advice" err server --listen=10.11.12.13:7000
+expect 2 "refusing to listen on 0.0.0.0:0 without a cluster secret" err server --listen=0.0.0.0:0
+expect 2 "$advice" err node --node=1 --listen=10.11.12.13:0
+# A server with the secret on loopback: a client with the same secret gets its statistics; a
+# client without a secret or with another one is refused with the reason.
+"$bin" server --listen=127.0.0.1:0 --cluster_secret="$d/s" >"$d/server.out" 2>"$d/server.err" &
+server_pid=$!
+addr=
+for _ in $(seq 200); do  # wait for its "listening on" line (bounded: 20 s)
+  addr=$(sed -n 's/^stretchd server: listening on //p' "$d/server.out")
+  [ -n "$addr" ] && break
+  kill -0 $server_pid 2>/dev/null || break
+  sleep 0.1
+done
+if [ -z "$addr" ]; then
+  echo "FAIL: server did not start: $(cat "$d/server.err")"; fail=1
+else
+  expect 0 '"nodes"' out stats --server="$addr" --cluster_secret="$d/s"
+  expect 1 "requires a cluster secret" err stats --server="$addr"
+  expect 1 "different cluster secrets" err stats --server="$addr" --cluster_secret="$d/other"
+fi
+kill -INT $server_pid 2>/dev/null; wait $server_pid
+grep -q "refused the connection from .*: it has no cluster secret" "$d/server.err" \
+  || { echo "FAIL: server did not log the refusal: $(cat "$d/server.err")"; fail=1; }
+rm -rf "$d"
 out=$("$bin" check --json --criu=/nonexistent/criu 2>/dev/null); rc=$?
 [ "$rc" = 1 ] || { echo "FAIL: check with missing CRIU exited $rc, want 1"; fail=1; }
 case "$out" in '{"ok":false,"checks":['*) ;; *) echo "FAIL: check --json output: $out"; fail=1;; esac

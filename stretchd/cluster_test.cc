@@ -3,6 +3,7 @@
 // region in each namespace, traffic over tcp across the bridge. Needs root.
 #include <signal.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <string>
 #include <vector>
@@ -13,6 +14,7 @@
 #include "gtest/gtest.h"
 #include "testing/netns.h"
 #include "testing/subprocess.h"
+#include "transport/cluster_secret.h"
 
 namespace stretch {
 namespace {
@@ -38,9 +40,16 @@ class ClusterTest : public ::testing::Test {
     ASSERT_TRUE(c.ok()) << c.status();
     cluster_ = std::move(*c);
     tmp_ = ::testing::TempDir();
+    // The server and nodes listen on veth addresses: they need a cluster secret, as users'.
+    const std::string secret_file = absl::StrCat(tmp_, "/cluster_secret");
+    unlink(secret_file.c_str());
+    auto secret = transport::ClusterSecret::Generate();
+    ASSERT_TRUE(secret.ok()) << secret.status();
+    ASSERT_TRUE(secret->WriteNewFile(secret_file).ok());
     server_address_ = absl::StrCat(cluster_->address(0), ":7000");
     auto server = cluster_->Spawn(
-        0, {Runfile("stretchd/stretchd"), "server", absl::StrCat("--listen=", server_address_)});
+        0, {Runfile("stretchd/stretchd"), "server", absl::StrCat("--listen=", server_address_),
+            absl::StrCat("--cluster_secret=", secret_file)});
     ASSERT_TRUE(server.ok()) << server.status();
     auto line = server->ReadLine(Deadline());
     ASSERT_TRUE(line.ok()) << line.status();
@@ -52,7 +61,8 @@ class ClusterTest : public ::testing::Test {
           i, {"/bin/sh", "-c",
               absl::StrCat("exec ", Runfile("stretchd/stretchd"), " node --node=", i,
                            " --server=", server_address_, " --listen=", cluster_->address(i),
-                           ":0 --attach_socket=", Socket(i), " 2>&1")});
+                           ":0 --cluster_secret=", secret_file, " --attach_socket=", Socket(i),
+                           " 2>&1")});
       ASSERT_TRUE(node.ok()) << node.status();
       // Log lines come first; the last startup line is the "up" line.
       for (;;) {

@@ -3,6 +3,7 @@
 //   server   the directory server (MSI directory, futex table, statistics)
 //   node     the node agent of one machine
 //   run      run an unmodified pthread program across nodes
+//   secret   create a cluster secret file
 //   version  print the version
 // gflags are defined only here; libraries take Options structs.
 #include <poll.h>
@@ -34,9 +35,11 @@
 #include "glog/logging.h"
 #include "stretchd/automatic.h"
 #include "stretchd/check.h"
+#include "transport/cluster_secret.h"
 #include "transport/create_transport.h"
 #include "transport/fabric_transport.h"
 #include "transport/fault_injecting_transport.h"
+#include "transport/inet_address.h"
 
 DEFINE_bool(json, false, "check: print the report as one JSON object instead of text");
 DEFINE_string(criu, "criu", "check: the CRIU binary to probe (a name in PATH or a path)");
@@ -118,6 +121,11 @@ DEFINE_bool(hold_checkpoint, true,
             "the migration never faults; --nohold_checkpoint fetches each page on first use");
 DEFINE_int32(thread, 0, "migrate: the thread to move (its id inside the program, as gettid())");
 DEFINE_int32(to, -1, "migrate: the node to move it to");
+DEFINE_string(cluster_secret, "",
+              "server, node, stats, run: the cluster secret file (from `stretchd secret`); "
+              "every connection proves it. Required to listen on a non-loopback address. run: "
+              "default a fresh secret in its work directory");
+DEFINE_string(out, "", "secret: the file to create (mode 0600; never replaced)");
 DEFINE_string(replica_images, "", "node (internal, used by run): restore a replica from here");
 DEFINE_string(replica_work, "", "node (internal, used by run): CRIU work directory");
 DEFINE_string(run_threads, "", "node (internal, used by run): thread ids this node runs");
@@ -147,6 +155,7 @@ int RunNode(const std::vector<std::string>& args);
 int RunStats(const std::vector<std::string>& args);
 int RunRun(const std::vector<std::string>& args);
 int RunMigrate(const std::vector<std::string>& args);
+int RunSecret(const std::vector<std::string>& args);
 bool ParseIntList(const std::string& text, std::vector<int>* out);
 std::string CriuPath();
 
@@ -161,25 +170,27 @@ const std::vector<Subcommand>& Subcommands() {
       {"server",
        "Run the directory server: per-page MSI state and home copies for every node; runs "
        "until SIGINT/SIGTERM.",
-       "[--listen=IP:PORT] [--transport=tcp] [--checkpoint_images=DIR] [--stats_json=FILE]",
-       {"listen", "transport", "checkpoint_images", "stats_json", "heartbeat_ms", "peer_timeout_ms",
-        "max_pages"},
+       "[--listen=IP:PORT] [--cluster_secret=FILE] [--transport=tcp] [--checkpoint_images=DIR] "
+       "[--stats_json=FILE] [--max_pages=N] [--heartbeat_ms=MS] [--peer_timeout_ms=MS]",
+       {"listen", "cluster_secret", "transport", "checkpoint_images", "stats_json", "heartbeat_ms",
+        "peer_timeout_ms", "max_pages"},
        RunServer},
       {"node",
        "Run the node agent of this machine: processes attach memory to it and it keeps that "
        "memory coherent with the other nodes through the server; runs until SIGINT/SIGTERM or "
        "until the cluster fails.",
-       "--node=N [--server=IP:PORT] [--listen=IP:PORT] [--attach_socket=PATH] [--transport=tcp] "
-       "[--fault_cpu=C] [--stats_json=FILE]",
-       {"node", "server", "listen", "attach_socket", "transport", "fault_cpu", "stats_json",
-        "replica_images", "replica_work", "run_threads", "criu", "manual", "read_ahead",
-        "fault_trace", "hold_checkpoint", "heartbeat_ms", "peer_timeout_ms", "fault_timeout_ms",
-        "inject_faults"},
+       "--node=N [--server=IP:PORT] [--listen=IP:PORT] [--cluster_secret=FILE] "
+       "[--attach_socket=PATH] [--transport=tcp] [--fault_cpu=C] [--stats_json=FILE]",
+       {"node",           "server",          "listen",           "cluster_secret",
+        "attach_socket",  "transport",       "fault_cpu",        "stats_json",
+        "replica_images", "replica_work",    "run_threads",      "criu",
+        "manual",         "read_ahead",      "fault_trace",      "hold_checkpoint",
+        "heartbeat_ms",   "peer_timeout_ms", "fault_timeout_ms", "inject_faults"},
        RunNode},
       {"stats",
        "Print the server's statistics (per node and totals) as JSON.",
-       "[--server=IP:PORT] [--transport=tcp]",
-       {"server", "transport"},
+       "[--server=IP:PORT] [--cluster_secret=FILE] [--transport=tcp]",
+       {"server", "cluster_secret", "transport"},
        RunStats},
       {"run",
        "Run an unmodified pthread program on N emulated nodes of this machine (network "
@@ -187,9 +198,11 @@ const std::vector<Subcommand>& Subcommands() {
        "continues with its threads spread over the nodes and its memory kept coherent; exits "
        "with its status.",
        "[--nodes=N] [--transport=tcp] [--stats_json=FILE] [--migrate_at_threads=K] "
-       "[--migrate_threads=T,T] [--work_dir=DIR] [--nonetns] -- PROG ARGS...",
+       "[--migrate_threads=T,T] [--work_dir=DIR] [--cluster_secret=FILE] [--nonetns] "
+       "-- PROG ARGS...",
        {"nodes",
         "transport",
+        "cluster_secret",
         "stats_json",
         "migrate_at_threads",
         "migrate_threads",
@@ -219,6 +232,13 @@ const std::vector<Subcommand>& Subcommands() {
        "--control=SOCKET [--thread=TID --to=NODE]",
        {"control", "thread", "to"},
        RunMigrate},
+      {"secret",
+       "Create a cluster secret file (32 random bytes as 64 hex digits, mode 0600; an existing "
+       "file is never replaced). Give the same file to every server, node and client of the "
+       "cluster with --cluster_secret=FILE.",
+       "--out=FILE",
+       {"out"},
+       RunSecret},
       {"version", "Print the stretchd version and wire protocol version.", "", {}, RunVersion},
   };
   return kSubcommands;
@@ -401,6 +421,61 @@ bool LivenessFromFlags(const char* command, Liveness* out) {
   return true;
 }
 
+constexpr char kSecretAdvice[] =
+    "create one with `stretchd secret --out=FILE` and pass --cluster_secret=FILE to every "
+    "server and node";
+
+// Loads --cluster_secret into `options` (nothing if the flag is empty). Prints one line and
+// returns false if the file is unusable.
+bool LoadClusterSecret(const char* subcommand, transport::TransportOptions* options) {
+  if (FLAGS_cluster_secret.empty()) return true;
+  auto secret = transport::ClusterSecret::Load(FLAGS_cluster_secret);
+  if (!secret.ok()) {
+    std::fprintf(stderr, "stretchd %s: %s\n", subcommand,
+                 std::string(secret.status().message()).c_str());
+    return false;
+  }
+  options->cluster_secret = *std::move(secret);
+  return true;
+}
+
+// Without a cluster secret anyone who can reach the port could join the cluster and read or
+// write its memory: only loopback addresses may be used without one. Prints one line of
+// advice and returns false otherwise. `listen` is an IP:PORT (or loop:NAME, always allowed).
+bool ListenAllowed(const char* subcommand, const std::string& listen,
+                   const transport::TransportOptions& options) {
+  if (options.cluster_secret.has_value()) return true;
+  auto address = transport::ParseInetAddress(listen, transport::kAllowPortZero);
+  if (!address.ok() || address->IsLoopback()) return true;  // Listen() reports bad addresses
+  std::fprintf(stderr,
+               "stretchd %s: refusing to listen on %s without a cluster secret (anyone who can "
+               "reach it could join the cluster): %s\n",
+               subcommand, listen.c_str(), kSecretAdvice);
+  return false;
+}
+
+int RunSecret(const std::vector<std::string>& args) {
+  if (!args.empty()) {
+    std::fprintf(stderr, "stretchd secret: unexpected argument '%s'\n", args[0].c_str());
+    return 2;
+  }
+  if (FLAGS_out.empty()) {
+    std::fprintf(stderr, "stretchd secret: --out=FILE is required\n");
+    return 2;
+  }
+  auto secret = transport::ClusterSecret::Generate();
+  absl::Status written = secret.ok() ? secret->WriteNewFile(FLAGS_out) : secret.status();
+  if (!written.ok()) {
+    std::fprintf(stderr, "stretchd secret: %s\n", std::string(written.message()).c_str());
+    return 1;
+  }
+  std::printf(
+      "stretchd secret: wrote %s (mode 0600); pass --cluster_secret=%s to every server, "
+      "node and client of the cluster\n",
+      FLAGS_out.c_str(), FLAGS_out.c_str());
+  return 0;
+}
+
 int RunServer(const std::vector<std::string>& args) {
   if (!args.empty()) {
     std::fprintf(stderr, "stretchd server: unexpected argument '%s'\n", args[0].c_str());
@@ -419,6 +494,8 @@ int RunServer(const std::vector<std::string>& args) {
   o.max_pages = FLAGS_max_pages;
   o.listen = FLAGS_listen.empty() ? "127.0.0.1:7000" : FLAGS_listen;
   o.checkpoint_images = FLAGS_checkpoint_images;
+  if (!LoadClusterSecret("server", &o.transport_options)) return 2;
+  if (!ListenAllowed("server", o.listen, o.transport_options)) return 2;
   auto server = engine::DirectoryServer::Start(o);
   if (!server.ok()) {
     std::fprintf(stderr, "stretchd server: %s\n", std::string(server.status().message()).c_str());
@@ -445,15 +522,22 @@ int RunNode(const std::vector<std::string>& args) {
   }
   Liveness live;
   if (!LivenessFromFlags("stretchd node", &live)) return 2;
+  transport::TransportOptions topts;
+  topts.heartbeat_interval = live.heartbeat;
+  topts.peer_timeout = live.peer_timeout;
+  if (!LoadClusterSecret("node", &topts)) return 2;
+  const std::string listen = FLAGS_listen.empty() ? "127.0.0.1:0" : FLAGS_listen;
+  if (!ListenAllowed("node", listen, topts)) return 2;
   if (!FLAGS_replica_images.empty()) {
     ReplicaAgentOptions r;
+    r.cluster_secret = topts.cluster_secret;
     r.heartbeat_interval = live.heartbeat;
     r.peer_timeout = live.peer_timeout;
     r.fault_timeout = live.fault_timeout;
     r.inject_faults = FLAGS_inject_faults;
     r.node = FLAGS_node;
     r.server = FLAGS_server;
-    r.listen = FLAGS_listen.empty() ? "127.0.0.1:0" : FLAGS_listen;
+    r.listen = listen;
     r.transport = FLAGS_transport;
     r.images_dir = FLAGS_replica_images;
     r.work_dir = FLAGS_replica_work;
@@ -471,13 +555,12 @@ int RunNode(const std::vector<std::string>& args) {
   }
   engine::NodeOptions o;
   o.node = NodeId(static_cast<uint32_t>(FLAGS_node));
-  o.transport_options.heartbeat_interval = live.heartbeat;
-  o.transport_options.peer_timeout = live.peer_timeout;
   o.fault_timeout = live.fault_timeout;
   o.inject_faults = live.faults;
   o.server = FLAGS_server;
-  o.listen = FLAGS_listen.empty() ? "127.0.0.1:0" : FLAGS_listen;
+  o.listen = listen;
   o.transport = FLAGS_transport;
+  o.transport_options = topts;
   o.fault_cpu = FLAGS_fault_cpu;
   o.read_ahead = FLAGS_read_ahead;
   o.fault_trace = FLAGS_fault_trace;
@@ -513,7 +596,9 @@ int RunStats(const std::vector<std::string>& args) {
     std::fprintf(stderr, "stretchd stats: %s\n", std::string(s.message()).c_str());
     return 1;
   };
-  auto t = transport::CreateTransport(FLAGS_transport, {});
+  transport::TransportOptions topts;
+  if (!LoadClusterSecret("stats", &topts)) return 2;
+  auto t = transport::CreateTransport(FLAGS_transport, std::move(topts));
   if (!t.ok()) return fail(t.status());
   const absl::Time deadline = absl::Now() + absl::Seconds(10);
   auto peer = (*t)->Connect(FLAGS_server, deadline);
@@ -628,6 +713,15 @@ int RunRun(const std::vector<std::string>& args) {
   }
   o.nodes = FLAGS_nodes;
   o.transport = FLAGS_transport;
+  if (!FLAGS_cluster_secret.empty()) {
+    transport::TransportOptions topts;
+    if (!LoadClusterSecret("run", &topts)) return 2;
+    // The nodes load it themselves: pass them an absolute path (they run in other
+    // directories).
+    char* real = realpath(FLAGS_cluster_secret.c_str(), nullptr);
+    o.cluster_secret_file = real ? real : FLAGS_cluster_secret;
+    free(real);
+  }
   o.stats_json = FLAGS_stats_json;
   o.migrate_at_threads = FLAGS_migrate_at_threads;
   if (FLAGS_placement != "static" && FLAGS_placement != "adaptive") {

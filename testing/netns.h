@@ -7,8 +7,8 @@
 //   o.cpus = {{0}, {1}, {1}};  // optional: pin what runs in each node
 //   STRETCH_ASSIGN_OR_RETURN(std::unique_ptr<NetnsCluster> c, NetnsCluster::Create(o));
 //   Subprocess server = c->Spawn(0, {"stretchd", "server", "--listen=" + c->address(0) +
-//   ":7000"}).value(); c->RunInThread(1, [&] { /* sockets made here live in node 1's namespace */
-//   });
+//   ":7000", "--cluster_secret=" + secret_file}).value();  // veth addresses need a secret
+//   c->RunInThread(1, [&] { /* sockets made here live in node 1's namespace */ });
 //
 // Namespaces are named stretch-<pid>-<n>-<i> (node i of this process's n-th cluster; the
 // bridge of a multi-node cluster lives in stretch-<pid>-<n>-hub), so every interface lives

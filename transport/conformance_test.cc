@@ -652,6 +652,133 @@ TEST_P(ConformanceTest, RemoteMemoryReadAndWrite) {
   EXPECT_EQ(s.rma_writes, 1u);
 }
 
+// ---- Cluster secret ------------------------------------------------------------------------
+
+TransportOptions WithSecret(TransportOptions o, const ClusterSecret& secret) {
+  o.cluster_secret = secret;
+  return o;
+}
+
+ClusterSecret NewSecret() {
+  auto s = ClusterSecret::Generate();
+  if (!s.ok()) {
+    ADD_FAILURE() << s.status();
+    std::abort();
+  }
+  return *s;
+}
+
+// Drives `listener` until it has counted `rejections` refused connections (or kStep passes)
+// and returns every event it produced meanwhile: none may be a kConnected or a message.
+std::vector<Event> AwaitRejections(Transport& listener, uint64_t rejections) {
+  std::vector<Event> events;
+  const absl::Time deadline = absl::Now() + kStep;
+  while (listener.stats().auth_rejected.Get() < rejections && absl::Now() < deadline) {
+    auto e = listener.Receive(std::min(deadline, absl::Now() + absl::Milliseconds(20)));
+    if (e.ok()) events.push_back(*std::move(e));
+  }
+  // Anything already queued comes out too.
+  while (true) {
+    auto e = listener.Receive(absl::InfinitePast());
+    if (!e.ok()) break;
+    events.push_back(*std::move(e));
+  }
+  return events;
+}
+
+TEST_P(ConformanceTest, SameClusterSecretConnectsAndExchangesMessages) {
+  const ClusterSecret secret = NewSecret();
+  std::string address;
+  auto server = MakeServer(&address, WithSecret(Options(), secret));
+  auto client = Make(WithSecret(Options(), secret));
+  ASSERT_TRUE(server && client);
+  PeerId to_server, to_client;
+  ConnectPair(*server, *client, address, &to_server, &to_client);
+  // Sent at once after Connect(): data may overtake the connector's proof on the wire and
+  // must wait for it, not be lost. Several fragments each.
+  const std::vector<uint8_t> big = Pattern(200 * 1024, 9);
+  for (uint32_t i = 0; i < 20; ++i) ASSERT_OK(client->Send(to_server, Tagged(0, i, 100)));
+  ASSERT_OK(client->Send(to_server, big));
+  for (uint32_t i = 0; i < 20; ++i) {
+    ASSERT_OK_AND_ASSIGN(Event e, Next(*server));
+    ASSERT_EQ(e.kind, Event::Kind::kMessage) << Name(e.kind) << " " << e.status;
+    ASSERT_EQ(e.peer, to_client);
+    ASSERT_EQ(e.data, Tagged(0, i, 100));
+  }
+  ASSERT_OK_AND_ASSIGN(Event e, Next(*server));
+  ASSERT_EQ(e.kind, Event::Kind::kMessage);
+  EXPECT_EQ(e.data, big);
+  ASSERT_OK(server->Send(to_client, Tagged(1, 1, 64)));
+  ASSERT_OK_AND_ASSIGN(Event back, Next(*client));
+  ASSERT_EQ(back.kind, Event::Kind::kMessage);
+  EXPECT_EQ(back.data, Tagged(1, 1, 64));
+  EXPECT_EQ(server->stats().auth_rejected.Get(), 0u);
+  EXPECT_EQ(client->stats().auth_rejected.Get(), 0u);
+}
+
+TEST_P(ConformanceTest, DifferentClusterSecretsAreRefusedOnBothSides) {
+  std::string address;
+  auto server = MakeServer(&address, WithSecret(Options(), NewSecret()));
+  auto client = Make(WithSecret(Options(), NewSecret()));
+  ASSERT_TRUE(server && client);
+  auto peer = client->Connect(address, absl::Now() + kStep);
+  ASSERT_EQ(peer.status().code(), absl::StatusCode::kPermissionDenied) << peer.status();
+  EXPECT_TRUE(absl::StrContains(peer.status().message(), "cluster secret")) << peer.status();
+  EXPECT_EQ(client->stats().auth_rejected.Get(), 1u);
+  EXPECT_EQ(client->stats().peers_connected.Get(), 0u);
+  if (IsLoopback()) return;  // loopback counts on the connecting side only
+  for (const Event& e : AwaitRejections(*server, 1)) {
+    ADD_FAILURE() << "the listener reported " << Name(e.kind) << " from a refused peer";
+  }
+  EXPECT_EQ(server->stats().auth_rejected.Get(), 1u);
+  EXPECT_EQ(server->stats().peers_connected.Get(), 0u);
+  EXPECT_EQ(server->stats().messages_received.Get(), 0u);
+}
+
+TEST_P(ConformanceTest, ClusterSecretAndNoSecretAreRefusedBothWays) {
+  for (const bool listener_has_secret : {true, false}) {
+    SCOPED_TRACE(listener_has_secret ? "listener has the secret" : "connector has the secret");
+    const ClusterSecret secret = NewSecret();
+    std::string address;
+    auto server = MakeServer(
+        &address, listener_has_secret ? WithSecret(Options(), secret) : Options());
+    auto client = Make(listener_has_secret ? Options() : WithSecret(Options(), secret));
+    ASSERT_TRUE(server && client);
+    auto peer = client->Connect(address, absl::Now() + kStep);
+    ASSERT_EQ(peer.status().code(), absl::StatusCode::kPermissionDenied) << peer.status();
+    EXPECT_TRUE(absl::StrContains(peer.status().message(), listener_has_secret
+                                                               ? "requires a cluster secret"
+                                                               : "has no cluster secret"))
+        << peer.status();
+    EXPECT_EQ(client->stats().auth_rejected.Get(), 1u);
+    if (IsLoopback()) continue;
+    for (const Event& e : AwaitRejections(*server, 1)) {
+      ADD_FAILURE() << "the listener reported " << Name(e.kind) << " from a refused peer";
+    }
+    EXPECT_GE(server->stats().auth_rejected.Get(), 1u);
+    EXPECT_EQ(server->stats().peers_connected.Get(), 0u);
+  }
+}
+
+// Refusals are per connection: after refusing a stranger the listener still takes a peer
+// with the right secret.
+TEST_P(ConformanceTest, RefusedConnectionLeavesTheListenerServingOthers) {
+  const ClusterSecret secret = NewSecret();
+  std::string address;
+  auto server = MakeServer(&address, WithSecret(Options(), secret));
+  auto stranger = Make(WithSecret(Options(), NewSecret()));
+  auto friend_ = Make(WithSecret(Options(), secret));
+  ASSERT_TRUE(server && stranger && friend_);
+  EXPECT_EQ(stranger->Connect(address, absl::Now() + kStep).status().code(),
+            absl::StatusCode::kPermissionDenied);
+  PeerId to_server, to_friend;
+  ConnectPair(*server, *friend_, address, &to_server, &to_friend);
+  ASSERT_OK(friend_->Send(to_server, Tagged(2, 2, 32)));
+  ASSERT_OK_AND_ASSIGN(Event e, Next(*server));
+  ASSERT_EQ(e.kind, Event::Kind::kMessage) << Name(e.kind) << " " << e.status;
+  EXPECT_EQ(e.peer, to_friend);
+}
+
 INSTANTIATE_TEST_SUITE_P(AllBackends, ConformanceTest, ::testing::ValuesIn(Backends()),
                          [](const ::testing::TestParamInfo<Backend>& info) {
                            return info.param.test_name;

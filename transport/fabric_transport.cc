@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cstdint>
 #include <deque>
@@ -36,6 +37,7 @@
 #include "core/status.h"
 #include "core/unique_fd.h"
 #include "glog/logging.h"
+#include "transport/cluster_secret.h"
 #include "transport/fabric_frame.h"
 #include "transport/fabric_util.h"
 #include "transport/inet_address.h"
@@ -60,6 +62,11 @@ void ConfigureLibfabricEnvironment() {
 namespace {
 
 using fabric::AckBody;
+using fabric::AuthBody;
+using fabric::kAuthHmac;
+using fabric::kAuthNone;
+using fabric::kAuthRefused;
+using fabric::kNonceSize;
 using fabric::FiCode;
 using fabric::Fid;
 using fabric::FiInfoPtr;
@@ -85,6 +92,48 @@ constexpr int kCqBatch = 16;
 constexpr int kMaxProgressRounds = 256;
 constexpr absl::Duration kMinSendBackoff = absl::Microseconds(50);
 constexpr absl::Duration kMaxSendBackoff = absl::Milliseconds(5);
+
+// ---- Cluster secret handshake ------------------------------------------------------------
+//
+// Authentication lives here, in the transport's own connection handshake, rather than in the
+// application's first message, so that every user (directory server, node agents, node-to-node
+// links, stretchd's clients) is covered alike and no frame from an unproven peer ever reaches
+// Receive(). With a secret on both sides:
+//
+//   connector                                        listener
+//   HELLO {auth=HMAC, Nc}                      ->    new peer in kAuthenticating, fresh Nl
+//                                              <-    HELLO_ACK {auth=HMAC, Nl, MACl}
+//   verify MACl; else AUTH{refused}, Connect fails PermissionDenied
+//   AUTH {MACc} (seq 1), then data (seq 2..)   ->    verify MACc, then kConnected event and
+//                                                    the held data; else log, count, forget
+//
+// MACl = HMAC(secret, "stretch-listener"  || transcript), MACc = HMAC(secret,
+// "stretch-connector" || transcript), transcript = Nc || Nl || connector incarnation and id
+// || listener incarnation and id. The labels keep a proof from being reflected to the other
+// role; the nonces (32 bytes of getrandom per attempt, on each side) make a recorded proof
+// worthless for a later connection; the incarnations and ids bind it to this connection.
+// Each side proves itself only to a peer that has already sent its own nonce, and the secret
+// never crosses the network. MACs are compared in constant time. A side without a secret
+// refuses a side with one and vice versa (kAuthRefused in HELLO_ACK), so a misconfigured
+// cluster fails loudly at Connect() instead of running half authenticated.
+//
+// Scope: this authenticates the two ends when a connection is made. Frames after the
+// handshake are neither encrypted nor MACed: an attacker able to inject packets into an
+// established TCP connection is out of scope (use a private network).
+using Nonce = std::array<uint8_t, kNonceSize>;
+
+ClusterSecret::Mac HandshakeMac(const ClusterSecret& secret, absl::string_view label,
+                                const Nonce& connector_nonce, const Nonce& listener_nonce,
+                                uint64_t connector_incarnation, uint64_t connector_id,
+                                uint64_t listener_incarnation, uint64_t listener_id) {
+  uint64_t ids[4] = {connector_incarnation, connector_id, listener_incarnation, listener_id};
+  return secret.Authenticate(
+      {absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(label.data()), label.size()),
+       connector_nonce, listener_nonce,
+       absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(ids), sizeof ids)});
+}
+constexpr absl::string_view kListenerLabel = "stretch-listener";
+constexpr absl::string_view kConnectorLabel = "stretch-connector";
 
 // ---- The transport ----------------------------------------------------------------------
 
@@ -162,7 +211,9 @@ class FabricTransport final : public Transport {
     absl::Status status;                 // kRma
   };
 
-  enum class PeerState : uint8_t { kConnecting, kConnected, kDisconnected };
+  // kAuthenticating: an incoming peer whose HELLO we answered and whose AUTH (its cluster
+  // secret proof) has not arrived: not announced, nothing of it delivered.
+  enum class PeerState : uint8_t { kConnecting, kAuthenticating, kConnected, kDisconnected };
   struct Peer {
     PeerId id;
     PeerState state = PeerState::kConnecting;
@@ -187,6 +238,12 @@ class FabricTransport final : public Transport {
     absl::Time next_hello;
     absl::Duration hello_backoff = absl::Milliseconds(10);
     absl::Status hello_error;
+    // Cluster secret handshake (unused without a secret).
+    Nonce connector_nonce{};
+    Nonce listener_nonce{};
+    ClusterSecret::Mac proof{};  // listener: MACl (re-sent with repeated ACKs); connector: MACc
+    bool acked = false;          // connector: MACl verified, AUTH still to post
+    bool refused = false;        // listener: HELLO refused (re-sent with repeated HELLOs)
   };
 
   // libfabric objects in open order; destroyed in reverse: the endpoint first, then the
@@ -238,6 +295,12 @@ class FabricTransport final : public Transport {
   void HandleAckLocked(const FrameHeader& h, const uint8_t* body)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ApplySequencedLocked(Peer& p, const FrameHeader& h, const uint8_t* body)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void HandleAuthLocked(Peer& p, const uint8_t* body) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Ends a handshake that failed authentication: logs one line naming the peer's address,
+  // counts it in auth_rejected, and forgets the peer (never announced; its held frames go).
+  // A connector (`tell_listener`) also sends AUTH{refused} so the listener forgets it at once.
+  void RejectPeerLocked(Peer& p, absl::string_view why, bool tell_listener)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ProtocolErrorLocked(Peer* p, absl::string_view what) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void DisconnectPeerLocked(Peer& p, absl::Status why, bool say_bye, bool queue_event)
@@ -607,6 +670,15 @@ bool FabricTransport::SendControlLocked(Peer& p, FrameType type) {
       AckBody ack{};
       ack.src_peer = p.id.value();
       ack.rx_size = static_cast<uint32_t>(fragment_size_);
+      if (p.refused) {
+        ack.auth = kAuthRefused;
+      } else if (options_.cluster_secret.has_value()) {
+        ack.auth = kAuthHmac;
+        memcpy(ack.nonce, p.listener_nonce.data(), kNonceSize);
+        memcpy(ack.mac, p.proof.data(), sizeof ack.mac);
+      } else {
+        ack.auth = kAuthNone;
+      }
       r = PostFrameLocked(p, type, 0, 0, 0,
                           absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(&ack), sizeof ack),
                           &error);
@@ -616,6 +688,16 @@ bool FabricTransport::SendControlLocked(Peer& p, FrameType type) {
       r = PostFrameLocked(p, type, 0, p.tx_seq, 0, {}, &error);
       if (r == PostResult::kPosted) ++p.tx_seq;
       break;
+    case FrameType::kAuth: {
+      // Best effort only for the refusal (RejectPeerLocked); Connect() posts the proof itself.
+      AuthBody auth{};
+      auth.verdict = kAuthRefused;
+      r = PostFrameLocked(p, type, 0, p.tx_seq, 0,
+                          absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(&auth), sizeof auth),
+                          &error);
+      if (r == PostResult::kPosted) ++p.tx_seq;
+      break;
+    }
     default:
       r = PostFrameLocked(p, type, 0, 0, 0, {}, &error);
       break;
@@ -770,6 +852,9 @@ void FabricTransport::HandleFrameLocked(const uint8_t* data, size_t len) {
     case FrameType::kHelloAck:
       if (h.length != sizeof(AckBody)) return ProtocolErrorLocked(nullptr, "HELLO_ACK size");
       return HandleAckLocked(h, body);
+    case FrameType::kAuth:
+      if (h.length != sizeof(AuthBody)) return ProtocolErrorLocked(nullptr, "AUTH size");
+      break;
     case FrameType::kData:
     case FrameType::kHeartbeat:
     case FrameType::kBye:
@@ -778,7 +863,10 @@ void FabricTransport::HandleFrameLocked(const uint8_t* data, size_t len) {
       return ProtocolErrorLocked(nullptr, absl::StrCat("unknown frame type ", h.type));
   }
   Peer* p = FindPeerLocked(h.dst_peer);
-  if (p == nullptr || p->state != PeerState::kConnected) {
+  // A peer still authenticating may only deliver its AUTH; frames that overtook it wait in
+  // `held` (bounded) and are applied only once the proof verifies.
+  if (p == nullptr ||
+      (p->state != PeerState::kConnected && p->state != PeerState::kAuthenticating)) {
     // From a peer we already gave up on (or never knew): drop.
     VLOG(2) << local_text_ << ": dropped " << FrameName(h.type) << " for peer " << h.dst_peer;
     return;
@@ -787,7 +875,12 @@ void FabricTransport::HandleFrameLocked(const uint8_t* data, size_t len) {
     return ProtocolErrorLocked(nullptr, absl::StrCat(FrameName(h.type), " for ", PeerName(*p),
                                                      " from another incarnation"));
   }
-  p->last_heard = absl::Now();
+  if (p->state == PeerState::kAuthenticating) {
+    // Its silence is timed from its HELLO: only a proof counts (see MaybeHousekeepLocked).
+    if (h.type == static_cast<uint8_t>(FrameType::kHeartbeat)) return;
+  } else {
+    p->last_heard = absl::Now();
+  }
   if (h.type == static_cast<uint8_t>(FrameType::kHeartbeat)) {
     stats_.heartbeats_received.Add();
     return;
@@ -801,7 +894,7 @@ void FabricTransport::HandleFrameLocked(const uint8_t* data, size_t len) {
       return ProtocolErrorLocked(
           p, absl::StrCat("more than ", kMaxHeldFrames, " frames wait for seq ", p->rx_seq));
     }
-    if (p->held.empty()) p->gap_since = p->last_heard;
+    if (p->held.empty()) p->gap_since = absl::Now();
     p->held.emplace(h.seq, std::vector<uint8_t>(data, data + len));
     return;
   }
@@ -827,10 +920,13 @@ void FabricTransport::HandleHelloLocked(const FrameHeader& h, const uint8_t* bod
   }
   const auto key = std::make_pair(h.src_incarnation, hello.src_peer);
   if (auto it = hellos_.find(key); it != hellos_.end()) {
-    // A repeated HELLO (the first ack was slow or lost in a reconnect): ack again.
+    // A repeated HELLO (the first ack was slow or lost in a reconnect): ack again, with the
+    // same nonce and proof (or the same refusal).
     Peer* p = FindPeerLocked(it->second);
-    if (p != nullptr && p->state == PeerState::kConnected)
+    if (p != nullptr && (p->state == PeerState::kConnected ||
+                         p->state == PeerState::kAuthenticating || p->refused)) {
       SendControlLocked(*p, FrameType::kHelloAck);
+    }
     return;
   }
   auto fa = AvInsertLocked(*address);
@@ -839,6 +935,14 @@ void FabricTransport::HandleHelloLocked(const FrameHeader& h, const uint8_t* bod
                  << fa.status();
     stats_.receive_errors.Add();
     return;
+  }
+  const bool have_secret = options_.cluster_secret.has_value();
+  Nonce listener_nonce{};
+  if (have_secret) {
+    if (absl::Status s = FillRandom(absl::MakeSpan(listener_nonce)); !s.ok()) {
+      LOG(ERROR) << local_text_ << ": HELLO from " << FormatAddress(*address) << ": " << s;
+      return;  // the connector re-sends HELLO
+    }
   }
   Peer* p = NewPeerLocked();
   p->incoming = true;
@@ -850,6 +954,28 @@ void FabricTransport::HandleHelloLocked(const FrameHeader& h, const uint8_t* bod
   p->max_frame = std::min<size_t>(fragment_size_, hello.rx_size);
   p->last_heard = p->last_sent = absl::Now();
   hellos_.emplace(key, p->id.value());
+  if (hello.auth != (have_secret ? kAuthHmac : kAuthNone)) {
+    // One side has a cluster secret and the other has none: refuse, and say so in the ACK
+    // so that the connector's Connect() fails at once with the reason.
+    p->refused = true;
+    RejectPeerLocked(*p,
+                     have_secret ? "it has no cluster secret, and this listener requires one"
+                                 : "it offers a cluster secret proof, and this listener has no "
+                                   "cluster secret",
+                     /*tell_listener=*/false);
+    SendControlLocked(*p, FrameType::kHelloAck);
+    return;
+  }
+  if (have_secret) {
+    p->state = PeerState::kAuthenticating;
+    memcpy(p->connector_nonce.data(), hello.nonce, kNonceSize);
+    p->listener_nonce = listener_nonce;
+    p->proof = HandshakeMac(*options_.cluster_secret, kListenerLabel, p->connector_nonce,
+                            p->listener_nonce, h.src_incarnation, hello.src_peer, incarnation_,
+                            p->id.value());
+    SendControlLocked(*p, FrameType::kHelloAck);  // lost: the connector re-sends HELLO
+    return;                                       // announced once its AUTH verifies
+  }
   SendControlLocked(*p, FrameType::kHelloAck);  // if it cannot go now, the connector re-sends HELLO
   stats_.peers_connected.Add();
   VLOG(1) << local_text_ << ": " << PeerName(*p) << " connected";
@@ -867,8 +993,8 @@ void FabricTransport::HandleAckLocked(const FrameHeader& h, const uint8_t* body)
   if (p == nullptr || ack.src_peer == 0 || ack.rx_size < kMinFrame) {
     return ProtocolErrorLocked(nullptr, "HELLO_ACK for no pending Connect");
   }
-  if (p->state == PeerState::kConnected && p->remote_incarnation == h.src_incarnation &&
-      p->remote_id == ack.src_peer) {
+  if ((p->state == PeerState::kConnected || p->acked) &&
+      p->remote_incarnation == h.src_incarnation && p->remote_id == ack.src_peer) {
     return;  // the answer to a repeated HELLO
   }
   if (p->state != PeerState::kConnecting) {
@@ -883,12 +1009,98 @@ void FabricTransport::HandleAckLocked(const FrameHeader& h, const uint8_t* body)
   p->remote_id = ack.src_peer;
   p->remote_incarnation = h.src_incarnation;
   p->max_frame = std::min<size_t>(fragment_size_, ack.rx_size);
-  p->state = PeerState::kConnected;
   p->last_heard = absl::Now();
+  const bool have_secret = options_.cluster_secret.has_value();
+  if (ack.auth == kAuthRefused) {
+    return RejectPeerLocked(
+        *p,
+        have_secret ? "it has no cluster secret, and this transport has one; give every server "
+                      "and node the same --cluster_secret"
+                    : "it requires a cluster secret proof; pass --cluster_secret=FILE with the "
+                      "file the server and nodes use",
+        /*tell_listener=*/false);
+  }
+  if (!have_secret) {
+    if (ack.auth != kAuthNone) {
+      return RejectPeerLocked(*p, "it answered with a cluster secret proof we did not ask for",
+                              /*tell_listener=*/true);
+    }
+    p->state = PeerState::kConnected;
+    return;
+  }
+  if (ack.auth != kAuthHmac) {
+    return RejectPeerLocked(*p, "it did not prove the cluster secret", /*tell_listener=*/true);
+  }
+  memcpy(p->listener_nonce.data(), ack.nonce, kNonceSize);
+  ClusterSecret::Mac expected =
+      HandshakeMac(*options_.cluster_secret, kListenerLabel, p->connector_nonce,
+                   p->listener_nonce, incarnation_, p->id.value(), h.src_incarnation,
+                   ack.src_peer);
+  ClusterSecret::Mac got;
+  memcpy(got.data(), ack.mac, got.size());
+  if (!MacEqual(expected, got)) {
+    return RejectPeerLocked(*p,
+                            "bad cluster secret proof (the two sides hold different cluster "
+                            "secrets)",
+                            /*tell_listener=*/true);
+  }
+  // Connect() posts AUTH with our proof (it can wait for a send buffer; we cannot here).
+  p->proof = HandshakeMac(*options_.cluster_secret, kConnectorLabel, p->connector_nonce,
+                          p->listener_nonce, incarnation_, p->id.value(), h.src_incarnation,
+                          ack.src_peer);
+  p->acked = true;
+}
+
+void FabricTransport::HandleAuthLocked(Peer& p, const uint8_t* body) {
+  if (p.state != PeerState::kAuthenticating) {
+    return ProtocolErrorLocked(&p, "AUTH outside a cluster secret handshake");
+  }
+  AuthBody auth;
+  memcpy(&auth, body, sizeof auth);
+  if (auth.verdict == kAuthRefused) {
+    return RejectPeerLocked(p,
+                            "it refused our cluster secret proof (the two sides hold different "
+                            "cluster secrets)",
+                            /*tell_listener=*/false);
+  }
+  ClusterSecret::Mac expected = HandshakeMac(
+      *options_.cluster_secret, kConnectorLabel, p.connector_nonce, p.listener_nonce,
+      p.remote_incarnation, p.remote_id, incarnation_, p.id.value());
+  ClusterSecret::Mac got;
+  memcpy(got.data(), auth.mac, got.size());
+  if (auth.verdict != kAuthHmac || !MacEqual(expected, got)) {
+    return RejectPeerLocked(p, "bad cluster secret proof", /*tell_listener=*/false);
+  }
+  p.state = PeerState::kConnected;
+  p.last_heard = absl::Now();
+  stats_.peers_connected.Add();
+  VLOG(1) << local_text_ << ": " << PeerName(p) << " connected (cluster secret proven)";
+  Event e;
+  e.kind = Event::Kind::kConnected;
+  e.peer = p.id;
+  e.address = p.address_text;
+  QueueEventLocked(std::move(e));
+}
+
+void FabricTransport::RejectPeerLocked(Peer& p, absl::string_view why, bool tell_listener) {
+  stats_.auth_rejected.Add();
+  LOG(WARNING) << local_text_ << ": refused the connection " << (p.incoming ? "from " : "to ")
+               << p.address_text << ": " << why;
+  if (tell_listener && res_ != nullptr) SendControlLocked(p, FrameType::kAuth);
+  p.state = PeerState::kDisconnected;
+  p.why = absl::PermissionDeniedError(
+      absl::StrCat(p.incoming ? "connection from " : "", p.address_text, " refused: ", why));
+  p.held.clear();
+  p.partial = std::vector<uint8_t>();
+  p.in_message = false;
 }
 
 void FabricTransport::ApplySequencedLocked(Peer& p, const FrameHeader& h, const uint8_t* body) {
   ++p.rx_seq;
+  if (h.type == static_cast<uint8_t>(FrameType::kAuth)) return HandleAuthLocked(p, body);
+  if (p.state == PeerState::kAuthenticating && h.type != static_cast<uint8_t>(FrameType::kBye)) {
+    return RejectPeerLocked(p, "data before its cluster secret proof", /*tell_listener=*/false);
+  }
   if (h.type == static_cast<uint8_t>(FrameType::kBye)) {
     DisconnectPeerLocked(
         p, absl::UnavailableError(absl::StrCat(p.address_text, " closed the connection")),
@@ -963,6 +1175,13 @@ void FabricTransport::MaybeHousekeepLocked(absl::Time now) {
   next_housekeeping_ = now + options_.heartbeat_interval / 2;
   for (auto& [id, peer] : peers_) {
     Peer& p = *peer;
+    if (p.state == PeerState::kAuthenticating && now - p.last_heard >= options_.peer_timeout) {
+      RejectPeerLocked(p,
+                       absl::StrCat("no cluster secret proof within ",
+                                    absl::FormatDuration(options_.peer_timeout), " of its HELLO"),
+                       /*tell_listener=*/false);
+      continue;
+    }
     if (p.state != PeerState::kConnected) continue;
     if (now - p.last_heard >= options_.peer_timeout) {
       DisconnectPeerLocked(p,
@@ -1099,6 +1318,9 @@ absl::StatusOr<PeerId> FabricTransport::ConnectTo(const EndpointAddress& address
                                                   absl::Time deadline) {
   STRETCH_RETURN_IF_ERROR(EnsureBound(address));
   const std::string target = FormatAddress(address);
+  const bool have_secret = options_.cluster_secret.has_value();
+  Nonce nonce{};
+  if (have_secret) STRETCH_RETURN_IF_ERROR(FillRandom(absl::MakeSpan(nonce)));
   absl::MutexLock l(&mu_);
   if (closing_) return ClosedError();
   STRETCH_ASSIGN_OR_RETURN(fi_addr_t fa, AvInsertLocked(address));
@@ -1107,16 +1329,37 @@ absl::StatusOr<PeerId> FabricTransport::ConnectTo(const EndpointAddress& address
   p->address_text = target;
   p->max_frame = fragment_size_;
   p->next_hello = absl::Now();
+  p->connector_nonce = nonce;
   HelloBody hello{};
   hello.src_peer = p->id.value();
   hello.rx_size = static_cast<uint32_t>(fragment_size_);
   hello.addr_len = static_cast<uint8_t>(local_address_.size());
+  hello.auth = have_secret ? kAuthHmac : kAuthNone;
   memcpy(hello.addr, local_address_.bytes().data(), local_address_.size());
+  memcpy(hello.nonce, nonce.data(), kNonceSize);
   absl::Duration again_backoff = absl::Milliseconds(1);
   while (true) {
     if (closing_) {
       p->state = PeerState::kDisconnected;
       return ClosedError();
+    }
+    if (p->acked && p->state == PeerState::kConnecting) {
+      // The listener proved the secret: prove ours with AUTH, the first sequenced frame, so
+      // the listener applies it before any data we send after Connect() returns.
+      AuthBody auth{};
+      auth.verdict = kAuthHmac;
+      memcpy(auth.mac, p->proof.data(), sizeof auth.mac);
+      absl::Status error;
+      PostResult r = PostFrameLocked(
+          *p, FrameType::kAuth, 0, p->tx_seq, 0,
+          absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(&auth), sizeof auth), &error);
+      if (r == PostResult::kPosted) {
+        ++p->tx_seq;
+        p->state = PeerState::kConnected;
+      } else if (r == PostResult::kFailed) {
+        p->state = PeerState::kDisconnected;
+        p->why = error;
+      }
     }
     if (p->state == PeerState::kConnected) {
       stats_.peers_connected.Add();
@@ -1125,7 +1368,11 @@ absl::StatusOr<PeerId> FabricTransport::ConnectTo(const EndpointAddress& address
       return p->id;
     }
     if (p->state == PeerState::kDisconnected) {
-      return absl::UnavailableError(absl::StrCat("Connect to ", target, ": ", p->why.message()));
+      // PermissionDenied (a refused cluster secret) stays what it is: retrying cannot help.
+      return absl::Status(p->why.code() == absl::StatusCode::kPermissionDenied
+                              ? absl::StatusCode::kPermissionDenied
+                              : absl::StatusCode::kUnavailable,
+                          absl::StrCat("Connect to ", target, ": ", p->why.message()));
     }
     const absl::Time now = absl::Now();
     if (now >= deadline) {
@@ -1135,6 +1382,13 @@ absl::StatusOr<PeerId> FabricTransport::ConnectTo(const EndpointAddress& address
           "Connect to ", target, " from ", local_text_, ": no answer before the deadline",
           p->hello_error.ok() ? ""
                               : absl::StrCat(" (last error: ", p->hello_error.message(), ")")));
+    }
+    if (p->acked) {
+      // AUTH found no send buffer or the provider was busy: make progress, then try again.
+      ProgressLocked();
+      AwaitProgressLocked(std::min(deadline, now + again_backoff));
+      again_backoff = std::min(again_backoff * 2, kHelloMaxBackoff);
+      continue;
     }
     if (now >= p->next_hello) {
       absl::Status error;
@@ -1171,7 +1425,8 @@ absl::Status FabricTransport::Send(PeerId peer, absl::Span<const uint8_t> messag
   absl::MutexLock l(&mu_);
   if (closing_) return ClosedError();
   Peer* p = FindPeerLocked(peer.value());
-  if (p == nullptr || p->state == PeerState::kConnecting) {
+  if (p == nullptr || p->state == PeerState::kConnecting ||
+      p->state == PeerState::kAuthenticating) {
     return absl::NotFoundError(absl::StrCat("Send: unknown peer ", peer.value()));
   }
   absl::Time deadline = absl::InfiniteFuture();  // set when we first have to wait
@@ -1388,7 +1643,8 @@ absl::Status FabricTransport::Rma(bool write, PeerId peer, const MemoryRegion& l
   absl::MutexLock l(&mu_);
   if (closing_) return ClosedError();
   Peer* p = FindPeerLocked(peer.value());
-  if (p == nullptr || p->state == PeerState::kConnecting) {
+  if (p == nullptr || p->state == PeerState::kConnecting ||
+      p->state == PeerState::kAuthenticating) {
     return absl::NotFoundError(absl::StrCat(op, ": unknown peer ", peer.value()));
   }
   auto owned = std::make_unique<OpContext>();

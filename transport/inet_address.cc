@@ -54,6 +54,17 @@ std::string InetAddress::HostText() const {
   return buf;
 }
 
+bool InetAddress::IsLoopback() const {
+  if (family() == AF_INET) {
+    const auto* in = reinterpret_cast<const sockaddr_in*>(&storage_);
+    return (ntohl(in->sin_addr.s_addr) >> 24) == 127;
+  }
+  if (family() == AF_INET6) {
+    return IN6_IS_ADDR_LOOPBACK(&reinterpret_cast<const sockaddr_in6*>(&storage_)->sin6_addr);
+  }
+  return false;
+}
+
 std::string InetAddress::ToString() const {
   if (family() == AF_INET6) return absl::StrCat("[", HostText(), "]:", port());
   return absl::StrCat(HostText(), ":", port());

@@ -42,6 +42,8 @@ class InetAddress {
   std::string HostText() const;
   // "10.0.0.1:7000" or "[fe80::1]:7000".
   std::string ToString() const;
+  // 127.0.0.0/8 or ::1: reachable only from this machine (network namespace).
+  bool IsLoopback() const;
 
  private:
   sockaddr_storage storage_{};

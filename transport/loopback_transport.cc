@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 #include <deque>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -41,6 +42,9 @@ struct LoopbackTransport::Endpoint {
     bool connected = true;
     absl::Status why;  // set when disconnected
   };
+
+  // Set at construction, constant after (read by connecting transports without `mu`).
+  std::optional<ClusterSecret> cluster_secret;
 
   absl::Mutex mu;
   std::deque<Event> events ABSL_GUARDED_BY(mu);
@@ -156,7 +160,9 @@ class LoopbackRegion final : public MemoryRegion {
 }  // namespace
 
 LoopbackTransport::LoopbackTransport(TransportOptions options)
-    : options_(std::move(options)), ep_(std::make_shared<Endpoint>()) {}
+    : options_(std::move(options)), ep_(std::make_shared<Endpoint>()) {
+  ep_->cluster_secret = options_.cluster_secret;
+}
 
 LoopbackTransport::~LoopbackTransport() { Close(); }
 
@@ -235,6 +241,23 @@ absl::StatusOr<PeerId> LoopbackTransport::ConnectTo(const EndpointAddress& addre
   if (remote == nullptr) {
     return absl::DeadlineExceededError(
         absl::StrCat("Connect ", target_text, ": nothing listens there"));
+  }
+  // Both ends are in this process: compare the secrets directly (as MACs of nothing, so the
+  // keys never leave ClusterSecret), with the fabric transport's rule that a secret and no
+  // secret never connect.
+  const std::optional<ClusterSecret>& ours = options_.cluster_secret;
+  const std::optional<ClusterSecret>& theirs_secret = remote->cluster_secret;
+  if (ours.has_value() != theirs_secret.has_value() ||
+      (ours.has_value() && !MacEqual(ours->Authenticate({}), theirs_secret->Authenticate({})))) {
+    stats_.auth_rejected.Add();
+    const std::string why =
+        !ours.has_value()          ? "it requires a cluster secret and this transport has none"
+        : !theirs_secret.has_value() ? "it has no cluster secret and this transport has one"
+                                     : "bad cluster secret proof (different cluster secrets)";
+    LOG(WARNING) << "loopback transport: refused the connection to " << target_text << ": "
+                 << why;
+    return absl::PermissionDeniedError(
+        absl::StrCat("Connect to ", target_text, ": ", target_text, " refused: ", why));
   }
   PeerId mine;
   std::string my_name;

@@ -46,6 +46,7 @@ TransportStats::Snapshot TransportStats::Snap() const {
   s.send_errors = send_errors.Get();
   s.receive_errors = receive_errors.Get();
   s.protocol_errors = protocol_errors.Get();
+  s.auth_rejected = auth_rejected.Get();
   s.rma_reads = rma_reads.Get();
   s.rma_writes = rma_writes.Get();
   return s;
@@ -67,6 +68,7 @@ std::string TransportStats::Snapshot::ToJson() const {
   w.Field("send_errors", send_errors);
   w.Field("receive_errors", receive_errors);
   w.Field("protocol_errors", protocol_errors);
+  w.Field("auth_rejected", auth_rejected);
   w.Field("rma_reads", rma_reads);
   w.Field("rma_writes", rma_writes);
   w.EndObject();

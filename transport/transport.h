@@ -46,6 +46,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -56,6 +57,7 @@
 #include "absl/types/span.h"
 #include "core/ids.h"
 #include "core/stats.h"
+#include "transport/cluster_secret.h"
 
 namespace stretch::transport {
 
@@ -136,6 +138,13 @@ struct TransportOptions {
   // behave like a crash (peers find out by timeout or send error): for tests.
   bool goodbye_on_close = true;
 
+  // The cluster secret (ClusterSecret::Load of the --cluster_secret file). Set: every
+  // connection, in both directions, must prove the same secret (see "Authentication" above).
+  // Unset (the default): connections are not authenticated, and peers that hold a secret are
+  // refused. Loopback checks it in Connect() (both ends are in one process) and counts
+  // refusals on the connecting side only.
+  std::optional<ClusterSecret> cluster_secret;
+
   // --- libfabric backends (tcp, verbs); ignored by loopback ---
 
   // Apply the verbs memory-registration rules (FI_MR_LOCAL, FI_MR_VIRT_ADDR, FI_MR_ALLOCATED,
@@ -171,6 +180,7 @@ struct TransportStats {
   Counter send_errors;      // failed sends and error completions
   Counter receive_errors;   // failed receives and error completions
   Counter protocol_errors;  // malformed or unexpected frames
+  Counter auth_rejected;    // connections refused: missing, different or bad cluster secret proof
   Counter rma_reads;
   Counter rma_writes;
 
@@ -179,7 +189,7 @@ struct TransportStats {
     uint64_t fragments_sent = 0, fragments_received = 0;
     uint64_t heartbeats_sent = 0, heartbeats_received = 0;
     uint64_t peers_connected = 0, peers_disconnected = 0;
-    uint64_t send_errors = 0, receive_errors = 0, protocol_errors = 0;
+    uint64_t send_errors = 0, receive_errors = 0, protocol_errors = 0, auth_rejected = 0;
     uint64_t rma_reads = 0, rma_writes = 0;
     // {"messages_sent":..,...}
     std::string ToJson() const;
