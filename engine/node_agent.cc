@@ -1045,6 +1045,7 @@ class NodeAgent::Impl {
     (store ? stats_.write_faults : stats_.read_faults).Add();
     const PageId page = PageId::Containing(f.page);
     if (!options_.fault_trace.empty()) TraceFault(f, store);
+    if (store) NoteWriter(page, f.tid);
     HandleLocal(att, page,
                 LocalEvent{store ? coherence::LocalOp::kStore : coherence::LocalOp::kLoad,
                            ThreadId(static_cast<uint32_t>(f.tid))},
@@ -1052,6 +1053,39 @@ class NodeAgent::Impl {
     if (!store) ReadAhead(att, page, f.tid);
   }
 
+  void NoteWriter(PageId page, pid_t tid) {
+    absl::MutexLock l(&sharing_mu_);
+    auto it = writers_.find(page);
+    if (it == writers_.end()) {
+      if (writers_.size() >= kMaxSharingPages) return;  // a window this busy says enough
+      it = writers_.emplace(page, NodeAgent::PageWriters{page, 0, {}}).first;
+    }
+    NodeAgent::PageWriters& w = it->second;
+    ++w.faults;
+    if (tid != 0 && w.writers.size() < NodeAgent::kMaxWritersPerPage &&
+        std::find(w.writers.begin(), w.writers.end(), tid) == w.writers.end()) {
+      w.writers.push_back(tid);
+    }
+  }
+
+ public:
+  std::vector<NodeAgent::PageWriters> TakeWriteSharing(size_t max_pages) {
+    absl::flat_hash_map<PageId, NodeAgent::PageWriters> taken;
+    {
+      absl::MutexLock l(&sharing_mu_);
+      taken.swap(writers_);
+    }
+    std::vector<NodeAgent::PageWriters> out;
+    out.reserve(taken.size());
+    for (auto& [page, w] : taken) out.push_back(std::move(w));
+    std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) {
+      return a.faults != b.faults ? a.faults > b.faults : a.page < b.page;
+    });
+    if (out.size() > max_pages) out.resize(max_pages);
+    return out;
+  }
+
+ private:
   // One line per fault: when (CLOCK_MONOTONIC ns), which thread (its id in the program; 0
   // if the uffd does not say), which page, and the access: read, write (a missing page
   // written), upgrade (a write to a read-only copy).
@@ -1597,6 +1631,11 @@ class NodeAgent::Impl {
 
   mutable absl::Mutex health_mu_;
   absl::Status health_ ABSL_GUARDED_BY(health_mu_);
+
+  // Write faults per page since the last TakeWriteSharing() (placement).
+  static constexpr size_t kMaxSharingPages = 1 << 16;
+  absl::Mutex sharing_mu_;
+  absl::flat_hash_map<PageId, NodeAgent::PageWriters> writers_ ABSL_GUARDED_BY(sharing_mu_);
 };
 
 NodeAgent::NodeAgent(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -1615,6 +1654,9 @@ absl::StatusOr<std::unique_ptr<NodeAgent>> NodeAgent::Start(const NodeOptions& o
 absl::Status NodeAgent::Attach(AttachRequest request) { return impl_->Attach(std::move(request)); }
 absl::Status NodeAgent::SendToServer(const wire::Message& m) { return impl_->SendToServer(m); }
 absl::Status NodeAgent::Guard(pid_t pid, int uffd) { return impl_->Guard(pid, uffd); }
+std::vector<NodeAgent::PageWriters> NodeAgent::TakeWriteSharing(size_t max_pages) {
+  return impl_->TakeWriteSharing(max_pages);
+}
 absl::StatusOr<uintptr_t> NodeAgent::HelperCodePage(pid_t pid) const {
   return impl_->HelperCodePage(pid);
 }

@@ -183,6 +183,18 @@ class NodeAgent {
   const NodeStats& stats() const;
   // {"node":1,"read_faults":..,...,"fault_latency":{...},"transport":{...}}
   std::string StatsJson() const;
+
+  // Write sharing seen since the last call (placement): the pages its processes' threads
+  // wrote with a fault (a missing page written, or a write to a read-only copy), each with
+  // its number of write faults and up to kMaxWritersPerPage writer thread ids; the
+  // `max_pages` pages with the most write faults, most first. Forgets what it returns.
+  static constexpr size_t kMaxWritersPerPage = 4;
+  struct PageWriters {
+    PageId page;
+    uint64_t faults = 0;
+    std::vector<pid_t> writers;
+  };
+  std::vector<PageWriters> TakeWriteSharing(size_t max_pages);
   // OK while healthy; the reason once the agent stopped its processes (lost node, lost page).
   absl::Status health() const;
   // Number of processes attached and still alive.

@@ -1,0 +1,152 @@
+#include "stretchd/affinity.h"
+
+#include <algorithm>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+
+namespace stretch {
+
+std::string FormatSharingReport(const std::vector<engine::NodeAgent::PageWriters>& pages) {
+  std::string line = "sharing";
+  for (size_t i = 0; i < pages.size() && i < kMaxReportPages; ++i) {
+    const auto& p = pages[i];
+    if (p.writers.empty()) continue;
+    absl::StrAppend(&line, " ", absl::Hex(p.page.number()), ":", p.faults, ":",
+                    absl::StrJoin(p.writers, ","));
+  }
+  return line;
+}
+
+absl::Status SharingGraph::AddReport(const std::string& line) {
+  std::vector<absl::string_view> words = absl::StrSplit(line, ' ', absl::SkipEmpty());
+  if (words.empty() || words[0] != "sharing") {
+    return absl::InvalidArgumentError(absl::StrCat("not a sharing report: ", line.substr(0, 40)));
+  }
+  std::vector<std::pair<uint64_t, Page>> parsed;
+  for (size_t i = 1; i < words.size(); ++i) {
+    std::vector<absl::string_view> f = absl::StrSplit(words[i], ':');
+    Page p;
+    uint64_t page = 0;
+    if (f.size() != 3 || !absl::SimpleHexAtoi(f[0], &page) || !absl::SimpleAtoi(f[1], &p.faults)) {
+      return absl::InvalidArgumentError(absl::StrCat("bad sharing entry '", words[i], "'"));
+    }
+    for (absl::string_view t : absl::StrSplit(f[2], ',', absl::SkipEmpty())) {
+      int tid = 0;
+      if (!absl::SimpleAtoi(t, &tid) || tid <= 0) {
+        return absl::InvalidArgumentError(absl::StrCat("bad thread in '", words[i], "'"));
+      }
+      p.writers.insert(tid);
+    }
+    parsed.emplace_back(page, std::move(p));
+  }
+  for (auto& [page, p] : parsed) {
+    Page& mine = pages_[page];
+    mine.faults += p.faults;
+    mine.writers.insert(p.writers.begin(), p.writers.end());
+  }
+  dirty_ = true;
+  return absl::OkStatus();
+}
+
+const std::map<std::pair<int, int>, uint64_t>& SharingGraph::weights() const {
+  if (dirty_) {
+    weights_.clear();
+    for (const auto& [page, p] : pages_) {
+      for (auto a = p.writers.begin(); a != p.writers.end(); ++a) {
+        for (auto b = std::next(a); b != p.writers.end(); ++b) weights_[{*a, *b}] += p.faults;
+      }
+    }
+    dirty_ = false;
+  }
+  return weights_;
+}
+
+uint64_t SharingGraph::Weight(int a, int b) const {
+  if (a > b) std::swap(a, b);
+  auto it = weights().find({a, b});
+  return it == weights().end() ? 0 : it->second;
+}
+
+size_t SharingGraph::shared_pages() const {
+  return std::count_if(pages_.begin(), pages_.end(),
+                       [](const auto& p) { return p.second.writers.size() > 1; });
+}
+
+namespace {
+
+uint64_t Cut(const std::vector<std::vector<int>>& placement, const SharingGraph& g) {
+  std::map<int, size_t> node_of;
+  for (size_t n = 0; n < placement.size(); ++n) {
+    for (int t : placement[n]) node_of[t] = n;
+  }
+  uint64_t cut = 0;
+  for (const auto& [pair, w] : g.weights()) {
+    auto a = node_of.find(pair.first), b = node_of.find(pair.second);
+    if (a != node_of.end() && b != node_of.end() && a->second != b->second) cut += w;
+  }
+  return cut;
+}
+
+// Weight between `t` and the threads of `node` (t itself excluded).
+int64_t Affinity(int t, const std::vector<int>& node, const SharingGraph& g) {
+  int64_t sum = 0;
+  for (int u : node) {
+    if (u != t) sum += static_cast<int64_t>(g.Weight(t, u));
+  }
+  return sum;
+}
+
+}  // namespace
+
+Regrouping Regroup(const std::vector<std::vector<int>>& placement, const SharingGraph& graph,
+                   const std::set<int>& pinned) {
+  Regrouping r;
+  r.placement = placement;
+  r.cut_before = Cut(placement, graph);
+  auto& p = r.placement;
+  // Each swap lowers the cut by at least 1, so this ends; the bound only guards the cost.
+  for (int round = 0; round < 1000; ++round) {
+    int64_t best_gain = 0;
+    size_t bx = 0, by = 0, bi = 0, bj = 0;
+    for (size_t x = 0; x < p.size(); ++x) {
+      for (size_t y = x + 1; y < p.size(); ++y) {
+        for (size_t i = 0; i < p[x].size(); ++i) {
+          const int a = p[x][i];
+          if (pinned.count(a)) continue;
+          const int64_t a_gain = Affinity(a, p[y], graph) - Affinity(a, p[x], graph);
+          for (size_t j = 0; j < p[y].size(); ++j) {
+            const int b = p[y][j];
+            if (pinned.count(b)) continue;
+            // a goes to y and b to x; their own edge stays cut either way.
+            const int64_t gain = a_gain + Affinity(b, p[x], graph) - Affinity(b, p[y], graph) -
+                                 2 * static_cast<int64_t>(graph.Weight(a, b));
+            if (gain > best_gain) {
+              best_gain = gain;
+              bx = x, by = y, bi = i, bj = j;
+            }
+          }
+        }
+      }
+    }
+    if (best_gain <= 0) break;
+    std::swap(p[bx][bi], p[by][bj]);
+  }
+  r.cut_after = Cut(p, graph);
+  for (size_t n = 0; n < placement.size(); ++n) {
+    for (int t : placement[n]) {
+      for (size_t m = 0; m < p.size(); ++m) {
+        if (m != n && std::find(p[m].begin(), p[m].end(), t) != p[m].end()) {
+          r.moves.push_back({t, static_cast<int>(n), static_cast<int>(m)});
+        }
+      }
+    }
+  }
+  for (auto& node : p) std::sort(node.begin(), node.end());
+  return r;
+}
+
+}  // namespace stretch
