@@ -24,6 +24,7 @@ struct NodeFuzzResult {
   std::vector<std::string> node_received;
   bool answered = false;  // the final address-space change was answered
   absl::Status health;    // the agent's, before it stopped
+  bool process_alive = false;  // the attached process, before the agent stopped
   std::string stats;      // its StatsJson(), before it stopped
   // The region accesses, in input order: 8 bytes at `address` read (or written) by a thread
   // of the fuzzer; `value` is what was read (or written).

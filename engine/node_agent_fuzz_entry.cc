@@ -9,6 +9,7 @@
 //  - no crash: no CHECK, ASan or UBSan finding in the agent;
 //  - memory outside the region is never written or dropped: guard pages right before and after
 //    it hold a canary pattern, checked after every input;
+//  - the agent kills the attached process only when it fails (health() then says why);
 //  - the agent keeps answering: after the sequence the rogue server's address-space change
 //    (which an agent without a program answers with kDone) is answered, whether the agent is
 //    healthy or has failed cleanly (health() not OK, its processes killed: an accepted outcome);
@@ -58,6 +59,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
 #include "core/wire.h"
 #include "engine/node_agent.h"
 #include "engine/node_agent_fuzz.h"
@@ -519,6 +521,17 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     }
   }
 
+  // The agent kills its processes only when it fails, and then health() says why.
+  siginfo_t si = {};
+  const bool exited = waitid(P_PID, child.pid, &si, WEXITED | WNOHANG | WNOWAIT) == 0 &&
+                      si.si_pid == child.pid;
+  result.process_alive = !exited;
+  if (exited && (*agent)->health().ok()) {
+    absl::SleepFor(absl::Milliseconds(100));  // a kill whose reason is being recorded now
+    if ((*agent)->health().ok()) {
+      Die("the attached process was killed, yet the agent reports itself healthy");
+    }
+  }
   result.health = (*agent)->health();
   result.stats = (*agent)->StatsJson();
   // Stopping kills the child (the keeper); blocked accesses return when its uffd goes.

@@ -76,5 +76,31 @@ TEST(NodeAgentFuzzReplayTest, ValidSequenceHasItsEffects) {
   EXPECT_THAT(r.stats, HasSubstr(R"("forwards_served":1)"));
 }
 
+// Regression: any peer could stop the node. An Error was taken from whoever sent it, so a
+// rogue node (or anything that can connect to the agent's address) made the agent fail and
+// SIGKILL every attached process. Only the server's Errors count now.
+TEST(NodeAgentFuzzReplayTest, AnErrorFromAPeerNodeIsIgnored) {
+  constexpr uint8_t kRogueNode0 = 1;
+  const std::vector<uint8_t> input = {kRogueNode0, Kind("Error"), 0};
+  LLVMFuzzerTestOneInput(input.data(), input.size());
+  const NodeFuzzResult& r = last_node_fuzz_result;
+  EXPECT_TRUE(r.health.ok()) << r.health;
+  EXPECT_TRUE(r.process_alive);
+  EXPECT_TRUE(r.answered);
+}
+
+// Regression: an Error from the server with code 0 killed every attached process, but
+// absl::Status(kOk, ...) is OK, so health() went on reporting a healthy agent (and the next
+// failure's reason replaced nothing). The agent fails with kUnknown now.
+TEST(NodeAgentFuzzReplayTest, AServerErrorWithCodeZeroStillFailsTheAgent) {
+  constexpr uint8_t kServer = 0;
+  const std::vector<uint8_t> input = {kServer, Kind("Error OK"), 0};
+  LLVMFuzzerTestOneInput(input.data(), input.size());
+  const NodeFuzzResult& r = last_node_fuzz_result;
+  EXPECT_EQ(r.health.code(), absl::StatusCode::kUnknown) << r.health;
+  EXPECT_THAT(std::string(r.health.message()), HasSubstr("rogue, with code OK"));
+  EXPECT_TRUE(r.answered);
+}
+
 }  // namespace
 }  // namespace stretch::engine
