@@ -1358,8 +1358,21 @@ class NodeAgent::Impl {
       return;
     }
     if (auto* error = std::get_if<wire::Error>(&*decoded)) {
-      Fail(absl::Status(static_cast<absl::StatusCode>(error->code),
-                        absl::StrCat("from the server: ", error->message)),
+      // Only the directory may stop this node (nodes never send each other an Error): from
+      // any other peer it would let whoever can connect kill every attached process.
+      if (peer != server_) {
+        LOG(ERROR) << "node " << self_.value() << ": ignored an Error from peer " << peer.value()
+                   << ", which is not the server: " << error->message;
+        return;
+      }
+      // The processes are killed whatever the code says, so health() must report a failure:
+      // a code that is not an error status (0 is OK) becomes kUnknown.
+      absl::StatusCode code = static_cast<absl::StatusCode>(error->code);
+      if (error->code == 0 ||
+          error->code > static_cast<uint32_t>(absl::StatusCode::kUnauthenticated)) {
+        code = absl::StatusCode::kUnknown;
+      }
+      Fail(absl::Status(code, absl::StrCat("from the server: ", error->message)),
            /*tell_server=*/false);
       return;
     }
@@ -1444,6 +1457,7 @@ class NodeAgent::Impl {
   // server's loss), the server hears why and tells the other nodes: the program cannot go on
   // anywhere without this node's pages.
   void Fail(const absl::Status& why, bool tell_server = true) {
+    DCHECK(!why.ok()) << "node " << self_.value() << ": Fail() without a reason";
     {
       absl::MutexLock l(&health_mu_);
       if (!health_.ok()) return;
