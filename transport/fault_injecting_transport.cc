@@ -190,7 +190,7 @@ absl::StatusOr<FaultOptions> ParseFaultSpec(absl::string_view spec) {
   int64_t min_delay_ms = 0, max_delay_ms = 0;
   for (absl::string_view item : absl::StrSplit(spec, ',', absl::SkipEmpty())) {
     std::pair<absl::string_view, absl::string_view> kv = absl::StrSplit(item, '=');
-    const auto [key, value] = kv;
+    const absl::string_view key = kv.first, value = kv.second;
     auto bad = [&](absl::string_view what) {
       return absl::InvalidArgumentError(
           absl::StrCat("fault spec \"", spec, "\": ", key, "=", value, ": ", what));
