@@ -34,6 +34,7 @@
 #include "glog/logging.h"
 #include "migrate/origin.h"
 #include "migrate/subprocess.h"
+#include "stretchd/affinity.h"
 #include "stretchd/replica.h"
 #include "testing/netns.h"
 #include "transport/fault_injecting_transport.h"
@@ -44,7 +45,9 @@ namespace {
 // --- control channel: one line per datagram ---
 //
 // Launcher -> node: "go", "stop", "kill SIG", "cpu" (answered "cpu NS N STALL": CPU time of
-// the N threads running there, and the time its faults took to resolve, both in ns so far), and for
+// the N threads running there, and the time its faults took to resolve, both in ns so far),
+// "sharing" (answered "sharing PAGE:FAULTS:TIDS ...", affinity.h: the pages written with a fault
+// since the last "sharing"), and for
 // `stretchd migrate`: "where" (answered "here T1,T2,..."), "migrate-out T" (answered "migrated-out
 // T HEXSTATE", "notmine T" or "migrate-error T WHY"), "migrate-in T HEXSTATE" (answered
 // "migrated-in T" or "migrate-error T WHY"). Node -> launcher, once: "ready N", then "exit CODE",
@@ -526,16 +529,91 @@ int RunLauncher(const LaunchOptions& o) {
   // the failure.
   absl::Time error_grace_end = absl::InfiniteFuture();
 
-  // Adaptive placement (LaunchOptions::placement): one sample of every node's CPU time per
-  // window; the decisions go to the log and the stats JSON.
+  // Placement (LaunchOptions::placement): one sample of every node's CPU time (and, to
+  // regroup, of the pages its threads write) per window; the decisions go to the log and the
+  // stats JSON.
   const bool adaptive = o.placement == "adaptive";
-  bool placement_done = !adaptive;
+  bool placement_done = o.placement == "static";
+  bool regroup_done = o.placement == "static";
+  int regroup_attempts = 0;
+  absl::Time last_sharing = absl::Now();
   int low_windows = 0, windows = 0;
   std::vector<uint64_t> last_cpu(o.nodes, 0), last_stall(o.nodes, 0);
   size_t last_threads = 0;
   const absl::Time run_start = absl::Now();
   absl::Time last_sample = run_start, next_sample = run_start + o.placement_window;
   std::vector<std::string> samples_json, decisions_json;
+  // Regrouping by sharing affinity (affinity.h): from the pages the threads wrote with a fault
+  // since the last call, swap threads between nodes so that threads writing the same pages
+  // run together, if that removes at least a quarter of the write sharing across nodes (and
+  // some: a handful of faults is no reason to move). True if threads were moved. Tries in up
+  // to three windows, once it moves.
+  auto regroup = [&](double cores) -> bool {
+    SharingGraph graph;
+    std::vector<std::vector<int>> now(o.nodes);
+    for (int i = 0; i < o.nodes; ++i) {
+      SendLine(agents[i].control.get(), "sharing");
+      SendLine(agents[i].control.get(), "where");
+    }
+    bool complete = true;
+    for (int i = 0; i < o.nodes; ++i) {
+      auto r = await(i, {"sharing"}, absl::Seconds(2));
+      auto w = await(i, {"here"}, absl::Seconds(2));
+      if (!r || !w || !graph.AddReport(*r).ok()) {
+        complete = false;
+        continue;
+      }
+      for (absl::string_view t :
+           absl::StrSplit(absl::StripPrefix(*w, "here "), ',', absl::SkipEmpty())) {
+        int tid = 0;
+        if (absl::SimpleAtoi(t, &tid)) now[i].push_back(tid);
+      }
+    }
+    const absl::Time since = last_sharing;
+    last_sharing = absl::Now();
+    if (++regroup_attempts >= 3 || !complete) regroup_done = true;
+    if (!complete) return false;
+    constexpr uint64_t kMinFaultsSaved = 64;
+    Regrouping r = Regroup(now, graph, /*pinned=*/{1});
+    const uint64_t saved = r.cut_before - r.cut_after;
+    if (r.moves.empty() || saved < kMinFaultsSaved || 4 * saved < r.cut_before) return false;
+    regroup_done = true;
+    std::string moves;
+    for (const Move& m : r.moves) {
+      absl::StrAppend(&moves, moves.empty() ? "" : ", ", "thread ", m.tid, " node ", m.from, " -> ",
+                      m.to);
+    }
+    std::string reason = absl::StrFormat(
+        "over %.0f ms threads on different nodes wrote the same pages with %u write faults "
+        "(%u pages written by more than one thread); regrouped, %u would remain",
+        absl::ToDoubleMilliseconds(last_sharing - since), r.cut_before, graph.shared_pages(),
+        r.cut_after);
+    std::fprintf(stderr,
+                 "stretchd run: placement: regrouping threads that write-share pages: "
+                 "%s: %s\n",
+                 moves.c_str(), reason.c_str());
+    int moved = 0, failed = 0;
+    std::string moves_json;
+    for (const Move& m : r.moves) {
+      std::string result = migrate(m.tid, m.to);
+      const bool ok = absl::StartsWith(result, "ok");
+      ok ? ++moved : ++failed;
+      if (!ok) LOG(WARNING) << "stretchd run: placement: " << result;
+      absl::StrAppend(&moves_json, moves_json.empty() ? "" : ",",
+                      absl::StrFormat(R"({"thread":%d,"from":%d,"to":%d,"moved":%s})", m.tid,
+                                      m.from, m.to, ok ? "true" : "false"));
+    }
+    std::vector<std::string> nodes_json;
+    for (const auto& n : r.placement)
+      nodes_json.push_back(absl::StrCat("[", absl::StrJoin(n, ","), "]"));
+    decisions_json.push_back(absl::StrFormat(
+        R"({"t_ms":%.0f,"action":"regroup","cores":%.3f,"cut_before":%u,"cut_after":%u,)"
+        R"("shared_pages":%u,"moves":[%s],"placement":[%s],"threads_moved":%d,)"
+        R"("threads_not_moved":%d,"reason":"%s"})",
+        absl::ToDoubleMilliseconds(absl::Now() - run_start), cores, r.cut_before, r.cut_after,
+        graph.shared_pages(), moves_json, absl::StrJoin(nodes_json, ","), moved, failed, reason));
+    return moved > 0;
+  };
   auto sample_placement = [&]() {
     std::vector<uint64_t> cpu(o.nodes, 0), stall(o.nodes, 0);
     size_t threads = 0;
@@ -581,6 +659,15 @@ int RunLauncher(const LaunchOptions& o) {
     last_threads = threads;
     last_sample = now;
     if (first) return;
+    if (!regroup_done && regroup(cores)) {
+      low_windows = 0;  // the next window measures the new placement
+      if (!adaptive) placement_done = true;
+      return;
+    }
+    if (!adaptive) {
+      placement_done = regroup_done;
+      return;
+    }
     if (samples_json.size() < 100) {
       samples_json.push_back(absl::StrFormat(R"({"t_ms":%.0f,"cores":%.3f,"waiting":%.3f})",
                                              absl::ToDoubleMilliseconds(now - run_start), cores,
@@ -686,7 +773,8 @@ int RunLauncher(const LaunchOptions& o) {
       if (!line) continue;
       // Late answers to a migration that gave up waiting for them.
       if (!closed && (absl::StartsWith(*line, "here") || absl::StartsWith(*line, "migrat") ||
-                      absl::StartsWith(*line, "notmine") || absl::StartsWith(*line, "cpu "))) {
+                      absl::StartsWith(*line, "notmine") || absl::StartsWith(*line, "cpu ") ||
+                      absl::StartsWith(*line, "sharing"))) {
         continue;
       }
       agents[i].done = true;
@@ -860,7 +948,9 @@ int RunReplicaAgent(const ReplicaAgentOptions& o) {
     if (line && absl::StartsWith(*line, "kill ") && absl::SimpleAtoi(line->substr(5), &sig)) {
       kill((*replica)->pid(), sig);
     }
-    if (line && *line == "cpu") {
+    if (line && *line == "sharing") {
+      SendLine(ctl, FormatSharingReport((*agent)->TakeWriteSharing(kMaxReportPages)));
+    } else if (line && *line == "cpu") {
       SendLine(ctl, absl::StrCat("cpu ", (*replica)->CpuTimeNs(), " ",
                                  (*replica)->ThreadsRunningHere().size(), " ",
                                  (*agent)->stats().fault_latency.Snap().sum_ns));

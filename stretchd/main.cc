@@ -106,11 +106,13 @@ DEFINE_bool(manual, false,
             "migration) are coherent across nodes, each sync object on its own page; the rest of "
             "its memory is copied at migration and private to each node after it");
 DEFINE_string(placement, "static",
-              "run: static (threads stay where they were placed) or adaptive (every "
-              "--placement_window_ms the cores the program's threads keep busy on all nodes and "
-              "their waiting for pages are measured; two windows in a row below "
-              "--placement_min_cores busy and waiting longer than computing move every thread "
-              "to node 0, once; decisions on stderr and in the stats JSON)");
+              "run: static (threads stay where they were placed), affinity (in the first "
+              "windows of --placement_window_ms, threads on different nodes that write the same "
+              "pages are swapped onto one node, keeping each node's thread count, once, if "
+              "that removes at least a quarter of the write faults across nodes) or adaptive "
+              "(affinity, then: two windows in a row with fewer than --placement_min_cores "
+              "cores busy on all nodes and more waiting for pages than computing move every "
+              "thread to node 0, once); decisions on stderr and in the stats JSON");
 DEFINE_int32(placement_window_ms, 100, "run: adaptive placement's measuring window");
 DEFINE_double(placement_min_cores, 1.0,
               "run: adaptive placement consolidates on node 0 when the program keeps fewer cores "
@@ -724,8 +726,10 @@ int RunRun(const std::vector<std::string>& args) {
   }
   o.stats_json = FLAGS_stats_json;
   o.migrate_at_threads = FLAGS_migrate_at_threads;
-  if (FLAGS_placement != "static" && FLAGS_placement != "adaptive") {
-    std::fprintf(stderr, "stretchd run: --placement must be static or adaptive (got '%s')\n",
+  if (FLAGS_placement != "static" && FLAGS_placement != "affinity" &&
+      FLAGS_placement != "adaptive") {
+    std::fprintf(stderr,
+                 "stretchd run: --placement must be static, affinity or adaptive (got '%s')\n",
                  FLAGS_placement.c_str());
     return 2;
   }

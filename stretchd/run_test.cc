@@ -399,6 +399,27 @@ TEST_F(RunTest, AdaptivePlacementConsolidatesWhatDistributionSlowsDown) {
   }
 }
 
+// --placement=affinity: round-robin placement splits both pairs of threads that write-share a
+// page; after a window the launcher swaps two threads so that each pair runs on one node,
+// says so, and the output is native.
+TEST_F(RunTest, AffinityPlacementPutsThreadsThatWriteTogetherOnOneNode) {
+  auto [native, stretch] = Both({Runfile("experiments/workloads/pair_sharing"), "--threads=4",
+                                 "--iterations=50000", "--work=5000"},
+                                {"--placement=affinity"});
+  EXPECT_EQ(stretch.status.ToString(), "exit status 0") << stretch.err;
+  EXPECT_EQ(stretch.out, native.out);
+  EXPECT_THAT(stretch.err, HasSubstr("placement: regrouping threads that write-share pages"));
+  EXPECT_THAT(last_stats_, HasSubstr(R"("action":"regroup")"));
+  EXPECT_THAT(last_stats_, HasSubstr(R"("threads_moved":2,"threads_not_moved":0)"));
+  // Workers 0..3 are threads 2..5; pairs (2,3) and (4,5) end up on one node each.
+  const size_t at = last_stats_.find(R"("placement":[[)");
+  ASSERT_NE(at, std::string::npos) << last_stats_;
+  const std::string placement = last_stats_.substr(at, last_stats_.find("]]", at) - at + 2);
+  EXPECT_TRUE(placement == R"("placement":[[1,4,5],[2,3]])" ||
+              placement == R"("placement":[[1,2,3],[4,5]])")
+      << placement;
+}
+
 TEST_F(RunTest, ExitStatusAndFatalSignalsAreNative) {
   auto [native, stretch] =
       Both({Runfile("experiments/workloads/sync_torture"), "--test=exit", "--threads=3"},
