@@ -614,14 +614,11 @@ int RunLauncher(const LaunchOptions& o) {
         graph.shared_pages(), moves_json, absl::StrJoin(nodes_json, ","), moved, failed, reason));
     return moved > 0;
   };
-  auto sample_placement = [&]() {
-    std::vector<uint64_t> cpu(o.nodes, 0), stall(o.nodes, 0);
-    size_t threads = 0;
+  // Every node's CPU time of its running threads, time its faults took, and thread count.
+  auto read_cpu = [&](std::vector<uint64_t>& cpu, std::vector<uint64_t>& stall,
+                      size_t& threads) -> bool {
     for (int i = 0; i < o.nodes; ++i) {
-      if (agents[i].done) {
-        placement_done = true;
-        return;
-      }
+      if (agents[i].done) return false;
       SendLine(agents[i].control.get(), "cpu");
     }
     for (int i = 0; i < o.nodes; ++i) {
@@ -631,10 +628,131 @@ int RunLauncher(const LaunchOptions& o) {
       size_t n = 0;
       if (f.size() != 4 || !absl::SimpleAtoi(f[1], &cpu[i]) || !absl::SimpleAtoi(f[2], &n) ||
           !absl::SimpleAtoi(f[3], &stall[i])) {
-        placement_done = true;  // a node that does not answer is ending
-        return;
+        return false;
       }
       threads += n;
+    }
+    return true;
+  };
+  // After moving threads: the next window starts now, not where the moves began.
+  auto rebaseline = [&]() {
+    std::vector<uint64_t> cpu(o.nodes, 0), stall(o.nodes, 0);
+    size_t threads = 0;
+    if (!read_cpu(cpu, stall, threads)) return;
+    last_cpu = cpu;
+    last_stall = stall;
+    last_sample = absl::Now();
+  };
+  // Feedback (adaptive): after consolidating, the launcher keeps measuring. When node 0 is
+  // saturated (its cores all busy, more threads than cores) it spreads the threads back where
+  // they ran, after a backoff; if the next window keeps at least a quarter more cores busy
+  // than node 0 alone did, they stay spread, otherwise they go back to node 0 and the backoff
+  // doubles.
+  const double node0_cores = !o.node_cpus.empty() && !o.node_cpus[0].empty()
+                                 ? static_cast<double>(o.node_cpus[0].size())
+                                 : static_cast<double>(std::max(1L, sysconf(_SC_NPROCESSORS_ONLN)));
+  bool consolidated = false, probing = false;
+  int probe_windows = 0;
+  double spread_cores = 0, consolidated_cores = 0, probe_cores = 0;
+  absl::Duration probe_backoff = absl::Seconds(1);
+  absl::Time next_probe = absl::InfiniteFuture();
+  std::vector<std::pair<pid_t, int>> spread;  // where the consolidated threads ran
+  auto decision = [&](const char* action, double cores, int moved, int failed,
+                      const std::string& reason) {
+    decisions_json.push_back(absl::StrFormat(
+        R"({"t_ms":%.0f,"action":"%s","cores":%.3f,"threads_moved":%d,"threads_not_moved":%d,)"
+        R"("reason":"%s"})",
+        absl::ToDoubleMilliseconds(absl::Now() - run_start), action, cores, moved, failed, reason));
+  };
+  auto consolidate = [&](const std::string& reason, double cores) {
+    std::fprintf(stderr, "stretchd run: placement: moving every thread to node 0: %s\n",
+                 reason.c_str());
+    int moved = 0, failed = 0;
+    std::string failures;
+    spread.clear();
+    for (int i = 1; i < o.nodes; ++i) {
+      if (agents[i].done) continue;
+      SendLine(agents[i].control.get(), "where");
+      auto r = await(i, {"here"}, absl::Seconds(5));
+      if (!r) continue;
+      for (absl::string_view t :
+           absl::StrSplit(absl::StripPrefix(*r, "here "), ',', absl::SkipEmpty())) {
+        pid_t tid = 0;
+        if (!absl::SimpleAtoi(t, &tid)) continue;
+        std::string result = migrate(tid, 0);
+        if (absl::StartsWith(result, "ok")) {
+          ++moved;
+          spread.emplace_back(tid, i);
+        } else {
+          ++failed;
+          LOG(WARNING) << "stretchd run: placement: " << result;
+          if (failures.empty()) failures = result;
+        }
+      }
+    }
+    decision("consolidate", cores, moved, failed, reason);
+    LOG(INFO) << "stretchd run: placement: moved " << moved << " thread(s) to node 0"
+              << (failed ? absl::StrCat(", ", failed, " could not move: ", failures) : "");
+    consolidated = moved > 0;
+    probing = false;
+    consolidated_cores = 0;
+  };
+  auto watch_consolidated = [&](absl::Time now, double cores, double waiting, size_t threads,
+                                bool fewer_threads) {
+    consolidated_cores = consolidated_cores == 0 ? cores : (consolidated_cores + cores) / 2;
+    const bool saturated = cores >= 0.8 * node0_cores &&
+                           waiting<0.25 * cores&& static_cast<double>(threads)> node0_cores &&
+                           !fewer_threads;
+    if (now < next_probe || !saturated || spread.empty()) return;
+    std::string reason = absl::StrFormat(
+        "node 0 alone keeps %.2f of its %.0f cores busy with %u threads: trying the other nodes "
+        "again (distributed, the threads kept %.2f cores busy)",
+        consolidated_cores, node0_cores, threads, spread_cores);
+    std::fprintf(stderr, "stretchd run: placement: spreading threads again: %s\n", reason.c_str());
+    int moved = 0, failed = 0;
+    for (const auto& [tid, node] : spread) {
+      if (agents[node].done) continue;
+      absl::StartsWith(migrate(tid, node), "ok") ? ++moved : ++failed;
+    }
+    decision("probe", cores, moved, failed, reason);
+    rebaseline();
+    consolidated = false;
+    probing = moved > 0;
+    probe_windows = 0;
+    probe_cores = 0;
+  };
+  auto judge_probe = [&](absl::Time now, double cores, double waiting, bool fewer_threads) {
+    if (fewer_threads) return;
+    probe_cores += cores;
+    ++probe_windows;  // one window decides: a probe that does not pay costs little
+    const double spread_now = probe_cores / probe_windows;
+    probing = false;
+    if (spread_now >= 1.25 * consolidated_cores) {
+      decision("stay_spread", spread_now, 0, 0,
+               absl::StrFormat("spread, the threads keep %.2f cores busy (node 0 alone: %.2f)",
+                               spread_now, consolidated_cores));
+      std::fprintf(stderr,
+                   "stretchd run: placement: the threads stay spread: they keep %.2f cores busy "
+                   "(node 0 alone: %.2f)\n",
+                   spread_now, consolidated_cores);
+      low_windows = 0;
+      return;
+    }
+    const double before = consolidated_cores;
+    consolidate(absl::StrFormat("spread again the threads kept only %.2f cores busy (node 0 "
+                                "alone: %.2f, waiting for pages %.2f)",
+                                spread_now, before, waiting),
+                spread_now);
+    consolidated_cores = before;
+    probe_backoff *= 2;
+    next_probe = now + probe_backoff;
+  };
+  auto sample_placement = [&]() {
+    std::vector<uint64_t> cpu(o.nodes, 0), stall(o.nodes, 0);
+    size_t threads = 0;
+    if (!read_cpu(cpu, stall, threads)) {
+      placement_done = true;  // a node that does not answer is ending
+      return;
     }
     const absl::Time now = absl::Now();
     const double secs = absl::ToDoubleSeconds(now - last_sample);
@@ -673,49 +791,34 @@ int RunLauncher(const LaunchOptions& o) {
                                              absl::ToDoubleMilliseconds(now - run_start), cores,
                                              waiting));
     }
+    if (consolidated) {
+      watch_consolidated(now, cores, waiting, threads, fewer_threads);
+      return;
+    }
+    if (probing) {
+      judge_probe(now, cores, waiting, fewer_threads);
+      return;
+    }
     // Distribution costs more than it gives when the threads on all nodes together keep fewer
     // cores busy than one node has and wait for pages longer than they compute, while threads
     // away from node 0 still run (a serial phase, threads idle by design, is not that; nor is
     // main alone on node 0 collecting results: moving threads would not move the data).
     const bool dsm_bound = cores < o.placement_min_cores && waiting > cores && away > 0.05;
     low_windows = dsm_bound && !fewer_threads ? low_windows + 1 : 0;
+    spread_cores = low_windows == 1 ? cores : (spread_cores + cores) / 2;
     if (low_windows < 2) return;
-    placement_done = true;
-    std::string reason = absl::StrFormat(
-        "over the last %.0f ms the program's threads kept %.2f cores busy on %d nodes (less "
-        "than --placement_min_cores=%.2f) and waited for pages %.2f cores' worth: one node "
-        "does better",
-        absl::ToDoubleMilliseconds(o.placement_window), cores, o.nodes, o.placement_min_cores,
-        waiting);
-    std::fprintf(stderr, "stretchd run: placement: moving every thread to node 0: %s\n",
-                 reason.c_str());
-    int moved = 0, failed = 0;
-    std::string failures;
-    for (int i = 1; i < o.nodes; ++i) {
-      if (agents[i].done) continue;
-      SendLine(agents[i].control.get(), "where");
-      auto r = await(i, {"here"}, absl::Seconds(5));
-      if (!r) continue;
-      for (absl::string_view t :
-           absl::StrSplit(absl::StripPrefix(*r, "here "), ',', absl::SkipEmpty())) {
-        pid_t tid = 0;
-        if (!absl::SimpleAtoi(t, &tid)) continue;
-        std::string result = migrate(tid, 0);
-        if (absl::StartsWith(result, "ok")) {
-          ++moved;
-        } else {
-          ++failed;
-          LOG(WARNING) << "stretchd run: placement: " << result;
-          if (failures.empty()) failures = result;
-        }
-      }
-    }
-    decisions_json.push_back(absl::StrFormat(
-        R"({"t_ms":%.0f,"action":"consolidate","to_node":0,"cores":%.3f,)"
-        R"("threads_moved":%d,"threads_not_moved":%d,"reason":"%s"})",
-        absl::ToDoubleMilliseconds(absl::Now() - run_start), cores, moved, failed, reason));
-    LOG(INFO) << "stretchd run: placement: moved " << moved << " thread(s) to node 0"
-              << (failed ? absl::StrCat(", ", failed, " could not move: ", failures) : "");
+    low_windows = 0;
+    consolidate(absl::StrFormat(
+                    "over the last %.0f ms the program's threads kept %.2f cores busy on %d nodes "
+                    "(less than --placement_min_cores=%.2f) and waited for pages %.2f cores' "
+                    "worth: one node does better",
+                    absl::ToDoubleMilliseconds(o.placement_window), cores, o.nodes,
+                    o.placement_min_cores, waiting),
+                cores);
+    // Try spreading again after a second (doubling each time it does not pay): a phase that
+    // shares is no reason to give up the other nodes for good.
+    probe_backoff = absl::Seconds(1);
+    next_probe = absl::Now() + probe_backoff;
   };
 
   for (bool finished = false; !finished;) {

@@ -420,6 +420,28 @@ TEST_F(RunTest, AffinityPlacementPutsThreadsThatWriteTogetherOnOneNode) {
       << placement;
 }
 
+// Feedback both ways (--placement=adaptive, one CPU per node): in the first phase every
+// thread adds to one shared counter, so the threads are consolidated on node 0; in the second
+// they compute on their own, node 0's one core is saturated, and after the backoff they are
+// spread again and stay spread. Output native.
+TEST_F(RunTest, AdaptivePlacementSpreadsAgainWhenThePhaseChanges) {
+  if (sysconf(_SC_NPROCESSORS_ONLN) < 2) GTEST_SKIP() << "needs 2 CPUs";
+  auto [native, stretch] = Both({Runfile("experiments/workloads/phases"), "--threads=4",
+                                 "--shared=4000", "--compute=1200000000", "--start_ms=300"},
+                                {"--placement=adaptive", "--node_cpus=0;1"});
+  EXPECT_EQ(stretch.status.ToString(), "exit status 0") << stretch.err;
+  EXPECT_EQ(stretch.out, native.out);
+  const size_t consolidate = last_stats_.find(R"("action":"consolidate")");
+  const size_t probe = last_stats_.find(R"("action":"probe")");
+  const size_t stay = last_stats_.find(R"("action":"stay_spread")");
+  ASSERT_NE(consolidate, std::string::npos) << last_stats_;
+  ASSERT_NE(probe, std::string::npos) << last_stats_;
+  ASSERT_NE(stay, std::string::npos) << last_stats_;
+  EXPECT_LT(consolidate, probe);
+  EXPECT_LT(probe, stay);
+  EXPECT_THAT(stretch.err, HasSubstr("placement: the threads stay spread"));
+}
+
 TEST_F(RunTest, ExitStatusAndFatalSignalsAreNative) {
   auto [native, stretch] =
       Both({Runfile("experiments/workloads/sync_torture"), "--test=exit", "--threads=3"},
