@@ -91,7 +91,12 @@ class EngineTest : public ::testing::TestWithParam<std::string> {
       }
       out.push_back(testing::ReadFileOrEmpty(absl::StrCat(dir_.path(), "/", mode, i, ".out")));
     }
-    for (auto& a : agents_) EXPECT_TRUE(a->health().ok()) << a->health();
+    for (auto& a : agents_) {
+      EXPECT_TRUE(a->health().ok()) << a->health();
+      // Every fault was answered (also those resolved by a wake without an install: a fault
+      // left marked would trip the agent's fault_timeout watchdog later).
+      EXPECT_EQ(a->unresolved_faults(), 0u) << "node " << a->node().value();
+    }
     return out;
   }
 

@@ -623,6 +623,16 @@ class NodeAgent::Impl {
     return n;
   }
 
+  size_t unresolved_faults() {
+    absl::MutexLock l(&mu_);
+    size_t n = 0;
+    for (const auto& [page, start] : waiting_) {
+      auto it = pages_.find(page);
+      n += it != pages_.end() && it->second.fault_start_ns == start;
+    }
+    return n;
+  }
+
   absl::Status Guard(pid_t pid, int uffd) {
     STRETCH_ASSIGN_OR_RETURN(uffd::Pidfd pidfd, uffd::Pidfd::Open(pid));
     return keeper_->Guard(pidfd, uffd, absl::Now() + absl::Seconds(2));
@@ -946,6 +956,7 @@ class NodeAgent::Impl {
         }
         case ActionKind::kWakeWaiters:
           if (!woken_by_previous) att.loop->ResolveWake(addr);
+          Woken(page);
           break;
         case ActionKind::kSend: {
           absl::Span<const uint8_t> payload;
@@ -980,6 +991,16 @@ class NodeAgent::Impl {
       ps.fault_start_ns = 0;
       waiting_.erase(page);
     }
+  }
+
+  // The page's faulting threads were woken without an install (their access is allowed now):
+  // nothing is outstanding for them any more. A thread whose access still is not allowed
+  // faults again, and that fault is timed from its start.
+  void Woken(PageId page) {
+    absl::MutexLock l(&mu_);
+    auto it = pages_.find(page);
+    if (it != pages_.end()) it->second.fault_start_ns = 0;
+    waiting_.erase(page);
   }
 
   // Fails the agent if a fault has waited longer than fault_timeout for its answer. Peers that
@@ -1668,6 +1689,7 @@ absl::StatusOr<std::unique_ptr<NodeAgent>> NodeAgent::Start(const NodeOptions& o
 absl::Status NodeAgent::Attach(AttachRequest request) { return impl_->Attach(std::move(request)); }
 absl::Status NodeAgent::SendToServer(const wire::Message& m) { return impl_->SendToServer(m); }
 absl::Status NodeAgent::Guard(pid_t pid, int uffd) { return impl_->Guard(pid, uffd); }
+size_t NodeAgent::unresolved_faults() const { return impl_->unresolved_faults(); }
 std::vector<NodeAgent::PageWriters> NodeAgent::TakeWriteSharing(size_t max_pages) {
   return impl_->TakeWriteSharing(max_pages);
 }

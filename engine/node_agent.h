@@ -199,6 +199,8 @@ class NodeAgent {
   absl::Status health() const;
   // Number of processes attached and still alive.
   int live_processes() const;
+  // Faults still waiting for an answer (0 once every attached process is done).
+  size_t unresolved_faults() const;
 
   // Says goodbye to the server and stops. Idempotent.
   void Stop();
