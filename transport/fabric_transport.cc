@@ -40,6 +40,7 @@
 #include "transport/cluster_secret.h"
 #include "transport/fabric_frame.h"
 #include "transport/fabric_util.h"
+#include "transport/handshake.h"
 #include "transport/inet_address.h"
 
 namespace stretch::transport {
@@ -63,10 +64,6 @@ namespace {
 
 using fabric::AckBody;
 using fabric::AuthBody;
-using fabric::kAuthHmac;
-using fabric::kAuthNone;
-using fabric::kAuthRefused;
-using fabric::kNonceSize;
 using fabric::FiCode;
 using fabric::Fid;
 using fabric::FiInfoPtr;
@@ -76,12 +73,16 @@ using fabric::FrameName;
 using fabric::FrameType;
 using fabric::GetInfo;
 using fabric::HelloBody;
+using fabric::kAuthHmac;
+using fabric::kAuthNone;
+using fabric::kAuthRefused;
 using fabric::kFirst;
 using fabric::kFrameMagic;
 using fabric::kFrameVersion;
 using fabric::kHeaderSize;
 using fabric::kLast;
 using fabric::kMinFrame;
+using fabric::kNonceSize;
 using fabric::ProviderAdvice;
 using fabric::Slab;
 // Frames that may wait for a missing earlier one (providers may complete out of order).
@@ -122,18 +123,16 @@ constexpr absl::Duration kMaxSendBackoff = absl::Milliseconds(5);
 // established TCP connection is out of scope (use a private network).
 using Nonce = std::array<uint8_t, kNonceSize>;
 
+static_assert(kNonceSize == kHandshakeNonceSize);
+
 ClusterSecret::Mac HandshakeMac(const ClusterSecret& secret, absl::string_view label,
                                 const Nonce& connector_nonce, const Nonce& listener_nonce,
                                 uint64_t connector_incarnation, uint64_t connector_id,
                                 uint64_t listener_incarnation, uint64_t listener_id) {
-  uint64_t ids[4] = {connector_incarnation, connector_id, listener_incarnation, listener_id};
-  return secret.Authenticate(
-      {absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(label.data()), label.size()),
-       connector_nonce, listener_nonce,
-       absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(ids), sizeof ids)});
+  return HandshakeMac(secret, label,
+                      HandshakeTranscript{connector_nonce, listener_nonce, connector_incarnation,
+                                          connector_id, listener_incarnation, listener_id});
 }
-constexpr absl::string_view kListenerLabel = "stretch-listener";
-constexpr absl::string_view kConnectorLabel = "stretch-connector";
 
 // ---- The transport ----------------------------------------------------------------------
 
@@ -1033,9 +1032,8 @@ void FabricTransport::HandleAckLocked(const FrameHeader& h, const uint8_t* body)
   }
   memcpy(p->listener_nonce.data(), ack.nonce, kNonceSize);
   ClusterSecret::Mac expected =
-      HandshakeMac(*options_.cluster_secret, kListenerLabel, p->connector_nonce,
-                   p->listener_nonce, incarnation_, p->id.value(), h.src_incarnation,
-                   ack.src_peer);
+      HandshakeMac(*options_.cluster_secret, kListenerLabel, p->connector_nonce, p->listener_nonce,
+                   incarnation_, p->id.value(), h.src_incarnation, ack.src_peer);
   ClusterSecret::Mac got;
   memcpy(got.data(), ack.mac, got.size());
   if (!MacEqual(expected, got)) {
@@ -1045,9 +1043,9 @@ void FabricTransport::HandleAckLocked(const FrameHeader& h, const uint8_t* body)
                             /*tell_listener=*/true);
   }
   // Connect() posts AUTH with our proof (it can wait for a send buffer; we cannot here).
-  p->proof = HandshakeMac(*options_.cluster_secret, kConnectorLabel, p->connector_nonce,
-                          p->listener_nonce, incarnation_, p->id.value(), h.src_incarnation,
-                          ack.src_peer);
+  p->proof =
+      HandshakeMac(*options_.cluster_secret, kConnectorLabel, p->connector_nonce, p->listener_nonce,
+                   incarnation_, p->id.value(), h.src_incarnation, ack.src_peer);
   p->acked = true;
 }
 
@@ -1063,9 +1061,9 @@ void FabricTransport::HandleAuthLocked(Peer& p, const uint8_t* body) {
                             "cluster secrets)",
                             /*tell_listener=*/false);
   }
-  ClusterSecret::Mac expected = HandshakeMac(
-      *options_.cluster_secret, kConnectorLabel, p.connector_nonce, p.listener_nonce,
-      p.remote_incarnation, p.remote_id, incarnation_, p.id.value());
+  ClusterSecret::Mac expected =
+      HandshakeMac(*options_.cluster_secret, kConnectorLabel, p.connector_nonce, p.listener_nonce,
+                   p.remote_incarnation, p.remote_id, incarnation_, p.id.value());
   ClusterSecret::Mac got;
   memcpy(got.data(), auth.mac, got.size());
   if (auth.verdict != kAuthHmac || !MacEqual(expected, got)) {
