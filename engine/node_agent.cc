@@ -633,6 +633,13 @@ class NodeAgent::Impl {
     return n;
   }
 
+  absl::Status GuardGroup(pid_t pgid) {
+    return keeper_->GuardGroup(pgid, absl::Now() + absl::Seconds(2));
+  }
+  absl::Status ReleaseGroup(pid_t pgid) {
+    return keeper_->ReleaseGroup(pgid, absl::Now() + absl::Seconds(2));
+  }
+
   absl::Status Guard(pid_t pid, int uffd) {
     STRETCH_ASSIGN_OR_RETURN(uffd::Pidfd pidfd, uffd::Pidfd::Open(pid));
     return keeper_->Guard(pidfd, uffd, absl::Now() + absl::Seconds(2));
@@ -1689,6 +1696,8 @@ absl::StatusOr<std::unique_ptr<NodeAgent>> NodeAgent::Start(const NodeOptions& o
 absl::Status NodeAgent::Attach(AttachRequest request) { return impl_->Attach(std::move(request)); }
 absl::Status NodeAgent::SendToServer(const wire::Message& m) { return impl_->SendToServer(m); }
 absl::Status NodeAgent::Guard(pid_t pid, int uffd) { return impl_->Guard(pid, uffd); }
+absl::Status NodeAgent::GuardGroup(pid_t pgid) { return impl_->GuardGroup(pgid); }
+absl::Status NodeAgent::ReleaseGroup(pid_t pgid) { return impl_->ReleaseGroup(pgid); }
 size_t NodeAgent::unresolved_faults() const { return impl_->unresolved_faults(); }
 std::vector<NodeAgent::PageWriters> NodeAgent::TakeWriteSharing(size_t max_pages) {
   return impl_->TakeWriteSharing(max_pages);

@@ -171,6 +171,10 @@ class NodeAgent {
   // a process whose memory is this agent's before it is attached: a replica just restored
   // with its lazy pages' uffd. Attach() guards every attached process itself.
   absl::Status Guard(pid_t pid, int uffd);
+  // Kills process group `pgid` if this agent dies, until ReleaseGroup(): helpers working for
+  // it that must not outlive it (CRIU restoring a replica).
+  absl::Status GuardGroup(pid_t pgid);
+  absl::Status ReleaseGroup(pid_t pgid);
   // Sends a message to the server (the futex service uses it).
   absl::Status SendToServer(const wire::Message& message);
   // Where FutexReply messages from the server go (called on the network thread; must not

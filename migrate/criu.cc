@@ -119,6 +119,9 @@ absl::StatusOr<PendingRestore> Criu::StartRestore(const RestoreOptions& r) {
   // CRIU keeps the restore's stdio only for its own messages; the log has the details.
   o.stdout_path = o.stderr_path = absl::StrCat(r.work_dir, "/criu-restore.out");
   o.cwd = r.work_dir;
+  // CRIU forks helpers that outlive its first process: one group kills them all (its
+  // restored tasks get their own sessions and groups back from the images).
+  o.new_process_group = true;
   STRETCH_ASSIGN_OR_RETURN(Subprocess p, Subprocess::Start(o));
   return PendingRestore(std::move(p), pidfile, log);
 }

@@ -70,6 +70,7 @@ class PendingRestore {
       : criu_(std::move(criu)), pidfile_(std::move(pidfile)), log_path_(std::move(log_path)) {}
   // Waits for CRIU to finish; returns the restored root's pid (in the caller's namespace).
   absl::StatusOr<pid_t> Wait(absl::Time deadline);
+  // Also the id of CRIU's process group (every process of the restore but the restored tasks).
   pid_t criu_pid() const { return criu_.pid(); }
 
  private:

@@ -163,6 +163,9 @@ absl::StatusOr<Subprocess> Subprocess::Start(const SubprocessOptions& o) {
     CloseOtherFds(o.control_fd >= 0 ? 4 : 3, report);
     if (!o.cwd.empty() && chdir(o.cwd.c_str()) != 0) ChildFail(report, errno);
     if (o.new_pid_namespace) setsid();
+    if (o.new_process_group && !o.new_pid_namespace && setpgid(0, 0) != 0) {
+      ChildFail(report, errno);
+    }
     execvpe(o.gate_before_exec ? program.c_str() : argv[0], argv.data(), envp.data());
     ChildFail(report, errno);
   }

@@ -51,6 +51,9 @@ struct SubprocessOptions {
   std::string netns;
   // Run on these CPUs only (sched_setaffinity before exec). Empty: inherit.
   std::vector<int> cpus;
+  // Lead a new process group (setpgid(0, 0)), so that the child and whatever it forks can be
+  // killed together (kill(-pid)), also by somebody else once the creator is gone.
+  bool new_process_group = false;
 };
 
 struct ExitStatus {

@@ -305,6 +305,18 @@ absl::StatusOr<std::unique_ptr<Replica>> Replica::Restore(engine::NodeAgent* age
   ro.lazy_pages = true;
   ro.leave_stopped = true;
   STRETCH_ASSIGN_OR_RETURN(PendingRestore pending, criu.StartRestore(ro));
+  // CRIU's helpers die with this agent (they would wait forever for its lazy pages), and with
+  // a restore that fails here.
+  STRETCH_RETURN_IF_ERROR(agent->GuardGroup(pending.criu_pid()));
+  struct CriuGroup {
+    engine::NodeAgent* agent;
+    pid_t pgid;
+    bool done = false;
+    ~CriuGroup() {
+      if (!done) kill(-pgid, SIGKILL);
+      (void)agent->ReleaseGroup(pgid);
+    }
+  } criu_group{agent, pending.criu_pid()};
   absl::Status accepted = listener.Accept(absl::Now() + absl::Seconds(30));
   if (!accepted.ok()) {
     auto failed = pending.Wait(absl::Now() + absl::Seconds(1));
@@ -341,6 +353,7 @@ absl::StatusOr<std::unique_ptr<Replica>> Replica::Restore(engine::NodeAgent* age
   // From here the replica dies with this agent, also before it is attached (its lazy pages are
   // ours to serve: without us they would read as zeros).
   STRETCH_RETURN_IF_ERROR(agent->Guard(r->pid_, uffd.get()));
+  criu_group.done = true;  // CRIU has exited; the replica is guarded on its own
   STRETCH_RETURN_IF_ERROR(GiveThreadIdsTheirOwnRange(r->pid_, agent->node()));
 
   r->agent_ = agent;

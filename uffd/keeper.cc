@@ -20,7 +20,14 @@ namespace stretch {
 namespace uffd {
 namespace {
 
-enum : uint32_t { kReady = 1, kGuard = 2, kRelease = 3, kCount = 4 };
+enum : uint32_t {
+  kReady = 1,
+  kGuard = 2,
+  kRelease = 3,
+  kCount = 4,
+  kGuardGroup = 5,
+  kReleaseGroup = 6
+};
 
 struct Request {
   uint32_t op;
@@ -77,9 +84,11 @@ void Drop(Guarded* targets, int* n, int i) {
   targets[i] = targets[--*n];
 }
 
-// The agent is gone: kill every guarded target, wait until each has exited (so no thread of
-// it runs with the ranges unregistered), then exit, which drops the uffd references.
-[[noreturn]] void KillAllAndExit(Guarded* targets, int n) {
+// The agent is gone: kill every guarded process group and target, wait until each target has
+// exited (so no thread of it runs with the ranges unregistered), then exit, which drops the
+// uffd references.
+[[noreturn]] void KillAllAndExit(Guarded* targets, int n, const pid_t* groups, int ng) {
+  for (int i = 0; i < ng; ++i) kill(-groups[i], SIGKILL);
   for (int i = 0; i < n; ++i) syscall(SYS_pidfd_send_signal, targets[i].pidfd, SIGKILL, nullptr, 0);
   for (int round = 0; round < 100 && n > 0; ++round) {  // 100 x 100 ms at most
     struct pollfd fds[Keeper::kMaxTargets];
@@ -110,13 +119,15 @@ void Drop(Guarded* targets, int* n, int i) {
 
   Guarded targets[Keeper::kMaxTargets];
   int n = 0;
+  pid_t groups[Keeper::kMaxGroups];
+  int ng = 0;
   for (;;) {
     struct pollfd fds[2 + Keeper::kMaxTargets];
     fds[0] = {sock, POLLIN, 0};
     fds[1] = {agent_fd, POLLIN, 0};
     for (int i = 0; i < n; ++i) fds[2 + i] = {targets[i].pidfd, POLLIN, 0};
     if (poll(fds, 2 + n, 1000) < 0) continue;
-    if (fds[1].revents != 0) KillAllAndExit(targets, n);
+    if (fds[1].revents != 0) KillAllAndExit(targets, n, groups, ng);
     for (int i = n - 1; i >= 0; --i) {
       if (fds[2 + i].revents != 0) Drop(targets, &n, i);  // Exited on its own.
     }
@@ -132,7 +143,7 @@ void Drop(Guarded* targets, int* n, int i) {
     m.msg_controllen = sizeof(control);
     ssize_t got = recvmsg(sock, &m, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
     if (got < 0 && (errno == EAGAIN || errno == EINTR)) continue;
-    if (got <= 0) KillAllAndExit(targets, n);  // Socket closed: the agent is done with us.
+    if (got <= 0) KillAllAndExit(targets, n, groups, ng);  // Socket closed: agent done with us.
     int fds_in[2] = {-1, -1};
     int nfds_in = 0;
     for (struct cmsghdr* c = CMSG_FIRSTHDR(&m); c != nullptr; c = CMSG_NXTHDR(&m, c)) {
@@ -185,6 +196,31 @@ void Drop(Guarded* targets, int* n, int i) {
         for (int i = 0; i < nfds_in; ++i) close(fds_in[i]);
         SendReply(sock, n);
         break;
+      case kGuardGroup:
+        for (int i = 0; i < nfds_in; ++i) close(fds_in[i]);
+        if (req.pid <= 1) {
+          SendReply(sock, -EINVAL);
+        } else if (ng == Keeper::kMaxGroups) {
+          SendReply(sock, -ENOSPC);
+        } else {
+          groups[ng++] = req.pid;
+          SendReply(sock, ng);
+        }
+        break;
+      case kReleaseGroup: {
+        for (int i = 0; i < nfds_in; ++i) close(fds_in[i]);
+        int dropped = 0;
+        for (int i = 0; i < ng;) {
+          if (groups[i] == req.pid) {
+            groups[i] = groups[--ng];
+            ++dropped;
+          } else {
+            ++i;
+          }
+        }
+        SendReply(sock, dropped == 0 ? -ESRCH : ng);
+        break;
+      }
       default:
         for (int i = 0; i < nfds_in; ++i) close(fds_in[i]);
         SendReply(sock, -EINVAL);
@@ -289,6 +325,26 @@ absl::Status Keeper::Release(pid_t pid, absl::Time deadline) {
   STRETCH_ASSIGN_OR_RETURN(int32_t r, Request(kRelease, pid, -1, -1, deadline));
   if (r == -ESRCH) return absl::NotFoundError(absl::StrCat("keeper: pid ", pid, " not guarded"));
   if (r < 0) return ErrnoStatus(-r, absl::StrCat("keeper: release pid ", pid));
+  return absl::OkStatus();
+}
+
+absl::Status Keeper::GuardGroup(pid_t pgid, absl::Time deadline) {
+  absl::MutexLock l(&mu_);
+  STRETCH_ASSIGN_OR_RETURN(int32_t r, Request(kGuardGroup, pgid, -1, -1, deadline));
+  if (r == -ENOSPC) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("the keeper already guards ", kMaxGroups, " process groups"));
+  }
+  if (r == -EINVAL) return absl::InvalidArgumentError(absl::StrCat("keeper: group ", pgid));
+  if (r < 0) return ErrnoStatus(-r, absl::StrCat("keeper: guard group ", pgid));
+  return absl::OkStatus();
+}
+
+absl::Status Keeper::ReleaseGroup(pid_t pgid, absl::Time deadline) {
+  absl::MutexLock l(&mu_);
+  STRETCH_ASSIGN_OR_RETURN(int32_t r, Request(kReleaseGroup, pgid, -1, -1, deadline));
+  if (r == -ESRCH) return absl::NotFoundError(absl::StrCat("keeper: group ", pgid, " not guarded"));
+  if (r < 0) return ErrnoStatus(-r, absl::StrCat("keeper: release group ", pgid));
   return absl::OkStatus();
 }
 

@@ -56,6 +56,15 @@ class Keeper {
   // Drops the target's references (every Guard of it) without killing it. NotFound if it is
   // not guarded.
   absl::Status Release(pid_t pid, absl::Time deadline);
+  // Most process groups one keeper guards.
+  static constexpr int kMaxGroups = 64;
+  // Kills process group `pgid` too (kill(-pgid, SIGKILL)) when the agent dies, before the
+  // targets: for helpers that must not outlive the agent (CRIU restoring a replica). Groups
+  // are not watched; ReleaseGroup() when the group is done. ResourceExhausted beyond
+  // kMaxGroups, InvalidArgument for pgid <= 1.
+  absl::Status GuardGroup(pid_t pgid, absl::Time deadline);
+  // NotFound if the group is not guarded.
+  absl::Status ReleaseGroup(pid_t pgid, absl::Time deadline);
   // Targets guarded now (targets that exited are dropped as the keeper notices).
   absl::StatusOr<int> GuardedCount(absl::Time deadline);
 

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <utility>
 
 #include "absl/time/clock.h"
 #include "core/page.h"
@@ -168,6 +169,66 @@ TEST(KeeperTest, DestroyingTheKeeperKillsWhatItStillGuards) {
   ASSERT_TRUE((*keeper)->Guard(*pidfd, uffd.get(), absl::Now() + kTimeout).ok());
   keeper->reset();
   EXPECT_EQ(target.WaitExitCode(), 128 + SIGKILL);
+}
+
+// A process group (a leader and a process it forked): both pause until killed. Returns the
+// leader (our child) and the other member (ours too once orphaned: we are a subreaper).
+std::pair<pid_t, pid_t> StartGroup() {
+  int p[2];
+  if (pipe(p) != 0) return {-1, -1};
+  pid_t leader = fork();
+  if (leader == 0) {
+    setpgid(0, 0);
+    pid_t member = fork();
+    if (member == 0) {
+      for (;;) pause();
+    }
+    (void)!write(p[1], &member, sizeof(member));
+    for (;;) pause();
+  }
+  setpgid(leader, leader);
+  pid_t member = -1;
+  (void)!read(p[0], &member, sizeof(member));
+  close(p[0]);
+  close(p[1]);
+  return {leader, member};
+}
+
+int WaitStatus(pid_t pid) {
+  int status = 0;
+  return waitpid(pid, &status, 0) == pid ? status : -1;
+}
+
+// What the agent guards as a group (CRIU restoring a replica, and the helpers it forks) is
+// killed, every member of it, when the agent goes; a released group is left alone.
+TEST(KeeperTest, AGuardedProcessGroupDiesWithTheAgent) {
+  ASSERT_EQ(prctl(PR_SET_CHILD_SUBREAPER, 1), 0);
+  auto [leader, member] = StartGroup();
+  ASSERT_GT(leader, 0);
+  ASSERT_GT(member, 0);
+  auto keeper = Keeper::Start(kTimeout);
+  ASSERT_TRUE(keeper.ok()) << keeper.status();
+  const absl::Time deadline = absl::Now() + kTimeout;
+  ASSERT_TRUE((*keeper)->GuardGroup(leader, deadline).ok());
+  EXPECT_EQ((*keeper)->GuardGroup(1, deadline).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ((*keeper)->ReleaseGroup(leader + 100000, deadline).code(), absl::StatusCode::kNotFound);
+  keeper->reset();
+  int status = WaitStatus(leader);
+  EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) << status;
+  status = WaitStatus(member);
+  EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) << status;
+
+  auto [leader2, member2] = StartGroup();
+  auto keeper2 = Keeper::Start(kTimeout);
+  ASSERT_TRUE(keeper2.ok());
+  ASSERT_TRUE((*keeper2)->GuardGroup(leader2, deadline).ok());
+  ASSERT_TRUE((*keeper2)->ReleaseGroup(leader2, deadline).ok());
+  keeper2->reset();
+  EXPECT_EQ(kill(leader2, 0), 0);
+  EXPECT_EQ(kill(member2, 0), 0);
+  kill(-leader2, SIGKILL);
+  (void)WaitStatus(leader2);
+  (void)WaitStatus(member2);
 }
 
 TEST(KeeperTest, ATargetThatExitsIsDropped) {
