@@ -1073,7 +1073,7 @@ class NodeAgent::Impl {
     (store ? stats_.write_faults : stats_.read_faults).Add();
     const PageId page = PageId::Containing(f.page);
     if (!options_.fault_trace.empty()) TraceFault(f, store);
-    if (store) NoteWriter(page, f.tid);
+    if (store && options_.track_write_sharing) NoteWriter(page, f.tid);
     HandleLocal(att, page,
                 LocalEvent{store ? coherence::LocalOp::kStore : coherence::LocalOp::kLoad,
                            ThreadId(static_cast<uint32_t>(f.tid))},

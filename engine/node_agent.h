@@ -81,6 +81,9 @@ struct NodeOptions {
   // (peers that die are detected by the transport's heartbeats): the agent fails and kills its
   // processes rather than leave them blocked forever.
   absl::Duration fault_timeout = absl::Seconds(2);
+  // Record which threads write which pages with a fault, for TakeWriteSharing() (placement);
+  // off, write faults cost nothing more.
+  bool track_write_sharing = false;
   // Tests: faults injected into the coherence messages this agent receives (others pass).
   std::optional<transport::FaultOptions> inject_faults;
 };

@@ -353,6 +353,8 @@ int RunLauncher(const LaunchOptions& o) {
     if (!VLOG_IS_ON(1)) a.argv.push_back("--minloglevel=1");
     if (o.manual) a.argv.push_back("--manual");
     if (!o.hold_checkpoint) a.argv.push_back("--nohold_checkpoint");
+    // Regrouping needs to know who writes what (affinity.h).
+    if (o.placement != "static") a.argv.push_back("--track_write_sharing");
     a.argv.push_back(absl::StrCat("--read_ahead=", o.read_ahead));
     a.argv.push_back(
         absl::StrCat("--heartbeat_ms=", absl::ToInt64Milliseconds(o.heartbeat_interval)));
@@ -965,6 +967,7 @@ int RunReplicaAgent(const ReplicaAgentOptions& o) {
   no.transport_options.cluster_secret = o.cluster_secret;
   no.read_ahead = o.read_ahead;
   no.fault_trace = o.fault_trace;
+  no.track_write_sharing = o.track_write_sharing;
   no.transport_options.heartbeat_interval = o.heartbeat_interval;
   no.transport_options.peer_timeout = o.peer_timeout;
   no.fault_timeout = o.fault_timeout;

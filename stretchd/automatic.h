@@ -96,7 +96,8 @@ struct ReplicaAgentOptions {
   bool manual = false;
   bool hold_checkpoint = true;
   int read_ahead = 8;
-  std::string fault_trace;  // file
+  bool track_write_sharing = false;  // NodeOptions::track_write_sharing
+  std::string fault_trace;           // file
   std::string stats_json;
   std::optional<transport::ClusterSecret> cluster_secret;
   CriuOptions criu;

@@ -117,6 +117,9 @@ DEFINE_int32(placement_window_ms, 100, "run: adaptive placement's measuring wind
 DEFINE_double(placement_min_cores, 1.0,
               "run: adaptive placement consolidates on node 0 when the program keeps fewer cores "
               "busy than this");
+DEFINE_bool(track_write_sharing, false,
+            "node: record which threads write which pages with a fault, for placement "
+            "(stretchd run sets it for --placement=affinity and adaptive)");
 DEFINE_bool(hold_checkpoint, true,
             "run, node: every replica starts with the checkpoint's pages read-only, as a sharer "
             "(every node restores the same checkpoint), so reading data nobody has written since "
@@ -183,11 +186,27 @@ const std::vector<Subcommand>& Subcommands() {
        "until the cluster fails.",
        "--node=N [--server=IP:PORT] [--listen=IP:PORT] [--cluster_secret=FILE] "
        "[--attach_socket=PATH] [--transport=tcp] [--fault_cpu=C] [--stats_json=FILE]",
-       {"node",           "server",          "listen",           "cluster_secret",
-        "attach_socket",  "transport",       "fault_cpu",        "stats_json",
-        "replica_images", "replica_work",    "run_threads",      "criu",
-        "manual",         "read_ahead",      "fault_trace",      "hold_checkpoint",
-        "heartbeat_ms",   "peer_timeout_ms", "fault_timeout_ms", "inject_faults"},
+       {"node",
+        "server",
+        "listen",
+        "cluster_secret",
+        "attach_socket",
+        "transport",
+        "fault_cpu",
+        "stats_json",
+        "replica_images",
+        "replica_work",
+        "run_threads",
+        "criu",
+        "manual",
+        "read_ahead",
+        "fault_trace",
+        "hold_checkpoint",
+        "heartbeat_ms",
+        "peer_timeout_ms",
+        "fault_timeout_ms",
+        "inject_faults",
+        "track_write_sharing"},
        RunNode},
       {"stats",
        "Print the server's statistics (per node and totals) as JSON.",
@@ -546,6 +565,7 @@ int RunNode(const std::vector<std::string>& args) {
     r.stats_json = FLAGS_stats_json;
     r.manual = FLAGS_manual;
     r.hold_checkpoint = FLAGS_hold_checkpoint;
+    r.track_write_sharing = FLAGS_track_write_sharing;
     r.read_ahead = FLAGS_read_ahead;
     r.fault_trace = FLAGS_fault_trace;
     r.criu.binary = CriuPath();
@@ -559,6 +579,7 @@ int RunNode(const std::vector<std::string>& args) {
   o.node = NodeId(static_cast<uint32_t>(FLAGS_node));
   o.fault_timeout = live.fault_timeout;
   o.inject_faults = live.faults;
+  o.track_write_sharing = FLAGS_track_write_sharing;
   o.server = FLAGS_server;
   o.listen = listen;
   o.transport = FLAGS_transport;
