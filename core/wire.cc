@@ -51,6 +51,28 @@ const char* Name(MessageType t) {
       return "PagesHeld";
     case MessageType::kPagesHeldReply:
       return "PagesHeldReply";
+    case MessageType::kLaunch:
+      return "Launch";
+  }
+  return nullptr;
+}
+
+const char* Name(LaunchOp op) {
+  switch (op) {
+    case LaunchOp::kFile:
+      return "file";
+    case LaunchOp::kStart:
+      return "start";
+    case LaunchOp::kControl:
+      return "control";
+    case LaunchOp::kOutput:
+      return "output";
+    case LaunchOp::kStats:
+      return "stats";
+    case LaunchOp::kEnded:
+      return "ended";
+    case LaunchOp::kRefused:
+      return "refused";
   }
   return nullptr;
 }
@@ -294,6 +316,14 @@ void Fields(V& v, M& m) requires std::is_same_v<std::remove_const_t<M>, PagesHel
   v(m.pages, "pages");
 }
 
+template <typename V, typename M>
+void Fields(V& v, M& m) requires std::is_same_v<std::remove_const_t<M>, Launch> {
+  v(m.op, "op");
+  v(m.offset, "offset");
+  v(m.name, "name");
+  v(m.data, "data");
+}
+
 template <typename T>
 constexpr MessageType kTypeOf = [] {
   if constexpr (std::is_same_v<T, Hello>) return MessageType::kHello;
@@ -315,6 +345,7 @@ constexpr MessageType kTypeOf = [] {
   if constexpr (std::is_same_v<T, PageSeed>) return MessageType::kPageSeed;
   if constexpr (std::is_same_v<T, PagesHeld>) return MessageType::kPagesHeld;
   if constexpr (std::is_same_v<T, PagesHeldReply>) return MessageType::kPagesHeldReply;
+  if constexpr (std::is_same_v<T, Launch>) return MessageType::kLaunch;
 }();
 
 // Counts payload bytes.
@@ -603,6 +634,12 @@ absl::Status Validate(const AddressSpace& m) {
 }
 absl::Status Validate(const StatsRequest&) { return absl::OkStatus(); }
 absl::Status Validate(const StatsReply&) { return absl::OkStatus(); }
+absl::Status Validate(const Launch& m) {
+  if (m.name.size() > kMaxLaunchName) {
+    return Invalid("Launch", absl::StrFormat("name of %u bytes", m.name.size()));
+  }
+  return absl::OkStatus();
+}
 absl::Status Validate(const Heartbeat&) { return absl::OkStatus(); }
 absl::Status Validate(const Error& m) {
   if (m.code > static_cast<uint32_t>(absl::StatusCode::kUnauthenticated)) {
@@ -794,6 +831,8 @@ absl::StatusOr<Message> Decode(absl::Span<const uint8_t> frame) {
       return DecodeAs<PagesHeld>(payload);
     case MessageType::kPagesHeldReply:
       return DecodeAs<PagesHeldReply>(payload);
+    case MessageType::kLaunch:
+      return DecodeAs<Launch>(payload);
   }
   return absl::InvalidArgumentError(
       absl::StrFormat("wire: unknown message type %d", static_cast<int>(frame[5])));

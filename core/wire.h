@@ -71,6 +71,7 @@ enum class MessageType : uint8_t {
   kPageSeed = 18,
   kPagesHeld = 19,
   kPagesHeldReply = 20,
+  kLaunch = 21,
 };
 // Name of a value, or nullptr if it is not a MessageType (used to validate input).
 const char* Name(MessageType t);
@@ -301,10 +302,31 @@ struct PagesHeldReply {
   uint64_t pages = 0;  // pages recorded
 };
 
+// A launcher (`stretchd run --server`) and the node agent of another machine running a replica
+// of its program for it (stretchd/remote.h describes the exchange).
+enum class LaunchOp : uint8_t {
+  kFile = 1,     // launcher -> node: `data` belongs at `offset` of checkpoint image file `name`
+  kStart = 2,    // launcher -> node: restore a replica; `data` holds "key=value" lines
+  kControl = 3,  // both ways: one line of the control channel (stretchd/automatic.h)
+  kOutput = 4,   // node -> launcher: what the program appended to `name` ("stdout", "stderr")
+  kStats = 5,    // node -> launcher: the replica agent's statistics (JSON in `data`)
+  kEnded = 6,    // node -> launcher: the replica agent exited with status `offset`
+  kRefused = 7,  // node -> launcher: it will not run the replica; `data` says why
+};
+const char* Name(LaunchOp op);
+inline constexpr uint32_t kMaxLaunchName = 255;
+struct Launch {
+  LaunchOp op = LaunchOp::kControl;
+  uint64_t offset = 0;
+  std::string name;  // at most kMaxLaunchName bytes
+  std::string data;  // at most kMaxString bytes
+};
+
 using Message =
     std::variant<Hello, HelloReply, CoherenceMsg, RegionAttach, RegionAttachReply,
                  RegionAnnounce, ThreadControl, Futex, FutexReply, AddressSpace, StatsRequest,
-                 StatsReply, Heartbeat, Error, Exit, Peers, PageSeed, PagesHeld, PagesHeldReply>;
+                 StatsReply, Heartbeat, Error, Exit, Peers, PageSeed, PagesHeld, PagesHeldReply,
+                 Launch>;
 
 MessageType TypeOf(const Message& m);
 // The type a frame's header claims (nullopt if the frame is shorter than a header or its

@@ -49,7 +49,8 @@ std::vector<std::vector<uint8_t>> Seeds() {
                                Peers{{{NodeId(1), "10.0.0.1:1"}, {NodeId(2), "a"}}},
                                PageSeed{PageId(3), page},
                                PagesHeld{7, {{PageId(0x100), 3}, {PageId(0x200), 1}}},
-                               PagesHeldReply{7, 4}};
+                               PagesHeldReply{7, 4},
+                               Launch{LaunchOp::kFile, 4096, "core-1.img", "abc"}};
   std::vector<std::vector<uint8_t>> out;
   for (const auto& m : msgs) out.push_back(Encode(m));
   return out;

@@ -344,7 +344,7 @@ TEST(WireTest, EveryTruncationIsRejected) {
 }
 
 TEST(WireTest, NamesCoverEveryValue) {
-  for (int i = 1; i <= 20; ++i) {
+  for (int i = 1; i <= 21; ++i) {
     if (i == 3) continue;  // retired (was AuthProof)
     EXPECT_NE(Name(static_cast<MessageType>(i)), nullptr) << i;
   }
@@ -352,9 +352,32 @@ TEST(WireTest, NamesCoverEveryValue) {
   std::vector<uint8_t> retired = Encode(Hello{});
   retired[5] = 3;  // the type byte: AuthProof's old number is an unknown type now
   EXPECT_EQ(DecodeStatus(retired).code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(Name(static_cast<MessageType>(21)), nullptr);
+  EXPECT_EQ(Name(static_cast<MessageType>(22)), nullptr);
   for (int i = 1; i <= 13; ++i) EXPECT_NE(Name(static_cast<CohOp>(i)), nullptr) << i;
   EXPECT_EQ(Name(static_cast<CohOp>(0)), nullptr);
+}
+
+TEST(WireTest, LaunchRoundTripAndLimits) {
+  Launch m{LaunchOp::kOutput, 77, "stdout", std::string("a\0b", 3)};
+  auto out = Decode(Encode(m));
+  ASSERT_TRUE(out.ok()) << out.status();
+  const auto& l = std::get<Launch>(*out);
+  EXPECT_EQ(l.op, LaunchOp::kOutput);
+  EXPECT_EQ(l.offset, 77u);
+  EXPECT_EQ(l.name, "stdout");
+  EXPECT_EQ(l.data, std::string("a\0b", 3));
+  // A name longer than the limit; an op that does not exist (the op is the payload's first byte).
+  // (Encode refuses the long name: build the frame of an empty name, then insert one.)
+  auto longer = Encode(Launch{LaunchOp::kFile, 0, "", ""});
+  const uint32_t name_len = kMaxLaunchName + 1;
+  std::memcpy(&longer[kHeaderSize + 9], &name_len, 4);
+  longer.insert(longer.begin() + kHeaderSize + 13, name_len, 'x');
+  EXPECT_THAT(DecodeStatus(Reframe(longer)).message(), HasSubstr("name of 256 bytes"));
+  auto frame = Encode(m);
+  frame[kHeaderSize] = 0;
+  EXPECT_FALSE(Decode(frame).ok());
+  frame[kHeaderSize] = 8;
+  EXPECT_FALSE(Decode(frame).ok());
 }
 
 }  // namespace

@@ -527,6 +527,24 @@ class NodeAgent::Impl {
     handlers_.futex = std::move(handler);
   }
 
+  void SetLaunchHandler(std::function<void(PeerId, const wire::Launch&)> on_message,
+                        std::function<void(PeerId, const absl::Status&)> on_gone) {
+    absl::MutexLock l(&handlers_mu_);
+    handlers_.launch = std::move(on_message);
+    handlers_.launcher_gone = std::move(on_gone);
+  }
+
+  absl::Status SendLaunch(PeerId launcher, const wire::Launch& message) {
+    {
+      absl::MutexLock l(&net_mu_);
+      if (!launchers_.contains(launcher)) {
+        return absl::NotFoundError(
+            absl::StrCat("peer ", launcher.value(), " is not a connected launcher"));
+      }
+    }
+    return SendMessage(launcher, message);
+  }
+
   absl::Status SeedPages(uint64_t base, absl::Span<const uint8_t> bytes) {
     if (!IsPageAligned(base) || bytes.size() % kPageSize != 0) {
       return absl::InvalidArgumentError("SeedPages: not whole pages");
@@ -1321,6 +1339,15 @@ class NodeAgent::Impl {
              /*tell_server=*/false);
       return;
     }
+    bool launcher = false;
+    {
+      absl::MutexLock l(&net_mu_);
+      launcher = launchers_.erase(peer) > 0;
+    }
+    if (launcher) {
+      if (auto gone = handlers().launcher_gone) gone(peer, why);
+      return;
+    }
     absl::MutexLock l(&net_mu_);
     for (auto it = out_peers_.begin(); it != out_peers_.end(); ++it) {
       if (it->second == peer) {
@@ -1347,7 +1374,27 @@ class NodeAgent::Impl {
         in_peers_[peer] = hello->node;
         // A lower-numbered node connected to us: that connection is also how we reach it.
         if (hello->node < self_) PeerReadyLocked(hello->node, peer);
+      } else if (hello->role == wire::Role::kLauncher && peer != server_) {
+        absl::MutexLock l(&net_mu_);
+        launchers_.insert(peer);
       }
+      return;
+    }
+    if (auto* launch = std::get_if<wire::Launch>(&*decoded)) {
+      bool from_launcher;
+      {
+        absl::MutexLock l(&net_mu_);
+        from_launcher = launchers_.contains(peer);
+      }
+      auto handler = handlers().launch;
+      if (!from_launcher || !handler) {
+        LOG(ERROR) << "node " << self_.value() << ": ignored a Launch (" << wire::Name(launch->op)
+                   << ") from peer " << peer.value()
+                   << (from_launcher ? ": this agent runs no replicas for launchers"
+                                     : ", which did not say it is a launcher");
+        return;
+      }
+      handler(peer, *launch);
       return;
     }
     if (auto* peers = std::get_if<wire::Peers>(&*decoded)) {
@@ -1619,6 +1666,8 @@ class NodeAgent::Impl {
   absl::Mutex net_mu_;
   absl::flat_hash_map<NodeId, PeerId> out_peers_ ABSL_GUARDED_BY(net_mu_);
   absl::flat_hash_map<PeerId, NodeId> in_peers_ ABSL_GUARDED_BY(net_mu_);
+  // Peers that said Hello as a launcher (SetLaunchHandler).
+  absl::flat_hash_set<PeerId> launchers_ ABSL_GUARDED_BY(net_mu_);
   absl::flat_hash_map<NodeId, std::string> addresses_ ABSL_GUARDED_BY(net_mu_);
   absl::flat_hash_map<NodeId, absl::Status> connect_failed_ ABSL_GUARDED_BY(net_mu_);
   absl::flat_hash_map<NodeId, std::deque<std::vector<uint8_t>>> outbox_ ABSL_GUARDED_BY(net_mu_);
@@ -1645,6 +1694,8 @@ class NodeAgent::Impl {
     std::function<void(const wire::FutexReply&)> futex;
     std::function<void(const wire::ThreadControl&)> thread;
     std::function<void(const wire::AddressSpace&)> address_space;
+    std::function<void(PeerId, const wire::Launch&)> launch;
+    std::function<void(PeerId, const absl::Status&)> launcher_gone;
   };
   Handlers handlers() const {
     absl::MutexLock l(&handlers_mu_);
@@ -1726,6 +1777,14 @@ void NodeAgent::SetAddressSpaceHandler(std::function<void(const wire::AddressSpa
 }
 void NodeAgent::SetFutexReplyHandler(std::function<void(const wire::FutexReply&)> h) {
   impl_->SetFutexReplyHandler(std::move(h));
+}
+void NodeAgent::SetLaunchHandler(
+    std::function<void(transport::PeerId, const wire::Launch&)> on_message,
+    std::function<void(transport::PeerId, const absl::Status&)> on_gone) {
+  impl_->SetLaunchHandler(std::move(on_message), std::move(on_gone));
+}
+absl::Status NodeAgent::SendLaunch(transport::PeerId launcher, const wire::Launch& message) {
+  return impl_->SendLaunch(launcher, message);
 }
 absl::Status NodeAgent::SeedPages(uint64_t base, absl::Span<const uint8_t> bytes) {
   return impl_->SeedPages(base, bytes);

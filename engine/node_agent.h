@@ -178,6 +178,13 @@ class NodeAgent {
   // it that must not outlive it (CRIU restoring a replica).
   absl::Status GuardGroup(pid_t pgid);
   absl::Status ReleaseGroup(pid_t pgid);
+  // Launchers of other machines (`stretchd run --server`, stretchd/remote.h): a peer that
+  // said Hello as a launcher may send Launch messages, which go to `on_message` (network
+  // thread; must not block); `on_gone` hears when such a peer disconnects. Without a handler,
+  // Launch messages are logged and dropped. SendLaunch() answers a connected launcher.
+  void SetLaunchHandler(std::function<void(transport::PeerId, const wire::Launch&)> on_message,
+                        std::function<void(transport::PeerId, const absl::Status&)> on_gone);
+  absl::Status SendLaunch(transport::PeerId launcher, const wire::Launch& message);
   // Sends a message to the server (the futex service uses it).
   absl::Status SendToServer(const wire::Message& message);
   // Where FutexReply messages from the server go (called on the network thread; must not

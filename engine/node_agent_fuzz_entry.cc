@@ -313,6 +313,8 @@ std::vector<Template> Templates(const std::string& peer_address) {
   add("RegionAttach", wire::RegionAttach{RegionId(1), kHighShared, kPageSize, 1, 0});
   add("RegionAnnounce", wire::RegionAnnounce{RegionId(1), kHighShared, kPageSize, 0});
   add("PageSeed", wire::PageSeed{after, data});
+  add("Launch control", wire::Launch{wire::LaunchOp::kControl, 0, "", "go"});
+  add("Launch file", wire::Launch{wire::LaunchOp::kFile, 0, "../x", "abc"});
   return msgs;
 }
 
