@@ -35,6 +35,8 @@
 #include "migrate/origin.h"
 #include "migrate/subprocess.h"
 #include "stretchd/affinity.h"
+#include "stretchd/control.h"
+#include "stretchd/remote.h"
 #include "stretchd/replica.h"
 #include "testing/netns.h"
 #include "transport/fault_injecting_transport.h"
@@ -52,24 +54,6 @@ namespace {
 // T HEXSTATE", "notmine T" or "migrate-error T WHY"), "migrate-in T HEXSTATE" (answered
 // "migrated-in T" or "migrate-error T WHY"). Node -> launcher, once: "ready N", then "exit CODE",
 // "signal SIG" or "error WHY".
-
-bool SendLine(int fd, const std::string& line) {
-  return send(fd, line.data(), line.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(line.size());
-}
-
-// The next line; nullopt on timeout; "" (with *closed) when the other side is gone.
-std::optional<std::string> RecvLine(int fd, int timeout_ms, bool* closed) {
-  struct pollfd p = {fd, POLLIN, 0};
-  int r = poll(&p, 1, timeout_ms);
-  if (r <= 0) return std::nullopt;
-  char buf[65536];
-  ssize_t n = recv(fd, buf, sizeof(buf), 0);
-  if (n <= 0) {
-    *closed = true;
-    return std::string();
-  }
-  return std::string(buf, static_cast<size_t>(n));
-}
 
 // A node's part of `stretchd migrate` (see the control channel above).
 void HandleMigration(Replica& replica, int ctl, const std::string& line) {
@@ -97,55 +81,6 @@ void HandleMigration(Replica& replica, int ctl, const std::string& line) {
   }
 }
 
-// Copies what is appended to files onto descriptors, until stopped (then drains them).
-class Tailer {
- public:
-  void Add(const std::string& path, int out) { files_.push_back({path, out, 0}); }
-  void Start() {
-    thread_ = std::thread([this] {
-      while (!stop_) {
-        if (!Drain()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
-      }
-      Drain();
-    });
-  }
-  void Stop() {
-    stop_ = true;
-    if (thread_.joinable()) thread_.join();
-  }
-  ~Tailer() { Stop(); }
-
- private:
-  struct File {
-    std::string path;
-    int out;
-    off_t offset;
-  };
-  // True if anything was copied.
-  bool Drain() {
-    bool any = false;
-    char buf[65536];
-    for (File& f : files_) {
-      UniqueFd fd(open(f.path.c_str(), O_RDONLY | O_CLOEXEC));
-      if (!fd.valid()) continue;
-      ssize_t n;
-      while ((n = pread(fd.get(), buf, sizeof(buf), f.offset)) > 0) {
-        for (ssize_t done = 0; done < n;) {
-          ssize_t w = write(f.out, buf + done, n - done);
-          if (w <= 0) break;
-          done += w;
-        }
-        f.offset += n;
-        any = true;
-      }
-    }
-    return any;
-  }
-  std::vector<File> files_;
-  std::atomic<bool> stop_{false};
-  std::thread thread_;
-};
-
 // "exit N" / "signal S" for a status; the launcher's encoding: >= 0 exit code, < 0 -signal.
 std::string StatusLine(const ExitStatus& st) {
   return st.signaled ? absl::StrCat("signal ", st.code) : absl::StrCat("exit ", st.code);
@@ -165,7 +100,10 @@ int Fail(const std::string& what) {
 
 }  // namespace
 
-int RunLauncher(const LaunchOptions& o) {
+// The run itself: nodes 1.. are emulated here, or the cluster nodes `remote` (with this
+// machine, at `local_ip`, as node 0).
+static int RunLauncherOn(const LaunchOptions& o, const std::vector<ClusterNode>& remote,
+                  const std::string& local_ip) {
   if (o.argv.empty()) return Fail("no program given (stretchd run [flags] -- PROG ARGS...)");
   if (o.nodes < 1 || o.nodes > 64) return Fail("--nodes must be 1..64");
   if (o.netns && o.nodes > 1) {
@@ -300,8 +238,8 @@ int RunLauncher(const LaunchOptions& o) {
     }
     cluster = std::move(*c);
   }
-  auto node_ip = [&cluster](int i) {
-    return cluster ? cluster->address(i) : std::string("127.0.0.1");
+  auto node_ip = [&cluster, &local_ip](int i) {
+    return cluster ? cluster->address(i) : local_ip.empty() ? std::string("127.0.0.1") : local_ip;
   };
   engine::ServerOptions so;
   so.transport = o.transport;
@@ -325,14 +263,17 @@ int RunLauncher(const LaunchOptions& o) {
   if (!server.ok()) return Fail(std::string(server.status().message()));
 
   struct Agent {
-    Subprocess process;
+    std::optional<Subprocess> process;  // none for a node of a cluster (remote)
     UniqueFd control;
     int threads_run = 0;
     bool done = false;
     std::deque<std::string> pending;  // lines read while a migration waited for others
   };
   std::vector<Agent> agents;
+  std::unique_ptr<RemoteReplicas> remote_replicas;
+  absl::Duration transfer_time;  // sending the images to cluster nodes
   for (int i = 0; i < o.nodes; ++i) {
+    if (i > 0 && !remote.empty()) break;  // below
     int sv[2];
     if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) != 0) {
       return Fail(ErrnoStatus(errno, "socketpair").ToString());
@@ -375,6 +316,51 @@ int RunLauncher(const LaunchOptions& o) {
       return Fail(std::string(p.status().message()));
     }
     agents.push_back(Agent{std::move(*p), UniqueFd(sv[0])});
+  }
+  if (!remote.empty()) {
+    // The cluster's nodes get the images and restore their replicas themselves (remote.h).
+    std::vector<RemoteReplicas::Node> nodes;
+    for (size_t k = 0; k < remote.size(); ++k) {
+      const int i = static_cast<int>(k) + 1;
+      RemoteReplicas::Node n;
+      n.cluster = remote[k];
+      n.stats_json = absl::StrCat(work, "/node", i, ".json");
+      RemoteStart& r = n.start;
+      r.node = i;
+      r.server = (*server)->address();
+      r.run_threads = placement[i];
+      r.manual = o.manual;
+      r.hold_checkpoint = o.hold_checkpoint;
+      r.track_write_sharing = o.placement != "static";
+      r.read_ahead = o.read_ahead;
+      r.heartbeat_ms = static_cast<int>(absl::ToInt64Milliseconds(o.heartbeat_interval));
+      r.peer_timeout_ms = static_cast<int>(absl::ToInt64Milliseconds(o.peer_timeout));
+      r.fault_timeout_ms = static_cast<int>(absl::ToInt64Milliseconds(o.fault_timeout));
+      r.inject_faults = o.inject_faults;
+      for (const auto& [name, path] : {std::pair{"stdout", out}, std::pair{"stderr", err}}) {
+        struct stat st;
+        if (stat(path.c_str(), &st) != 0) {
+          return Fail(ErrnoStatus(errno, absl::StrCat("stat ", path)).ToString());
+        }
+        r.outputs.push_back({name, path, static_cast<uint64_t>(st.st_size),
+                             static_cast<uint32_t>(st.st_mode & 07777)});
+      }
+      nodes.push_back(std::move(n));
+    }
+    transport::TransportOptions topts;
+    topts.name = "launcher";
+    topts.cluster_secret = *secret;
+    topts.heartbeat_interval = o.heartbeat_interval;
+    topts.peer_timeout = o.peer_timeout;
+    const absl::Time transfer_start = absl::Now();
+    auto started = RemoteReplicas::Start(o.transport, topts, std::move(nodes), oo.images_dir,
+                                         STDOUT_FILENO, STDERR_FILENO);
+    transfer_time = absl::Now() - transfer_start;
+    if (!started.ok()) return Fail(std::string(started.status().message()));
+    remote_replicas = std::move(*started);
+    for (size_t k = 0; k < remote.size(); ++k) {
+      agents.push_back(Agent{std::nullopt, UniqueFd(remote_replicas->TakeControl(k))});
+    }
   }
 
   // Every replica restored and parked before any thread runs.
@@ -911,10 +897,18 @@ int RunLauncher(const LaunchOptions& o) {
   for (auto& a : agents) {
     if (!a.done) SendLine(a.control.get(), "stop");
   }
-  for (auto& a : agents) {
-    if (!a.process.Wait(absl::Now() + absl::Seconds(10)).ok()) {
-      a.process.Kill(SIGKILL);
-      (void)a.process.Wait(absl::Now() + absl::Seconds(5));
+  for (size_t i = 0; i < agents.size(); ++i) {
+    Agent& a = agents[i];
+    if (!a.process) {
+      // A cluster node's agent: its output and statistics come before it says it ended.
+      if (!remote_replicas->WaitEnded(i - 1, absl::Now() + absl::Seconds(15))) {
+        LOG(WARNING) << "stretchd run: node " << i << " did not say how its agent ended";
+      }
+      continue;
+    }
+    if (!a.process->Wait(absl::Now() + absl::Seconds(10)).ok()) {
+      a.process->Kill(SIGKILL);
+      (void)a.process->Wait(absl::Now() + absl::Seconds(5));
     }
   }
   tail.Stop();
@@ -938,6 +932,7 @@ int RunLauncher(const LaunchOptions& o) {
                     ",\"migration\":{\"stop_ms\":", absl::ToDoubleMilliseconds(origin->stop_time),
                     ",\"checkpoint_ms\":", absl::ToDoubleMilliseconds(origin->dump_time),
                     ",\"image_bytes\":", image_bytes,
+                    ",\"transfer_ms\":", absl::ToDoubleMilliseconds(transfer_time),
                     ",\"restore_ms\":", absl::ToDoubleMilliseconds(restore_time), "}",
                     ",\"placement\":{\"policy\":\"", o.placement, "\",\"samples\":[",
                     absl::StrJoin(samples_json, ","), "],\"decisions\":[",
@@ -950,6 +945,58 @@ int RunLauncher(const LaunchOptions& o) {
   }
   (*server)->Stop();
   return result;
+}
+
+int RunLauncher(const LaunchOptions& options) {
+  if (options.server.empty()) return RunLauncherOn(options, {}, "");
+  // A cluster's nodes (remote.h): every node connected to its server runs a replica.
+  if (options.transport == "loopback") {
+    return Fail("--server needs a network transport (--transport=tcp or verbs)");
+  }
+  if (options.cluster_secret_file.empty()) {
+    return Fail("--server needs the cluster's secret: --cluster_secret=FILE (the file its "
+                "server and nodes were started with)");
+  }
+  auto secret = transport::ClusterSecret::Load(options.cluster_secret_file);
+  if (!secret.ok()) return Fail(std::string(secret.status().message()));
+  transport::TransportOptions topts;
+  topts.cluster_secret = *secret;
+  auto nodes = ListClusterNodes(options.transport, topts, options.server, absl::Seconds(10));
+  if (!nodes.ok()) {
+    return Fail(absl::StrCat("asking the cluster's server at ", options.server,
+                             " for its nodes: ", nodes.status().message()));
+  }
+  auto local_ip = LocalAddressToward(options.server);
+  if (!local_ip.ok()) return Fail(std::string(local_ip.status().message()));
+  // This machine is node 0 of the run; a cluster node of its own is not another node.
+  std::erase_if(*nodes, [&](const ClusterNode& n) {
+    if (n.address.rfind(':') == std::string::npos ||
+        n.address.substr(0, n.address.rfind(':')) != *local_ip) {
+      return false;
+    }
+    LOG(INFO) << "stretchd run: cluster node " << n.node << " at " << n.address
+              << " is this machine, which is node 0 of the run";
+    return true;
+  });
+  if (nodes->empty()) {
+    return Fail(absl::StrCat("the cluster's server at ", options.server,
+                             " has no nodes connected on other machines: start `stretchd node "
+                             "--server=",
+                             options.server, " --cluster_secret=FILE` on them"));
+  }
+  if (nodes->size() > 63) {
+    LOG(WARNING) << "stretchd run: the cluster has " << nodes->size()
+                 << " nodes; a run uses this machine and the first 63";
+    nodes->resize(63);
+  }
+  LaunchOptions o = options;
+  o.nodes = 1 + static_cast<int>(nodes->size());
+  o.netns = false;
+  std::string names;
+  for (const auto& n : *nodes) absl::StrAppend(&names, names.empty() ? "" : ", ", n.node, "@", n.address);
+  LOG(INFO) << "stretchd run: this machine (" << *local_ip << ") is node 0; cluster nodes "
+            << names << " are nodes 1.." << nodes->size();
+  return RunLauncherOn(o, *nodes, *local_ip);
 }
 
 int RunReplicaAgent(const ReplicaAgentOptions& o) {

@@ -29,6 +29,10 @@ namespace stretch {
 struct LaunchOptions {
   std::vector<std::string> argv;  // the program and its arguments
   int nodes = 2;
+  // A cluster's server ("HOST:PORT"): the run uses this machine as node 0 and every node
+  // connected to that server as one more (remote.h); `nodes` and `netns` are then ignored.
+  // Empty: `nodes` emulated nodes on this machine.
+  std::string server;
   std::string transport = "tcp";
   std::string stretchd;        // path of the stretchd binary (for the agents)
   std::string work_dir;        // empty: a fresh directory under /tmp, removed afterwards

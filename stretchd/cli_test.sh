@@ -35,6 +35,10 @@ expect 2 "--node_cpus must be CPU lists" err run --node_cpus='0;x' -- /bin/true
 expect 2 "--node_cpus must be CPU lists" err run --node_cpus='0;;1' -- /bin/true
 expect 2 "--node_cpus must be CPU lists" err run --node_cpus=100000 -- /bin/true
 expect 2 "use tcp or verbs" err run --transport=loopback -- /bin/true
+expect 2 "--nodes does not apply with --server" err run --server=10.0.0.1:7000 --nodes=3 -- /bin/true
+expect 2 "--node_cpus does not apply with --server" err run --server=10.0.0.1:7000 --node_cpus='0;1' -- /bin/true
+expect 2 "--server needs --cluster_secret=FILE" err run --server=10.0.0.1:7000 -- /bin/true
+expect 0 "--server=HOST:PORT --cluster_secret=FILE" out run --help
 if ! ls /sys/class/infiniband/* >/dev/null 2>&1; then  # no RDMA device: verbs is refused up front
   expect 2 "verbs" err run --transport=verbs -- /bin/true
 fi

@@ -16,6 +16,7 @@
 
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <functional>
 #include <optional>
 #include <string>
@@ -35,6 +36,7 @@
 #include "glog/logging.h"
 #include "stretchd/automatic.h"
 #include "stretchd/check.h"
+#include "stretchd/remote.h"
 #include "transport/cluster_secret.h"
 #include "transport/create_transport.h"
 #include "transport/fabric_transport.h"
@@ -46,7 +48,9 @@ DEFINE_string(criu, "criu", "check: the CRIU binary to probe (a name in PATH or 
 DEFINE_string(listen, "",
               "server: address to listen on (default 127.0.0.1:7000); node: address other nodes "
               "reach this one at (default 127.0.0.1:0, port 0 picks one)");
-DEFINE_string(server, "127.0.0.1:7000", "node, stats: the directory server's address");
+DEFINE_string(server, "127.0.0.1:7000",
+              "node, stats: the directory server's address; run: a cluster's server, to run on "
+              "its nodes (see `stretchd run --help`)");
 DEFINE_string(transport, "tcp", "server, node: transport backend (tcp, verbs, loopback)");
 DEFINE_int32(node, -1, "node: this node's id (0..63), unique in the cluster");
 DEFINE_string(attach_socket, "",
@@ -163,6 +167,7 @@ int RunMigrate(const std::vector<std::string>& args);
 int RunSecret(const std::vector<std::string>& args);
 bool ParseIntList(const std::string& text, std::vector<int>* out);
 std::string CriuPath();
+std::string SelfPath();
 
 const std::vector<Subcommand>& Subcommands() {
   static const std::vector<Subcommand> kSubcommands = {
@@ -215,13 +220,15 @@ const std::vector<Subcommand>& Subcommands() {
        RunStats},
       {"run",
        "Run an unmodified pthread program on N emulated nodes of this machine (network "
-       "namespaces): it starts natively, is checkpointed once its worker threads exist, and "
-       "continues with its threads spread over the nodes and its memory kept coherent; exits "
-       "with its status.",
-       "[--nodes=N] [--transport=tcp] [--stats_json=FILE] [--migrate_at_threads=K] "
-       "[--migrate_threads=T,T] [--work_dir=DIR] [--cluster_secret=FILE] [--nonetns] "
-       "-- PROG ARGS...",
+       "namespaces), or with --server on this machine and every node of a cluster (machines "
+       "running `stretchd node --server=HOST:PORT`): it starts natively, is checkpointed once "
+       "its worker threads exist, and continues with its threads spread over the nodes and its "
+       "memory kept coherent; exits with its status.",
+       "[--nodes=N | --server=HOST:PORT --cluster_secret=FILE] [--transport=tcp] "
+       "[--stats_json=FILE] [--migrate_at_threads=K] [--migrate_threads=T,T] [--work_dir=DIR] "
+       "[--nonetns] -- PROG ARGS...",
        {"nodes",
+        "server",
         "transport",
         "cluster_secret",
         "stats_json",
@@ -596,10 +603,29 @@ int RunNode(const std::vector<std::string>& args) {
     std::fprintf(stderr, "stretchd node: %s\n", std::string(agent.status().message()).c_str());
     return 1;
   }
+  // Replicas for launchers on other machines (`stretchd run --server`, remote.h).
+  LaunchServiceOptions lo;
+  lo.stretchd = SelfPath();
+  lo.criu = CriuPath();
+  if (!FLAGS_cluster_secret.empty()) {
+    std::error_code ec;
+    lo.secret_file = std::filesystem::absolute(FLAGS_cluster_secret, ec).string();
+  }
+  lo.transport = FLAGS_transport;
+  lo.listen_ip = (*agent)->address().substr(0, (*agent)->address().rfind(':'));
+  const char* tmpdir = getenv("TMPDIR");
+  lo.work_root = tmpdir != nullptr && tmpdir[0] == '/' ? tmpdir : "/tmp";
+  lo.verbose = VLOG_IS_ON(1);
+  auto launches = LaunchService::Start(agent->get(), lo);
+  if (!launches.ok()) {
+    std::fprintf(stderr, "stretchd node: %s\n", std::string(launches.status().message()).c_str());
+    return 1;
+  }
   std::printf("stretchd node %d: up, attach socket %s, listening on %s\n", FLAGS_node,
               o.attach_socket.c_str(), (*agent)->address().c_str());
   std::fflush(stdout);
   absl::Status end = WaitForStop([&] { return (*agent)->health(); });
+  launches->reset();  // kills a replica it runs
   std::string stats = (*agent)->StatsJson();
   (*agent)->Stop();
   if (!FLAGS_stats_json.empty() && !WriteFile(FLAGS_stats_json, stats)) return 1;
@@ -736,6 +762,25 @@ int RunRun(const std::vector<std::string>& args) {
   }
   o.nodes = FLAGS_nodes;
   o.transport = FLAGS_transport;
+  if (!gflags::GetCommandLineFlagInfoOrDie("server").is_default) {
+    // A cluster: its nodes are whatever is connected to its server.
+    for (const char* flag : {"nodes", "netns", "node_cpus", "fault_trace"}) {
+      if (!gflags::GetCommandLineFlagInfoOrDie(flag).is_default) {
+        std::fprintf(stderr,
+                     "stretchd run: --%s does not apply with --server (the run uses this machine "
+                     "and every node connected to the cluster's server)\n",
+                     flag);
+        return 2;
+      }
+    }
+    if (FLAGS_cluster_secret.empty()) {
+      std::fprintf(stderr,
+                   "stretchd run: --server needs --cluster_secret=FILE, the secret the cluster's "
+                   "server and nodes were started with\n");
+      return 2;
+    }
+    o.server = FLAGS_server;
+  }
   if (!FLAGS_cluster_secret.empty()) {
     transport::TransportOptions topts;
     if (!LoadClusterSecret("run", &topts)) return 2;

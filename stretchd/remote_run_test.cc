@@ -1,0 +1,306 @@
+// `stretchd run --server=HOST:PORT` on a cluster of machines, emulated: a long-lived
+// `stretchd server` in network namespace 0, a long-lived `stretchd node` in namespaces 1 and 2,
+// and the launcher in namespace 0. Each node also has a mount namespace with a /tmp of its
+// own, so it cannot see the launcher's work directory: the checkpoint images and the program's
+// output reach it only over the network, as on another machine. Needs root and CRIU.
+#include <dirent.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "migrate/subprocess.h"
+#include "migrate/testing_criu.h"
+#include "testing/netns.h"
+#include "testing/subprocess.h"
+#include "transport/cluster_secret.h"
+
+namespace stretch {
+namespace {
+
+using ::testing::HasSubstr;
+
+std::string Runfile(const std::string& path) {
+  const char* srcdir = getenv("TEST_SRCDIR");
+  const char* ws = getenv("TEST_WORKSPACE");
+  return srcdir && ws ? absl::StrCat(srcdir, "/", ws, "/", path) : path;
+}
+
+absl::Time Deadline(int seconds = 60) { return absl::Now() + absl::Seconds(seconds); }
+
+int CountProcesses(const std::string& pattern) {
+  std::string out;
+  FILE* f = popen(absl::StrCat("pgrep -c ", pattern).c_str(), "r");
+  char buf[32] = {};
+  if (f) {
+    if (fgets(buf, sizeof(buf), f)) out = buf;
+    pclose(f);
+  }
+  return std::atoi(out.c_str());
+}
+
+// Waits (up to 30 s) until no process matches `pattern`; the count left.
+int WaitGone(const std::string& pattern) {
+  const absl::Time end = Deadline(30);
+  int n;
+  while ((n = CountProcesses(pattern)) > 0 && absl::Now() < end) {
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  return n;
+}
+
+// Names in a directory, without . and ..
+std::set<std::string> List(const std::string& dir) {
+  std::set<std::string> out;
+  if (DIR* d = opendir(dir.c_str())) {
+    while (struct dirent* e = readdir(d)) {
+      std::string name = e->d_name;
+      if (name != "." && name != "..") out.insert(name);
+    }
+    closedir(d);
+  }
+  return out;
+}
+
+struct Outcome {
+  ExitStatus status;
+  std::string out, err;
+};
+
+class RemoteRunTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    testing::NetnsCluster::Options o;
+    o.nodes = 3;
+    auto c = testing::NetnsCluster::Create(o);
+    ASSERT_TRUE(c.ok()) << c.status();
+    cluster_ = std::move(*c);
+    dir_ = ::testing::TempDir();
+    secret_ = absl::StrCat(dir_, "/cluster_secret");
+    unlink(secret_.c_str());
+    auto secret = transport::ClusterSecret::Generate();
+    ASSERT_TRUE(secret.ok()) << secret.status();
+    ASSERT_TRUE(secret->WriteNewFile(secret_).ok());
+    server_address_ = absl::StrCat(cluster_->address(0), ":7000");
+    auto server =
+        cluster_->Spawn(0, {Runfile("stretchd/stretchd"), "server",
+                            "--listen=" + server_address_, "--cluster_secret=" + secret_});
+    ASSERT_TRUE(server.ok()) << server.status();
+    auto line = server->ReadLine(Deadline());
+    ASSERT_TRUE(line.ok()) << line.status();
+    server_ = std::make_unique<testing::Subprocess>(std::move(*server));
+    for (int i = 1; i <= 2; ++i) StartNode(i);
+  }
+
+  void TearDown() override {
+    for (auto& n : nodes_) {
+      if (n && n->running()) {
+        (void)n->Kill(SIGTERM);
+        (void)n->Wait(Deadline(20));
+      }
+    }
+    if (server_) {
+      (void)server_->Kill(SIGTERM);
+      (void)server_->Wait(Deadline(20));
+    }
+  }
+
+  // The node agent of emulated machine i, with a /tmp of its own (a copy of the secret in it).
+  void StartNode(int i) {
+    const std::string script = absl::StrCat(
+        "S=$(cat ", secret_, ") && mount -t tmpfs stretch-node /tmp && umask 077 && ",
+        "printf '%s\\n' \"$S\" > /tmp/secret && exec ", Runfile("stretchd/stretchd"),
+        " node --node=", i, " --server=", server_address_, " --listen=", cluster_->address(i),
+        ":0 --cluster_secret=/tmp/secret --attach_socket=/tmp/attach.sock 2>&1");
+    auto node =
+        cluster_->Spawn(i, {"unshare", "--mount", "--propagation", "private", "/bin/sh", "-c",
+                            script});
+    ASSERT_TRUE(node.ok()) << node.status();
+    for (;;) {
+      auto up = node->ReadLine(Deadline());
+      ASSERT_TRUE(up.ok()) << up.status();
+      if (absl::StrContains(*up, "up, attach socket")) break;
+    }
+    if (nodes_.size() <= static_cast<size_t>(i)) nodes_.resize(i + 1);
+    nodes_[i] = std::make_unique<testing::Subprocess>(std::move(*node));
+  }
+
+  // What node i's agent sees in its /tmp (through its mount namespace).
+  std::set<std::string> NodeTmp(int i) const {
+    return List(absl::StrCat("/proc/", nodes_[i]->pid(), "/root/tmp"));
+  }
+
+  SubprocessOptions Launcher(const std::string& name, const std::vector<std::string>& flags,
+                             const std::vector<std::string>& prog) {
+    SubprocessOptions o;
+    o.argv = {Runfile("stretchd/stretchd"), "run", "--server=" + server_address_,
+              "--cluster_secret=" + secret_,
+              absl::StrCat("--stats_json=", dir_, "/", name, ".json")};
+    o.argv.insert(o.argv.end(), flags.begin(), flags.end());
+    o.argv.push_back("--");
+    o.argv.insert(o.argv.end(), prog.begin(), prog.end());
+    o.netns = cluster_->path(0);
+    o.stdout_path = absl::StrCat(dir_, "/", name, ".out");
+    o.stderr_path = absl::StrCat(dir_, "/", name, ".err");
+    return o;
+  }
+
+  Outcome Run(const std::string& name, const std::vector<std::string>& flags,
+              const std::vector<std::string>& prog) {
+    SubprocessOptions o = Launcher(name, flags, prog);
+    auto st = RunToCompletion(o, Deadline(120));
+    EXPECT_TRUE(st.ok()) << st.status();
+    return Outcome{st.ok() ? *st : ExitStatus{true, 0}, testing::ReadFileOrEmpty(o.stdout_path),
+                   testing::ReadFileOrEmpty(o.stderr_path)};
+  }
+
+  Outcome Native(const std::string& name, const std::vector<std::string>& prog) {
+    SubprocessOptions o;
+    o.argv = prog;
+    o.stdout_path = absl::StrCat(dir_, "/", name, ".out");
+    o.stderr_path = absl::StrCat(dir_, "/", name, ".err");
+    auto st = RunToCompletion(o, Deadline(120));
+    EXPECT_TRUE(st.ok()) << st.status();
+    return Outcome{st.ok() ? *st : ExitStatus{true, 0}, testing::ReadFileOrEmpty(o.stdout_path),
+                   testing::ReadFileOrEmpty(o.stderr_path)};
+  }
+
+  // Every number called `key` in a stats file, in order.
+  static std::vector<int64_t> Numbers(const std::string& json, const std::string& key) {
+    std::vector<int64_t> out;
+    const std::string k = absl::StrCat("\"", key, "\":");
+    for (size_t pos = 0; (pos = json.find(k, pos)) != std::string::npos;) {
+      pos += k.size();
+      out.push_back(std::atoll(json.c_str() + pos));
+    }
+    return out;
+  }
+
+  std::unique_ptr<testing::NetnsCluster> cluster_;
+  std::string dir_, secret_, server_address_;
+  std::unique_ptr<testing::Subprocess> server_;
+  std::vector<std::unique_ptr<testing::Subprocess>> nodes_;
+};
+
+// Every primitive, threads on all three machines, the output exactly as native; then the
+// nodes are as before the run (nothing left in their /tmp, no replica agent) and run again.
+TEST_F(RemoteRunTest, AProgramRunsOnTheLaunchersMachineAndEveryNodeOfTheCluster) {
+  const std::vector<std::string> prog = {
+      Runfile("experiments/workloads/sync_torture"),
+      "--test=mutex,condvar,barrier,sem,atomic,join,detach", "--threads=5", "--rounds=300",
+      "--start_gate_ms=100"};
+  const std::set<std::string> before = NodeTmp(1);
+  Outcome native = Native("native", prog);
+  ASSERT_EQ(native.status.ToString(), "exit status 0") << native.err;
+  Outcome stretch = Run("cluster", {"--migrate_at_threads=6"}, prog);
+  EXPECT_EQ(stretch.status.ToString(), "exit status 0") << stretch.err;
+  EXPECT_EQ(stretch.out, native.out) << stretch.err;
+  const std::string stats = testing::ReadFileOrEmpty(dir_ + "/cluster.json");
+  const auto threads = Numbers(stats, "threads_run");
+  ASSERT_EQ(threads.size(), 3u) << stats;
+  for (int64_t t : threads) EXPECT_GT(t, 0) << stats;
+  const auto fetched = Numbers(stats, "pages_fetched");
+  ASSERT_EQ(fetched.size(), 3u) << stats;
+  EXPECT_GT(fetched[1], 0) << stats;
+  EXPECT_GT(fetched[2], 0) << stats;
+
+  EXPECT_EQ(WaitGone("-f '[s]tretchd node .*--replica_images'"), 0);
+  EXPECT_EQ(NodeTmp(1), before);
+  EXPECT_EQ(NodeTmp(2), before);
+  ASSERT_TRUE(nodes_[1]->running());
+  ASSERT_TRUE(nodes_[2]->running());
+
+  // The same nodes serve the next run.
+  Outcome again = Run("again", {"--migrate_at_threads=6"}, prog);
+  EXPECT_EQ(again.status.ToString(), "exit status 0") << again.err;
+  EXPECT_EQ(again.out, native.out) << again.err;
+}
+
+// A 100 MiB heap: its checkpoint goes to both nodes over the network (images), its pages are
+// then fetched on demand. Prints the migration's cost for the record (not asserted).
+TEST_F(RemoteRunTest, AHundredMiBHeapMigratesToTheNodes) {
+  const std::vector<std::string> prog = {Runfile("experiments/workloads/big_heap"), "--mib=100",
+                                         "--threads=3"};
+  Outcome native = Native("heap-native", prog);
+  ASSERT_EQ(native.status.ToString(), "exit status 0") << native.err;
+  Outcome stretch = Run("heap", {"--migrate_at_threads=4"}, prog);
+  EXPECT_EQ(stretch.status.ToString(), "exit status 0") << stretch.err;
+  EXPECT_EQ(stretch.out, native.out) << stretch.err;
+  const std::string stats = testing::ReadFileOrEmpty(dir_ + "/heap.json");
+  const size_t migration = stats.find("\"migration\":");
+  ASSERT_NE(migration, std::string::npos) << stats;
+  const auto image_bytes = Numbers(stats, "image_bytes");
+  ASSERT_EQ(image_bytes.size(), 1u);
+  EXPECT_GT(image_bytes[0], 100 << 20);
+  std::printf("[ measured ] 100 MiB heap to 2 cluster nodes: %s\n",
+              stats.substr(migration, stats.find('}', migration) - migration + 1).c_str());
+}
+
+// The launcher killed while the program runs: each node kills the replica it ran for it and
+// removes what the run created, and stays up for the next run.
+TEST_F(RemoteRunTest, AKilledLauncherLeavesNothingRunningOnTheNodes) {
+  SubprocessOptions o = Launcher("long", {"--migrate_at_threads=4"},
+                                 {Runfile("stretchd/spin_prog"), "3", "100000000000"});
+  auto launcher = Subprocess::Start(o);
+  ASSERT_TRUE(launcher.ok()) << launcher.status();
+  // A replica on each node, and the program on the launcher's machine.
+  const absl::Time end = Deadline(60);
+  while (CountProcesses("-x spin_prog") < 3 && absl::Now() < end) {
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  ASSERT_EQ(CountProcesses("-x spin_prog"), 3) << testing::ReadFileOrEmpty(o.stderr_path);
+  launcher->Kill(SIGKILL);
+  (void)launcher->Wait(Deadline());
+  EXPECT_EQ(WaitGone("-x spin_prog"), 0);
+  EXPECT_EQ(WaitGone("-f '[s]tretchd node .*--replica_images'"), 0);
+  EXPECT_EQ(WaitGone("-f '[c]riu restore'"), 0);
+  const absl::Time clean = Deadline(30);
+  while (NodeTmp(1).size() > 2 && absl::Now() < clean) absl::SleepFor(absl::Milliseconds(50));
+  EXPECT_EQ(NodeTmp(1), (std::set<std::string>{"attach.sock", "secret"}));
+  EXPECT_EQ(NodeTmp(2), (std::set<std::string>{"attach.sock", "secret"}));
+
+  Outcome next = Run("next", {"--migrate_at_threads=3"},
+                     {Runfile("stretchd/spin_prog"), "2", "20000"});
+  EXPECT_EQ(next.status.ToString(), "exit status 0") << next.err;
+  EXPECT_THAT(next.out, HasSubstr("counter 40000"));
+}
+
+// Bad requests get one line and a non-zero exit.
+TEST_F(RemoteRunTest, ClearErrorsWithoutNodesOrWithTheWrongSecret) {
+  // A second launcher's secret is not the cluster's: the server refuses it.
+  const std::string other = dir_ + "/other_secret";
+  unlink(other.c_str());
+  auto secret = transport::ClusterSecret::Generate();
+  ASSERT_TRUE(secret.ok());
+  ASSERT_TRUE(secret->WriteNewFile(other).ok());
+  SubprocessOptions o = Launcher("wrong", {"--cluster_secret=" + other}, {"/bin/true"});
+  auto st = RunToCompletion(o, Deadline());
+  ASSERT_TRUE(st.ok()) << st.status();
+  EXPECT_EQ(st->ToString(), "exit status 1");
+  EXPECT_THAT(testing::ReadFileOrEmpty(o.stderr_path),
+              HasSubstr("asking the cluster's server at " + server_address_));
+
+  // No nodes connected.
+  for (int i = 1; i <= 2; ++i) {
+    ASSERT_TRUE(nodes_[i]->Kill(SIGTERM).ok());
+    (void)nodes_[i]->Wait(Deadline());
+  }
+  const absl::Time end = Deadline(30);
+  Outcome none;
+  do {
+    none = Run("none", {}, {"/bin/true"});
+  } while (!absl::StrContains(none.err, "no nodes connected") && absl::Now() < end);
+  EXPECT_EQ(none.status.ToString(), "exit status 1");
+  EXPECT_THAT(none.err, HasSubstr("has no nodes connected on other machines: start `stretchd node --server="));
+}
+
+}  // namespace
+}  // namespace stretch
