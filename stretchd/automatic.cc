@@ -37,6 +37,7 @@
 #include "stretchd/affinity.h"
 #include "stretchd/control.h"
 #include "stretchd/remote.h"
+#include "stretchd/throughput_model.h"
 #include "stretchd/replica.h"
 #include "testing/netns.h"
 #include "transport/fault_injecting_transport.h"
@@ -46,8 +47,9 @@ namespace {
 
 // --- control channel: one line per datagram ---
 //
-// Launcher -> node: "go", "stop", "kill SIG", "cpu" (answered "cpu NS N STALL": CPU time of
-// the N threads running there, and the time its faults took to resolve, both in ns so far),
+// Launcher -> node: "go", "stop", "kill SIG", "cpu" (answered "cpu NS N STALL FAULTS INV CPUS":
+// CPU time of the N threads running there and the time its faults took to resolve, both in ns
+// so far, how many faults and invalidations it had so far, and the CPUs it may use),
 // "sharing" (answered "sharing PAGE:FAULTS:TIDS ...", affinity.h: the pages written with a fault
 // since the last "sharing"), and for
 // `stretchd migrate`: "where" (answered "here T1,T2,..."), "migrate-out T" (answered "migrated-out
@@ -526,7 +528,18 @@ static int RunLauncherOn(const LaunchOptions& o, const std::vector<ClusterNode>&
   int regroup_attempts = 0;
   absl::Time last_sharing = absl::Now();
   int low_windows = 0, windows = 0;
-  std::vector<uint64_t> last_cpu(o.nodes, 0), last_stall(o.nodes, 0);
+  // Per node, cumulative: CPU ns of its running threads, ns its faults took, faults,
+  // invalidations; and now: threads running there, CPUs it may use.
+  struct NodeCounters {
+    uint64_t cpu = 0, stall = 0, faults = 0, invalidations = 0;
+    int threads = 0, cpus = 1;
+  };
+  std::vector<NodeCounters> last_counters(o.nodes);
+  ThroughputModel model;
+  // The last window's cores per node, and the stall per CPU-second the threads had when last
+  // spread (what the model predicts spreading again from).
+  std::vector<double> node_cores(o.nodes, 1.0);
+  double spread_stall_per_cpu = 0;
   size_t last_threads = 0;
   const absl::Time run_start = absl::Now();
   absl::Time last_sample = run_start, next_sample = run_start + o.placement_window;
@@ -602,9 +615,8 @@ static int RunLauncherOn(const LaunchOptions& o, const std::vector<ClusterNode>&
         graph.shared_pages(), moves_json, absl::StrJoin(nodes_json, ","), moved, failed, reason));
     return moved > 0;
   };
-  // Every node's CPU time of its running threads, time its faults took, and thread count.
-  auto read_cpu = [&](std::vector<uint64_t>& cpu, std::vector<uint64_t>& stall,
-                      size_t& threads) -> bool {
+  // Every node's counters (the "cpu" control line).
+  auto read_cpu = [&](std::vector<NodeCounters>& c) -> bool {
     for (int i = 0; i < o.nodes; ++i) {
       if (agents[i].done) return false;
       SendLine(agents[i].control.get(), "cpu");
@@ -613,22 +625,20 @@ static int RunLauncherOn(const LaunchOptions& o, const std::vector<ClusterNode>&
       auto r = await(i, {"cpu"}, absl::Seconds(2));
       std::vector<std::string> f;
       if (r) f = absl::StrSplit(*r, ' ');
-      size_t n = 0;
-      if (f.size() != 4 || !absl::SimpleAtoi(f[1], &cpu[i]) || !absl::SimpleAtoi(f[2], &n) ||
-          !absl::SimpleAtoi(f[3], &stall[i])) {
+      if (f.size() != 7 || !absl::SimpleAtoi(f[1], &c[i].cpu) ||
+          !absl::SimpleAtoi(f[2], &c[i].threads) || !absl::SimpleAtoi(f[3], &c[i].stall) ||
+          !absl::SimpleAtoi(f[4], &c[i].faults) || !absl::SimpleAtoi(f[5], &c[i].invalidations) ||
+          !absl::SimpleAtoi(f[6], &c[i].cpus)) {
         return false;
       }
-      threads += n;
     }
     return true;
   };
   // After moving threads: the next window starts now, not where the moves began.
   auto rebaseline = [&]() {
-    std::vector<uint64_t> cpu(o.nodes, 0), stall(o.nodes, 0);
-    size_t threads = 0;
-    if (!read_cpu(cpu, stall, threads)) return;
-    last_cpu = cpu;
-    last_stall = stall;
+    std::vector<NodeCounters> c(o.nodes);
+    if (!read_cpu(c)) return;
+    last_counters = c;
     last_sample = absl::Now();
   };
   // Feedback (adaptive): after consolidating, the launcher keeps measuring. When node 0 is
@@ -636,9 +646,8 @@ static int RunLauncherOn(const LaunchOptions& o, const std::vector<ClusterNode>&
   // they ran, after a backoff; if the next window keeps at least a quarter more cores busy
   // than node 0 alone did, they stay spread, otherwise they go back to node 0 and the backoff
   // doubles.
-  const double node0_cores = !o.node_cpus.empty() && !o.node_cpus[0].empty()
-                                 ? static_cast<double>(o.node_cpus[0].size())
-                                 : static_cast<double>(std::max(1L, sysconf(_SC_NPROCESSORS_ONLN)));
+  // Node 0's CPUs, as its agent reports them (its affinity: --node_cpus, or the machine's).
+  double node0_cores = 1;
   bool consolidated = false, probing = false;
   int probe_windows = 0;
   double spread_cores = 0, consolidated_cores = 0, probe_cores = 0;
@@ -646,13 +655,15 @@ static int RunLauncherOn(const LaunchOptions& o, const std::vector<ClusterNode>&
   absl::Time next_probe = absl::InfiniteFuture();
   std::vector<std::pair<pid_t, int>> spread;  // where the consolidated threads ran
   auto decision = [&](const char* action, double cores, int moved, int failed,
-                      const std::string& reason) {
+                      const std::string& reason, double predicted = -1) {
     decisions_json.push_back(absl::StrFormat(
-        R"({"t_ms":%.0f,"action":"%s","cores":%.3f,"threads_moved":%d,"threads_not_moved":%d,)"
-        R"("reason":"%s"})",
-        absl::ToDoubleMilliseconds(absl::Now() - run_start), action, cores, moved, failed, reason));
+        R"({"t_ms":%.0f,"action":"%s","cores":%.3f,%s"threads_moved":%d,"threads_not_moved":%d,)"
+        R"("model":%s,"reason":"%s"})",
+        absl::ToDoubleMilliseconds(absl::Now() - run_start), action, cores,
+        predicted >= 0 ? absl::StrFormat(R"("predicted_cores":%.3f,)", predicted) : "", moved,
+        failed, model.FitJson(), reason));
   };
-  auto consolidate = [&](const std::string& reason, double cores) {
+  auto consolidate = [&](const std::string& reason, double cores, double predicted) {
     std::fprintf(stderr, "stretchd run: placement: moving every thread to node 0: %s\n",
                  reason.c_str());
     int moved = 0, failed = 0;
@@ -678,7 +689,7 @@ static int RunLauncherOn(const LaunchOptions& o, const std::vector<ClusterNode>&
         }
       }
     }
-    decision("consolidate", cores, moved, failed, reason);
+    decision("consolidate", cores, moved, failed, reason, predicted);
     LOG(INFO) << "stretchd run: placement: moved " << moved << " thread(s) to node 0"
               << (failed ? absl::StrCat(", ", failed, " could not move: ", failures) : "");
     consolidated = moved > 0;
@@ -691,18 +702,32 @@ static int RunLauncherOn(const LaunchOptions& o, const std::vector<ClusterNode>&
     const bool saturated = cores >= 0.8 * node0_cores &&
                            waiting<0.25 * cores&& static_cast<double>(threads)> node0_cores &&
                            !fewer_threads;
-    if (now < next_probe || !saturated || spread.empty()) return;
+    if (!saturated || spread.empty()) return;
+    // What spreading is predicted to give, if the threads shared as when they last ran spread.
+    std::vector<int> per_node(o.nodes, 0);
+    per_node[0] = static_cast<int>(threads);
+    for (const auto& [tid, node] : spread) {
+      ++per_node[node];
+      --per_node[0];
+    }
+    const double predicted =
+        ThroughputModel::Busy(per_node, node_cores, spread_stall_per_cpu);
+    const bool predicted_gain = predicted >= 1.25 * consolidated_cores;
+    // Probe when the model predicts a gain, or after the backoff: the model cannot see a phase
+    // change, only a probe can.
+    if (now < next_probe && !predicted_gain) return;
     std::string reason = absl::StrFormat(
         "node 0 alone keeps %.2f of its %.0f cores busy with %u threads: trying the other nodes "
-        "again (distributed, the threads kept %.2f cores busy)",
-        consolidated_cores, node0_cores, threads, spread_cores);
+        "again (distributed, the threads kept %.2f cores busy; the model predicts %.2f %s)",
+        consolidated_cores, node0_cores, threads, spread_cores, predicted,
+        predicted_gain ? "" : "if they share as then, but the program may have changed");
     std::fprintf(stderr, "stretchd run: placement: spreading threads again: %s\n", reason.c_str());
     int moved = 0, failed = 0;
     for (const auto& [tid, node] : spread) {
       if (agents[node].done) continue;
       absl::StartsWith(migrate(tid, node), "ok") ? ++moved : ++failed;
     }
-    decision("probe", cores, moved, failed, reason);
+    decision("probe", cores, moved, failed, reason, predicted);
     rebaseline();
     consolidated = false;
     probing = moved > 0;
@@ -730,15 +755,14 @@ static int RunLauncherOn(const LaunchOptions& o, const std::vector<ClusterNode>&
     consolidate(absl::StrFormat("spread again the threads kept only %.2f cores busy (node 0 "
                                 "alone: %.2f, waiting for pages %.2f)",
                                 spread_now, before, waiting),
-                spread_now);
+                spread_now, /*predicted=*/-1);
     consolidated_cores = before;
     probe_backoff *= 2;
     next_probe = now + probe_backoff;
   };
   auto sample_placement = [&]() {
-    std::vector<uint64_t> cpu(o.nodes, 0), stall(o.nodes, 0);
-    size_t threads = 0;
-    if (!read_cpu(cpu, stall, threads)) {
+    std::vector<NodeCounters> c(o.nodes);
+    if (!read_cpu(c)) {
       placement_done = true;  // a node that does not answer is ending
       return;
     }
@@ -747,24 +771,43 @@ static int RunLauncherOn(const LaunchOptions& o, const std::vector<ClusterNode>&
     double cores = 0;
     double waiting = 0;  // cores' worth of threads waiting for pages
     double away = 0;     // cores busy on nodes other than 0
+    size_t threads = 0;
+    std::vector<NodeWindow> window(o.nodes);
+    auto delta = [](uint64_t now, uint64_t before) {
+      return now > before ? static_cast<double>(now - before) : 0.0;
+    };
     for (int i = 0; i < o.nodes; ++i) {
-      if (cpu[i] > last_cpu[i]) {
-        cores += static_cast<double>(cpu[i] - last_cpu[i]) / 1e9;
-        if (i > 0) away += static_cast<double>(cpu[i] - last_cpu[i]) / 1e9;
-      }
-      if (stall[i] > last_stall[i]) waiting += static_cast<double>(stall[i] - last_stall[i]) / 1e9;
+      const NodeCounters& was = last_counters[i];
+      NodeWindow& w = window[i];
+      w.seconds = secs;
+      w.cpu = delta(c[i].cpu, was.cpu) / 1e9;
+      w.stall = delta(c[i].stall, was.stall) / 1e9;
+      w.faults = delta(c[i].faults, was.faults);
+      w.invalidations = delta(c[i].invalidations, was.invalidations);
+      w.threads = c[i].threads;
+      w.cores = std::max(1, c[i].cpus);
+      cores += w.cpu;
+      if (i > 0) away += w.cpu;
+      waiting += w.stall;
+      threads += static_cast<size_t>(std::max(0, c[i].threads));
     }
+    node0_cores = window[0].cores;
+    for (int i = 0; i < o.nodes; ++i) node_cores[i] = window[i].cores;
     cores = secs > 0 ? cores / secs : 0;
     waiting = secs > 0 ? waiting / secs : 0;
     away = secs > 0 ? away / secs : 0;
     const bool first = windows++ == 0;  // from the go to the first sample: start-up
     // Threads ending (the program winding down) make a window say nothing about placement.
     const bool fewer_threads = threads < last_threads;
-    last_cpu = cpu;
-    last_stall = stall;
+    last_counters = c;
     last_threads = threads;
     last_sample = now;
     if (first) return;
+    // Every window with remote traffic teaches the model what a fault costs here.
+    if (!fewer_threads) {
+      for (const NodeWindow& w : window) model.Add(w);
+    }
+    const double one_node = model.PredictOneNode(window);
     if (!regroup_done && regroup(cores)) {
       low_windows = 0;  // the next window measures the new placement
       if (!adaptive) placement_done = true;
@@ -775,9 +818,10 @@ static int RunLauncherOn(const LaunchOptions& o, const std::vector<ClusterNode>&
       return;
     }
     if (samples_json.size() < 100) {
-      samples_json.push_back(absl::StrFormat(R"({"t_ms":%.0f,"cores":%.3f,"waiting":%.3f})",
-                                             absl::ToDoubleMilliseconds(now - run_start), cores,
-                                             waiting));
+      samples_json.push_back(absl::StrFormat(
+          R"({"t_ms":%.0f,"cores":%.3f,"waiting":%.3f,"predicted":%.3f,"predicted_one_node":%.3f})",
+          absl::ToDoubleMilliseconds(now - run_start), cores, waiting,
+          model.PredictPlacement(window), one_node));
     }
     if (consolidated) {
       watch_consolidated(now, cores, waiting, threads, fewer_threads);
@@ -787,25 +831,37 @@ static int RunLauncherOn(const LaunchOptions& o, const std::vector<ClusterNode>&
       judge_probe(now, cores, waiting, fewer_threads);
       return;
     }
-    // Distribution costs more than it gives when the threads on all nodes together keep fewer
-    // cores busy than one node has and wait for pages longer than they compute, while threads
-    // away from node 0 still run (a serial phase, threads idle by design, is not that; nor is
-    // main alone on node 0 collecting results: moving threads would not move the data).
-    const bool dsm_bound = cores < o.placement_min_cores && waiting > cores && away > 0.05;
+    // Distribution costs more than it gives when the model predicts that the threads would keep
+    // more cores busy all on node 0 (without their remote faults) than they keep on all nodes
+    // now, while threads away from node 0 still run (a serial phase, threads idle by design, is
+    // not that; nor is main alone on node 0 collecting results: moving threads would not move
+    // the data). Two windows in a row, or one when one node is predicted to do twice as well.
+    const double gain = cores > 0 ? one_node / cores : (one_node > 0 ? HUGE_VAL : 1.0);
+    const bool dsm_bound = gain >= 1.1 && away > 0.05 &&
+                           (o.placement_min_cores <= 0 || cores < o.placement_min_cores);
     low_windows = dsm_bound && !fewer_threads ? low_windows + 1 : 0;
     spread_cores = low_windows == 1 ? cores : (spread_cores + cores) / 2;
-    if (low_windows < 2) return;
+    if (low_windows < 2 && !(low_windows == 1 && gain >= 2)) return;
     low_windows = 0;
+    {
+      double cpu = 0, stall = 0;
+      for (const NodeWindow& w : window) {
+        cpu += w.cpu;
+        stall += w.cpu * std::min(model.StallPerCpuSecond(w), 1e6);
+      }
+      spread_stall_per_cpu = cpu > 0 ? stall / cpu : 1e6;
+    }
     consolidate(absl::StrFormat(
                     "over the last %.0f ms the program's threads kept %.2f cores busy on %d nodes "
-                    "(less than --placement_min_cores=%.2f) and waited for pages %.2f cores' "
-                    "worth: one node does better",
-                    absl::ToDoubleMilliseconds(o.placement_window), cores, o.nodes,
-                    o.placement_min_cores, waiting),
-                cores);
-    // Try spreading again after a second (doubling each time it does not pay): a phase that
-    // shares is no reason to give up the other nodes for good.
-    probe_backoff = absl::Seconds(1);
+                    "and waited for pages %.2f cores' worth; the model (a fault costs %.0f us of "
+                    "stall, an invalidation %.0f us) predicts %.2f cores busy all on node 0",
+                    absl::ToDoubleMilliseconds(o.placement_window), cores, o.nodes, waiting,
+                    model.fit().per_fault_s * 1e6, model.fit().per_invalidation_s * 1e6, one_node),
+                cores, one_node);
+    // Try spreading again after a while, doubling each time it does not pay (a phase that
+    // shares is no reason to give up the other nodes for good): 1 s, longer the more the model
+    // says one node wins (up to 3 s), so that a program that always shares pays for few probes.
+    probe_backoff = absl::Milliseconds(1000 * std::clamp(gain, 1.0, 3.0));
     next_probe = absl::Now() + probe_backoff;
   };
 
@@ -934,7 +990,8 @@ static int RunLauncherOn(const LaunchOptions& o, const std::vector<ClusterNode>&
                     ",\"image_bytes\":", image_bytes,
                     ",\"transfer_ms\":", absl::ToDoubleMilliseconds(transfer_time),
                     ",\"restore_ms\":", absl::ToDoubleMilliseconds(restore_time), "}",
-                    ",\"placement\":{\"policy\":\"", o.placement, "\",\"samples\":[",
+                    ",\"placement\":{\"policy\":\"", o.placement, "\",\"model\":",
+                    model.FitJson(), ",\"samples\":[",
                     absl::StrJoin(samples_json, ","), "],\"decisions\":[",
                     absl::StrJoin(decisions_json, ","), "]}}");
     FILE* f = std::fopen(o.stats_json.c_str(), "w");
@@ -1104,9 +1161,14 @@ int RunReplicaAgent(const ReplicaAgentOptions& o) {
     if (line && *line == "sharing") {
       SendLine(ctl, FormatSharingReport((*agent)->TakeWriteSharing(kMaxReportPages)));
     } else if (line && *line == "cpu") {
+      const auto latency = (*agent)->stats().fault_latency.Snap();
+      cpu_set_t set;
+      CPU_ZERO(&set);
+      const int cpus = sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : 1;
       SendLine(ctl, absl::StrCat("cpu ", (*replica)->CpuTimeNs(), " ",
-                                 (*replica)->ThreadsRunningHere().size(), " ",
-                                 (*agent)->stats().fault_latency.Snap().sum_ns));
+                                 (*replica)->ThreadsRunningHere().size(), " ", latency.sum_ns, " ",
+                                 latency.count, " ",
+                                 (*agent)->stats().invalidations_received.Get(), " ", cpus));
     } else if (line) {
       HandleMigration(**replica, ctl, *line);
     }

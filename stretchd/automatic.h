@@ -57,14 +57,16 @@ struct LaunchOptions {
   bool hold_checkpoint = true;
   // NodeOptions::read_ahead of every node.
   int read_ahead = 8;
-  // "static": threads stay where they were placed. "adaptive": every placement_window the
-  // launcher measures how many cores the program's threads keep busy on all nodes together
-  // and how long they wait for pages; after two windows in a row below placement_min_cores
-  // busy and waiting longer than computing (one node would do at least as well) it moves
-  // every thread to node 0, once.
+  // "static": threads stay where they were placed. "affinity": threads that write the same
+  // pages are regrouped onto one node (affinity.h). "adaptive": regrouping, then every
+  // placement_window the launcher measures how many cores the program's threads keep busy,
+  // how long their faults take and how many they have; a throughput model fitted on that
+  // (throughput_model.h) predicts whether all threads on node 0 would do better, and if so
+  // they move there; they are spread again when node 0 is saturated and a probe shows it pays.
+  // placement_min_cores > 0: consolidate only while fewer cores than that are busy.
   std::string placement = "static";
   absl::Duration placement_window = absl::Milliseconds(100);
-  double placement_min_cores = 1.0;
+  double placement_min_cores = 0;
   // If set, a directory: node i writes its fault trace to node<i>.csv there.
   std::string fault_trace;
   // Where `stretchd migrate` reaches this run (a Unix socket); empty: WORK_DIR/control.sock.

@@ -114,13 +114,15 @@ DEFINE_string(placement, "static",
               "windows of --placement_window_ms, threads on different nodes that write the same "
               "pages are swapped onto one node, keeping each node's thread count, once, if "
               "that removes at least a quarter of the write faults across nodes) or adaptive "
-              "(affinity, then: two windows in a row with fewer than --placement_min_cores "
-              "cores busy on all nodes and more waiting for pages than computing move every "
-              "thread to node 0, once); decisions on stderr and in the stats JSON");
+              "(affinity, then: when a throughput model fitted on the run's fault and "
+              "invalidation costs predicts that all threads on node 0 would keep 10% more cores "
+              "busy than they do spread, two windows in a row (or one, if twice as many), every "
+              "thread moves to node 0; the launcher keeps measuring and spreads them again when "
+              "node 0 is saturated and that pays); decisions on stderr and in the stats JSON");
 DEFINE_int32(placement_window_ms, 100, "run: adaptive placement's measuring window");
-DEFINE_double(placement_min_cores, 1.0,
-              "run: adaptive placement consolidates on node 0 when the program keeps fewer cores "
-              "busy than this");
+DEFINE_double(placement_min_cores, 0,
+              "run: adaptive placement consolidates on node 0 only while the program keeps fewer "
+              "cores busy than this (0: whenever the model predicts that it pays)");
 DEFINE_bool(track_write_sharing, false,
             "node: record which threads write which pages with a fault, for placement "
             "(stretchd run sets it for --placement=affinity and adaptive)");
@@ -800,10 +802,10 @@ int RunRun(const std::vector<std::string>& args) {
     return 2;
   }
   if (FLAGS_placement_window_ms < 10 || FLAGS_placement_window_ms > 60000 ||
-      !(FLAGS_placement_min_cores > 0)) {
+      !(FLAGS_placement_min_cores >= 0)) {
     std::fprintf(stderr,
                  "stretchd run: --placement_window_ms must be 10..60000 and "
-                 "--placement_min_cores positive\n");
+                 "--placement_min_cores 0 or more\n");
     return 2;
   }
   Liveness live;
