@@ -1,6 +1,8 @@
 #include "stretchd/affinity.h"
 
 #include <algorithm>
+#include <functional>
+#include <map>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -147,6 +149,56 @@ Regrouping Regroup(const std::vector<std::vector<int>>& placement, const Sharing
   }
   for (auto& node : p) std::sort(node.begin(), node.end());
   return r;
+}
+
+std::vector<std::vector<int>> AssignCores(const std::vector<int>& threads,
+                                          const SharingGraph& graph, int cores) {
+  const int n = static_cast<int>(threads.size());
+  std::vector<std::vector<int>> out(threads.size());
+  if (n == 0 || cores <= 0) return out;
+  // Groups: connected components of the sharing graph over these threads (union-find).
+  std::vector<int> parent(n);
+  for (int i = 0; i < n; ++i) parent[i] = i;
+  std::function<int(int)> find = [&](int i) { return parent[i] == i ? i : parent[i] = find(parent[i]); };
+  std::map<int, int> index;
+  for (int i = 0; i < n; ++i) index[threads[i]] = i;
+  for (const auto& [pair, weight] : graph.weights()) {
+    auto a = index.find(pair.first), b = index.find(pair.second);
+    if (weight == 0 || a == index.end() || b == index.end()) continue;
+    parent[find(a->second)] = find(b->second);
+  }
+  std::map<int, std::vector<int>> by_root;
+  for (int i = 0; i < n; ++i) by_root[find(i)].push_back(i);
+  std::vector<std::vector<int>> groups;
+  for (auto& [root, members] : by_root) groups.push_back(std::move(members));
+  // Largest first; ties by the first thread's position, so the result is deterministic.
+  std::stable_sort(groups.begin(), groups.end(),
+                   [](const auto& a, const auto& b) { return a.size() > b.size(); });
+  if (static_cast<int>(groups.size()) < cores) {
+    // Blocks of consecutive cores in proportion to the groups' sizes, at least one each.
+    int left = cores, threads_left = n;
+    int next = 0;
+    for (size_t g = 0; g < groups.size(); ++g) {
+      const int groups_after = static_cast<int>(groups.size() - g - 1);
+      int share = static_cast<int>(groups[g].size()) * left / threads_left;
+      share = std::clamp(share, 1, left - groups_after);
+      std::vector<int> block;
+      for (int c = next; c < next + share; ++c) block.push_back(c);
+      for (int member : groups[g]) out[member] = block;
+      next += share;
+      left -= share;
+      threads_left -= static_cast<int>(groups[g].size());
+    }
+    return out;
+  }
+  std::vector<int> load(cores, 0);
+  for (const auto& group : groups) {
+    const int core =
+        static_cast<int>(std::min_element(load.begin(), load.end()) - load.begin());
+    load[core] += static_cast<int>(group.size());
+    for (int member : group) out[member] = {core};
+  }
+  return out;
 }
 
 }  // namespace stretch

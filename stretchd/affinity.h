@@ -72,6 +72,15 @@ struct Regrouping {
 Regrouping Regroup(const std::vector<std::vector<int>>& placement, const SharingGraph& graph,
                    const std::set<int>& pinned);
 
+// Affinity assignment inside a node with `cores` CPUs: threads that write-share pages (a
+// connected group of the graph, restricted to `threads`) get the same CPUs, so a group stays
+// together and apart from the others. With fewer groups than cores, each group gets a block
+// of consecutive cores in proportion to its size (at least one); with more, each group gets
+// the one core with the fewest threads so far, largest groups first. Returns, for each thread
+// of `threads` in order, its core indexes (0..cores-1).
+std::vector<std::vector<int>> AssignCores(const std::vector<int>& threads,
+                                          const SharingGraph& graph, int cores);
+
 }  // namespace stretch
 
 #endif  // STRETCH_STRETCHD_AFFINITY_H_

@@ -112,5 +112,37 @@ TEST(RegroupTest, ThreeNodes) {
   for (const auto& n : r.placement) EXPECT_EQ(n.size(), 3u);
 }
 
+TEST(AssignCoresTest, GroupsOfWriteSharersGetTheirOwnCores) {
+  SharingGraph g;
+  // Threads 2,3 share a page; 4,5 share another; 6 shares nothing.
+  ASSERT_TRUE(g.AddReport("sharing 10:50:2,3 20:40:4,5 30:9:6").ok());
+  // Four cores, three groups (2,3), (4,5), (6): each group its own block, sharers together,
+  // every core used once.
+  auto cores = AssignCores({2, 3, 4, 5, 6}, g, 4);
+  ASSERT_EQ(cores.size(), 5u);
+  EXPECT_EQ(cores[0], cores[1]);  // 2 and 3 together
+  EXPECT_EQ(cores[2], cores[3]);  // 4 and 5 together
+  std::set<int> a(cores[0].begin(), cores[0].end()), b(cores[2].begin(), cores[2].end()),
+      c(cores[4].begin(), cores[4].end());
+  for (int x : a) EXPECT_FALSE(b.count(x) || c.count(x)) << x;
+  for (int x : b) EXPECT_FALSE(c.count(x)) << x;
+  EXPECT_EQ(a.size() + b.size() + c.size(), 4u);  // every core used once
+
+  // One core: everybody on it.
+  for (const auto& v : AssignCores({2, 3, 4}, g, 1)) EXPECT_EQ(v, std::vector<int>{0});
+
+  // Two cores, three groups: the groups are packed by thread count, each on one core, and
+  // sharers are never split.
+  auto two = AssignCores({2, 3, 4, 5, 6}, g, 2);
+  EXPECT_EQ(two[0], two[1]);
+  EXPECT_EQ(two[2], two[3]);
+  EXPECT_NE(two[0], two[2]);
+  EXPECT_EQ(two[4].size(), 1u);
+  // Threads the graph does not know are groups of one.
+  auto unknown = AssignCores({7, 8}, g, 2);
+  EXPECT_NE(unknown[0], unknown[1]);
+  EXPECT_TRUE(AssignCores({}, g, 2).empty());
+}
+
 }  // namespace
 }  // namespace stretch

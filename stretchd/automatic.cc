@@ -51,7 +51,8 @@ namespace {
 // CPU time of the N threads running there and the time its faults took to resolve, both in ns
 // so far, how many faults and invalidations it had so far, and the CPUs it may use),
 // "sharing" (answered "sharing PAGE:FAULTS:TIDS ...", affinity.h: the pages written with a fault
-// since the last "sharing"), and for
+// since the last "sharing"), "cores TID:I,J ..." (affinity assignment: thread TID may use only
+// the node's CPUs with indexes I, J; answered "cores N", the threads pinned), and for
 // `stretchd migrate`: "where" (answered "here T1,T2,..."), "migrate-out T" (answered "migrated-out
 // T HEXSTATE", "notmine T" or "migrate-error T WHY"), "migrate-in T HEXSTATE" (answered
 // "migrated-in T" or "migrate-error T WHY"). Node -> launcher, once: "ready N", then "exit CODE",
@@ -340,12 +341,16 @@ static int RunLauncherOn(const LaunchOptions& o, const std::vector<ClusterNode>&
       r.fault_timeout_ms = static_cast<int>(absl::ToInt64Milliseconds(o.fault_timeout));
       r.inject_faults = o.inject_faults;
       for (const auto& [name, path] : {std::pair{"stdout", out}, std::pair{"stderr", err}}) {
+        // The path CRIU recorded: resolved (a relative or symlinked --work_dir).
+        char* real = realpath(path.c_str(), nullptr);
         struct stat st;
-        if (stat(path.c_str(), &st) != 0) {
+        if (real == nullptr || stat(real, &st) != 0) {
+          free(real);
           return Fail(ErrnoStatus(errno, absl::StrCat("stat ", path)).ToString());
         }
-        r.outputs.push_back({name, path, static_cast<uint64_t>(st.st_size),
-                             static_cast<uint32_t>(st.st_mode & 07777)});
+        r.outputs.push_back({name, real, static_cast<uint64_t>(st.st_size),
+                             static_cast<uint32_t>(st.st_mode & 0777)});
+        free(real);
       }
       nodes.push_back(std::move(n));
     }
@@ -536,14 +541,39 @@ static int RunLauncherOn(const LaunchOptions& o, const std::vector<ClusterNode>&
   };
   std::vector<NodeCounters> last_counters(o.nodes);
   ThroughputModel model;
-  // The last window's cores per node, and the stall per CPU-second the threads had when last
-  // spread (what the model predicts spreading again from).
-  std::vector<double> node_cores(o.nodes, 1.0);
+  // The stall per CPU-second the threads had when last spread (what the model predicts
+  // spreading again from).
   double spread_stall_per_cpu = 0;
   size_t last_threads = 0;
   const absl::Time run_start = absl::Now();
   absl::Time last_sample = run_start, next_sample = run_start + o.placement_window;
   std::vector<std::string> samples_json, decisions_json;
+  // Affinity assignment inside the nodes with more than one CPU (affinity.h AssignCores): the
+  // groups of threads that write-share pages each get CPUs of their own.
+  std::vector<double> node_cores(o.nodes, 1.0);  // as the nodes last reported
+  auto assign_cores = [&](const std::vector<std::vector<int>>& placement,
+                          const SharingGraph& graph) {
+    for (int i = 0; i < o.nodes && i < static_cast<int>(placement.size()); ++i) {
+      const int cores = static_cast<int>(node_cores[i]);
+      if (cores < 2 || placement[i].empty() || agents[i].done) continue;
+      const auto assigned = AssignCores(placement[i], graph, cores);
+      std::string line = "cores", text;
+      for (size_t k = 0; k < placement[i].size(); ++k) {
+        absl::StrAppend(&line, " ", placement[i][k], ":", absl::StrJoin(assigned[k], ","));
+        absl::StrAppend(&text, text.empty() ? "" : " ", placement[i][k], ":",
+                        absl::StrJoin(assigned[k], ","));
+      }
+      SendLine(agents[i].control.get(), line);
+      auto r = await(i, {"cores"}, absl::Seconds(2));
+      int pinned = 0;
+      if (r) (void)absl::SimpleAtoi(absl::StripPrefix(*r, "cores "), &pinned);
+      LOG(INFO) << "stretchd run: placement: node " << i << " cores by thread (" << text
+                << "): " << pinned << " pinned";
+      decisions_json.push_back(absl::StrFormat(
+          R"({"t_ms":%.0f,"action":"assign_cores","node":%d,"node_cores":%d,"assignment":"%s","threads_pinned":%d})",
+          absl::ToDoubleMilliseconds(absl::Now() - run_start), i, cores, text, pinned));
+    }
+  };
   // Regrouping by sharing affinity (affinity.h): from the pages the threads wrote with a fault
   // since the last call, swap threads between nodes so that threads writing the same pages
   // run together, if that removes at least a quarter of the write sharing across nodes (and
@@ -577,7 +607,10 @@ static int RunLauncherOn(const LaunchOptions& o, const std::vector<ClusterNode>&
     constexpr uint64_t kMinFaultsSaved = 64;
     Regrouping r = Regroup(now, graph, /*pinned=*/{1});
     const uint64_t saved = r.cut_before - r.cut_after;
-    if (r.moves.empty() || saved < kMinFaultsSaved || 4 * saved < r.cut_before) return false;
+    if (r.moves.empty() || saved < kMinFaultsSaved || 4 * saved < r.cut_before) {
+      if (regroup_attempts == 1) assign_cores(now, graph);  // the groups as they are
+      return false;
+    }
     regroup_done = true;
     std::string moves;
     for (const Move& m : r.moves) {
@@ -613,6 +646,7 @@ static int RunLauncherOn(const LaunchOptions& o, const std::vector<ClusterNode>&
         R"("threads_not_moved":%d,"reason":"%s"})",
         absl::ToDoubleMilliseconds(absl::Now() - run_start), cores, r.cut_before, r.cut_after,
         graph.shared_pages(), moves_json, absl::StrJoin(nodes_json, ","), moved, failed, reason));
+    assign_cores(r.placement, graph);
     return moved > 0;
   };
   // Every node's counters (the "cpu" control line).
@@ -1158,7 +1192,22 @@ int RunReplicaAgent(const ReplicaAgentOptions& o) {
     if (line && absl::StartsWith(*line, "kill ") && absl::SimpleAtoi(line->substr(5), &sig)) {
       kill((*replica)->pid(), sig);
     }
-    if (line && *line == "sharing") {
+    if (line && absl::StartsWith(*line, "cores")) {
+      // "cores TID:I,J TID:K ...": placement's core assignment (Replica::AssignCores).
+      std::vector<std::pair<pid_t, std::vector<int>>> assignment;
+      for (absl::string_view item : absl::StrSplit(absl::StripPrefix(*line, "cores"), ' ',
+                                                   absl::SkipEmpty())) {
+        std::pair<absl::string_view, absl::string_view> kv = absl::StrSplit(item, ':');
+        std::pair<pid_t, std::vector<int>> a;
+        if (!absl::SimpleAtoi(kv.first, &a.first)) continue;
+        for (absl::string_view c : absl::StrSplit(kv.second, ',', absl::SkipEmpty())) {
+          int index = 0;
+          if (absl::SimpleAtoi(c, &index) && index >= 0) a.second.push_back(index);
+        }
+        if (!a.second.empty()) assignment.push_back(std::move(a));
+      }
+      SendLine(ctl, absl::StrCat("cores ", (*replica)->AssignCores(assignment)));
+    } else if (line && *line == "sharing") {
       SendLine(ctl, FormatSharingReport((*agent)->TakeWriteSharing(kMaxReportPages)));
     } else if (line && *line == "cpu") {
       const auto latency = (*agent)->stats().fault_latency.Snap();

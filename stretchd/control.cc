@@ -29,7 +29,11 @@ std::optional<std::string> RecvLine(int fd, int timeout_ms, bool* closed) {
 }
 
 void Tailer::Add(const std::string& path, Sink sink, off_t from) {
-  files_.push_back({path, std::move(sink), from});
+  files_.push_back({path, UniqueFd(), std::move(sink), from});
+}
+
+void Tailer::Add(UniqueFd file, Sink sink, off_t from) {
+  files_.push_back({"", std::move(file), std::move(sink), from});
 }
 
 void Tailer::Add(const std::string& path, int out, off_t from) {
@@ -63,10 +67,14 @@ bool Tailer::Drain() {
   bool any = false;
   char buf[65536];
   for (File& f : files_) {
-    UniqueFd fd(open(f.path.c_str(), O_RDONLY | O_CLOEXEC));
-    if (!fd.valid()) continue;
+    UniqueFd opened;
+    if (!f.fd.valid()) {
+      opened = UniqueFd(open(f.path.c_str(), O_RDONLY | O_CLOEXEC));
+      if (!opened.valid()) continue;
+    }
+    const int fd = f.fd.valid() ? f.fd.get() : opened.get();
     ssize_t n;
-    while ((n = pread(fd.get(), buf, sizeof(buf), f.offset)) > 0) {
+    while ((n = pread(fd, buf, sizeof(buf), f.offset)) > 0) {
       f.sink(buf, static_cast<size_t>(n));
       f.offset += n;
       any = true;

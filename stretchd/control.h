@@ -16,6 +16,8 @@
 #include <thread>
 #include <vector>
 
+#include "core/unique_fd.h"
+
 namespace stretch {
 
 // Sends one line; false if the other side is gone.
@@ -32,6 +34,8 @@ class Tailer {
   void Add(const std::string& path, Sink sink, off_t from = 0);
   // Onto a descriptor.
   void Add(const std::string& path, int out, off_t from = 0);
+  // An open file, read through `file` (not reopened by path).
+  void Add(UniqueFd file, Sink sink, off_t from = 0);
   void Start();
   void Stop();
   ~Tailer() { Stop(); }
@@ -39,6 +43,7 @@ class Tailer {
  private:
   struct File {
     std::string path;
+    UniqueFd fd;  // if valid, read instead of opening `path`
     Sink sink;
     off_t offset;
   };

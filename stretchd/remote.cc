@@ -7,6 +7,7 @@
 #include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -321,10 +322,11 @@ class RemoteReplicas::Impl {
       STRETCH_RETURN_IF_ERROR(Send(i, wire::Encode(hello)));
       std::string buf(kChunk, '\0');
       for (const auto& path : files) {
+        if (Ended(i)) break;  // it refused, or is gone: the "ready" wait reports why
         UniqueFd fd(open(path.c_str(), O_RDONLY | O_CLOEXEC));
         if (!fd.valid()) return ErrnoStatus(errno, absl::StrCat("open ", path.string()));
         uint64_t offset = 0;
-        for (;;) {
+        while (!Ended(i)) {
           ssize_t n = pread(fd.get(), buf.data(), buf.size(), static_cast<off_t>(offset));
           if (n < 0) return ErrnoStatus(errno, absl::StrCat("read ", path.string()));
           if (n == 0 && offset > 0) break;
@@ -336,6 +338,7 @@ class RemoteReplicas::Impl {
           if (n == 0) break;
         }
       }
+      if (Ended(i)) continue;
       STRETCH_RETURN_IF_ERROR(
           Send(i, wire::Encode(Msg(wire::LaunchOp::kStart, nodes[i].start.Encode()))));
       (void)peer;
@@ -369,14 +372,28 @@ class RemoteReplicas::Impl {
     return s;
   }
 
-  // Ends node i's bridge: `line` (if any) first, then the caller's end reads as closed.
+  // Ends node i's bridge: `line` (if any) first, then the caller's end reads as closed. Never
+  // blocks (a caller that stopped reading node i does not care any more).
   void End(size_t i, const std::string& line) {
+    int mine;
+    {
+      absl::MutexLock l(&mu_);
+      Peer& p = peers_[i];
+      if (p.ended) return;
+      p.ended = true;
+      mine = p.mine.get();
+    }
+    if (!line.empty()) ToCaller(mine, line);
+    shutdown(mine, SHUT_RDWR);
+  }
+
+  static void ToCaller(int mine, const std::string& line) {
+    (void)send(mine, line.data(), line.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+  }
+
+  bool Ended(size_t i) {
     absl::MutexLock l(&mu_);
-    Peer& p = peers_[i];
-    if (p.ended) return;
-    if (!line.empty()) SendLine(p.mine.get(), line);
-    shutdown(p.mine.get(), SHUT_RDWR);
-    p.ended = true;
+    return peers_[i].ended;
   }
 
   void Receive() {
@@ -414,7 +431,7 @@ class RemoteReplicas::Impl {
       if (launch == nullptr) continue;
       switch (launch->op) {
         case wire::LaunchOp::kControl:
-          SendLine(mine, launch->data);
+          ToCaller(mine, launch->data);
           break;
         case wire::LaunchOp::kOutput:
           if (launch->name == "stdout" || launch->name == "stderr") {
@@ -507,34 +524,82 @@ class LaunchService::Impl {
   Impl(engine::NodeAgent* agent, LaunchServiceOptions o) : agent_(agent), o_(std::move(o)) {}
 
   void Begin() {
+    // The agent may call a handler it copied just before SetLaunchHandler(nullptr) in the
+    // destructor: the handlers hold the queue, not the service.
+    std::shared_ptr<Queue> q = queue_;
     agent_->SetLaunchHandler(
-        [this](PeerId peer, const wire::Launch& m) { Push({Item::kMessage, peer, m, {}}); },
-        [this](PeerId peer, const absl::Status& why) { Push({Item::kGone, peer, {}, why}); });
+        [q](PeerId peer, const wire::Launch& m) { q->Push({Item::kMessage, peer, m, {}}); },
+        [q](PeerId peer, const absl::Status& why) { q->Push({Item::kGone, peer, {}, why}); });
     thread_ = std::thread([this] { Serve(); });
   }
 
   ~Impl() {
     agent_->SetLaunchHandler(nullptr, nullptr);
-    {
-      absl::MutexLock l(&mu_);
-      stop_ = true;
-    }
+    queue_->Stop();
     if (thread_.joinable()) thread_.join();
   }
 
  private:
   struct Item {
-    enum Kind { kMessage, kGone, kEnded } kind;
+    enum Kind { kMessage, kGone, kEnded, kOverflow } kind;
     PeerId peer;
     wire::Launch launch;
     absl::Status why;
+  };
+
+  // Items from the network thread (and the relay) to the service thread. Image chunks arrive
+  // faster than a slow disk takes them: past kMaxQueuedBytes the run is refused instead of
+  // buffering a whole checkpoint in memory.
+  static constexpr size_t kMaxQueuedBytes = size_t{256} << 20;
+  class Queue {
+   public:
+    void Push(Item item) {
+      absl::MutexLock l(&mu_);
+      if (stop_) return;
+      const size_t size = item.launch.data.size();
+      if (item.kind == Item::kMessage && bytes_ + size > kMaxQueuedBytes) {
+        if (!overflowed_.contains(item.peer)) {
+          overflowed_.insert(item.peer);
+          items_.push_back({Item::kOverflow, item.peer, {}, {}});
+        }
+        return;
+      }
+      bytes_ += size;
+      items_.push_back(std::move(item));
+    }
+    // The next item; nullopt once stopped.
+    std::optional<Item> Pop() {
+      absl::MutexLock l(&mu_);
+      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return stop_ || !items_.empty();
+      };
+      mu_.Await(absl::Condition(&ready));
+      if (stop_) return std::nullopt;
+      Item item = std::move(items_.front());
+      items_.pop_front();
+      bytes_ -= item.launch.data.size();
+      if (item.kind == Item::kGone) overflowed_.erase(item.peer);
+      return item;
+    }
+    void Stop() {
+      absl::MutexLock l(&mu_);
+      stop_ = true;
+    }
+
+   private:
+    absl::Mutex mu_;
+    std::deque<Item> items_ ABSL_GUARDED_BY(mu_);
+    size_t bytes_ ABSL_GUARDED_BY(mu_) = 0;
+    absl::flat_hash_set<PeerId> overflowed_ ABSL_GUARDED_BY(mu_);
+    bool stop_ ABSL_GUARDED_BY(mu_) = false;
   };
 
   struct Run {
     PeerId launcher;
     std::string dir;
     bool started = false;
-    std::optional<Subprocess> agent;
+    std::optional<Subprocess> agent;  // waited for by the relay thread only
+    UniqueFd agent_pidfd;             // to kill it from the service thread
     UniqueFd control;
     std::atomic<bool> reaped{false};
     std::atomic<bool> failed{false};  // the replica agent exited with an error
@@ -543,24 +608,11 @@ class LaunchService::Impl {
     std::vector<std::string> created_files, created_dirs;
   };
 
-  void Push(Item item) {
-    absl::MutexLock l(&mu_);
-    queue_.push_back(std::move(item));
-  }
-
   void Serve() {
     for (;;) {
-      Item item;
-      {
-        absl::MutexLock l(&mu_);
-        auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-          return stop_ || !queue_.empty();
-        };
-        mu_.Await(absl::Condition(&ready));
-        if (stop_) break;
-        item = std::move(queue_.front());
-        queue_.pop_front();
-      }
+      std::optional<Item> next = queue_->Pop();
+      if (!next) break;
+      Item& item = *next;
       switch (item.kind) {
         case Item::kMessage:
           OnMessage(item.peer, item.launch);
@@ -575,6 +627,11 @@ class LaunchService::Impl {
           break;
         case Item::kEnded:
           if (run_ && run_->launcher == item.peer) EndRun(/*kill=*/false);
+          break;
+        case Item::kOverflow:
+          Fail(item.peer, absl::ResourceExhaustedError(absl::StrCat(
+                              "the node could not store the images as fast as they came (over ",
+                              kMaxQueuedBytes >> 20, " MiB waiting)")));
           break;
       }
     }
@@ -613,7 +670,14 @@ class LaunchService::Impl {
         if (absl::Status s = StartReplica(peer, m.data); !s.ok()) Fail(peer, s);
         return;
       case wire::LaunchOp::kControl:
-        if (run_ && run_->control.valid()) SendLine(run_->control.get(), m.data);
+        if (run_ && run_->control.valid() &&
+            send(run_->control.get(), m.data.data(), m.data.size(), MSG_NOSIGNAL | MSG_DONTWAIT) <
+                0 &&
+            errno == EAGAIN) {
+          // Its agent has not read its control channel for a long time: it is stuck.
+          Fail(peer, absl::DeadlineExceededError(
+                         "the replica agent stopped reading its control channel"));
+        }
         return;
       default:
         LOG(WARNING) << "launch service: ignored " << wire::Name(m.op) << " from a launcher";
@@ -668,31 +732,47 @@ class LaunchService::Impl {
 
   // The program's output file at the path it had on the launcher's machine, `size` bytes long
   // (CRIU checks the size of the files it reopens).
-  absl::Status CreateOutput(const RemoteStart::Output& out) {
+  absl::StatusOr<UniqueFd> CreateOutput(const RemoteStart::Output& out) {
     struct stat st;
     if (lstat(out.path.c_str(), &st) == 0) {
       return absl::AlreadyExistsError(absl::StrCat(
           out.path, " already exists on this node: the program's output files must not (is the "
                     "launcher's machine also a node of its cluster?)"));
     }
+    // Every directory on the way that exists must be a real directory that nobody else could
+    // have prepared for us (owned by root or us, not writable by others unless sticky);
+    // the ones missing we make, mode 0700.
     std::vector<std::string> missing;
-    for (auto p = std::filesystem::path(out.path).parent_path(); p != p.root_path();
-         p = p.parent_path()) {
-      if (lstat(p.c_str(), &st) == 0) break;
-      missing.push_back(p.string());
+    for (auto p = std::filesystem::path(out.path).parent_path();; p = p.parent_path()) {
+      if (lstat(p.c_str(), &st) != 0) {
+        if (errno != ENOENT) return ErrnoStatus(errno, absl::StrCat("lstat ", p.string()));
+        missing.push_back(p.string());
+        continue;
+      }
+      const bool trusted = S_ISDIR(st.st_mode) && (st.st_uid == 0 || st.st_uid == geteuid()) &&
+                           ((st.st_mode & 022) == 0 || (st.st_mode & S_ISVTX) != 0);
+      if (!trusted) {
+        return absl::PermissionDeniedError(absl::StrCat(
+            "will not create the program's output in ", p.string(),
+            ": it is not a directory owned by root or this user and closed to others"));
+      }
+      if (p == p.root_path()) break;
     }
     for (auto it = missing.rbegin(); it != missing.rend(); ++it) {
       if (mkdir(it->c_str(), 0700) != 0) return ErrnoStatus(errno, absl::StrCat("mkdir ", *it));
       run_->created_dirs.push_back(*it);
     }
-    UniqueFd fd(open(out.path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644));
+    UniqueFd fd(
+        open(out.path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
     if (!fd.valid()) return ErrnoStatus(errno, absl::StrCat("create ", out.path));
     run_->created_files.push_back(out.path);
     if (ftruncate(fd.get(), static_cast<off_t>(out.size)) != 0) {
       return ErrnoStatus(errno, absl::StrCat("truncate ", out.path));
     }
-    if (fchmod(fd.get(), out.mode) != 0) return ErrnoStatus(errno, absl::StrCat("chmod ", out.path));
-    return absl::OkStatus();
+    if (fchmod(fd.get(), out.mode & 0777) != 0) {
+      return ErrnoStatus(errno, absl::StrCat("chmod ", out.path));
+    }
+    return fd;  // what the program appends is read through it, not by path
   }
 
   absl::Status StartReplica(PeerId peer, const std::string& text) {
@@ -700,7 +780,11 @@ class LaunchService::Impl {
     if (run_->started) return absl::FailedPreconditionError("a second start request");
     STRETCH_ASSIGN_OR_RETURN(RemoteStart r, RemoteStart::Parse(text));
     run_->started = true;
-    for (const auto& out : r.outputs) STRETCH_RETURN_IF_ERROR(CreateOutput(out));
+    std::vector<UniqueFd> outputs;
+    for (const auto& out : r.outputs) {
+      STRETCH_ASSIGN_OR_RETURN(UniqueFd fd, CreateOutput(out));
+      outputs.push_back(std::move(fd));
+    }
     int sv[2];
     if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) != 0) {
       return ErrnoStatus(errno, "socketpair");
@@ -734,10 +818,12 @@ class LaunchService::Impl {
     a.die_with_parent = true;
     STRETCH_ASSIGN_OR_RETURN(Subprocess p, Subprocess::Start(a));
     theirs.reset();
+    run_->agent_pidfd = UniqueFd(static_cast<int>(syscall(SYS_pidfd_open, p.pid(), 0)));
     run_->agent.emplace(std::move(p));
-    for (const auto& out : r.outputs) {
+    for (size_t k = 0; k < r.outputs.size(); ++k) {
+      const auto& out = r.outputs[k];
       run_->tail.Add(
-          out.path,
+          std::move(outputs[k]),
           [this, peer, name = out.name](const char* data, size_t size) {
             for (size_t at = 0; at < size; at += kChunk) {
               (void)agent_->SendLaunch(
@@ -767,21 +853,22 @@ class LaunchService::Impl {
       run->agent->Kill(SIGKILL);
       st = run->agent->Wait(absl::Now() + absl::Seconds(10));
     }
-    run->reaped = true;
+    run->reaped = st.ok();
     run->tail.Stop();
     (void)agent_->SendLaunch(peer, Msg(wire::LaunchOp::kStats,
                                        ReadWhole(absl::StrCat(run->dir, "/stats.json"))));
     const int status = !st.ok() ? 1 : st->signaled ? 128 + st->code : st->code;
     run->failed = status != 0;
     (void)agent_->SendLaunch(peer, Msg(wire::LaunchOp::kEnded, "", "", status));
-    Push({Item::kEnded, peer, {}, {}});
+    queue_->Push({Item::kEnded, peer, {}, {}});
   }
 
   void EndRun(bool kill) {
     std::unique_ptr<Run> run = std::move(run_);
-    if (run->agent && kill && !run->reaped) {
+    if (run->agent_pidfd.valid() && kill && !run->reaped) {
       // Its keeper kills the replica, and its CRIU restore's process group if it was restoring.
-      run->agent->Kill(SIGKILL);
+      // (Through its pidfd: the relay thread may be reaping it right now.)
+      syscall(SYS_pidfd_send_signal, run->agent_pidfd.get(), SIGKILL, nullptr, 0);
     }
     if (run->relay.joinable()) run->relay.join();
     run->tail.Stop();
@@ -803,9 +890,7 @@ class LaunchService::Impl {
 
   engine::NodeAgent* const agent_;
   const LaunchServiceOptions o_;
-  absl::Mutex mu_;
-  std::deque<Item> queue_ ABSL_GUARDED_BY(mu_);
-  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  const std::shared_ptr<Queue> queue_ = std::make_shared<Queue>();
   std::thread thread_;
   std::unique_ptr<Run> run_;  // service thread only
   absl::flat_hash_set<PeerId> refused_;  // launchers refused once (service thread only)

@@ -739,11 +739,35 @@ void Replica::EmulateSetAffinity(pid_t tid, struct user_regs_struct& regs) {
       result = -EINVAL;
     } else if (target != 0 && sched_setaffinity(target, sizeof(set), &set) != 0) {
       result = -errno;
+    } else if (target != 0) {
+      absl::MutexLock l(&mu_);
+      pinned_by_program_.insert(target);
     }
   }
   regs.orig_rax = static_cast<uint64_t>(-1);
   regs.rax = static_cast<uint64_t>(result);
   ptrace(PTRACE_SETREGS, tid, 0, &regs);
+}
+
+int Replica::AssignCores(const std::vector<std::pair<pid_t, std::vector<int>>>& assignment) {
+  if (cpus_.empty()) return 0;
+  int pinned = 0;
+  for (const auto& [inner, indexes] : assignment) {
+    pid_t ours = 0;
+    {
+      absl::MutexLock l(&mu_);
+      auto it = runs_here_.find(inner);
+      if (it == runs_here_.end() || pinned_by_program_.contains(it->second)) continue;
+      ours = it->second;
+    }
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    for (int index : indexes) {
+      if (index >= 0) CPU_SET(cpus_[static_cast<size_t>(index) % cpus_.size()], &set);
+    }
+    if (CPU_COUNT(&set) > 0 && sched_setaffinity(ours, sizeof(set), &set) == 0) ++pinned;
+  }
+  return pinned;
 }
 
 void Replica::OnThreadControl(const wire::ThreadControl& tc) {

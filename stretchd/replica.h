@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
@@ -88,6 +89,11 @@ class Replica {
   absl::Status MigrateIn(pid_t tid, const std::string& state);
   // Program-namespace tids of the threads running here.
   std::vector<pid_t> ThreadsRunningHere();
+  // Placement's affinity assignment: each listed thread (program namespace) that runs here may
+  // use only this node's CPUs with the given indexes (into the CPUs the node may use; taken
+  // modulo their number). Threads the program pinned itself keep their own choice. Returns how
+  // many threads were pinned.
+  int AssignCores(const std::vector<std::pair<pid_t, std::vector<int>>>& assignment);
   // CPU time (ns, /proc/PID/task/TID/schedstat) the threads running here have used in this
   // replica so far.
   uint64_t CpuTimeNs();
@@ -151,6 +157,8 @@ class Replica {
   int created_ ABSL_GUARDED_BY(mu_) = 0;        // threads created since attached_
   // Threads this node runs: tid in the program's namespace -> ours.
   absl::flat_hash_map<pid_t, pid_t> runs_here_ ABSL_GUARDED_BY(mu_);
+  // Our tids of threads whose CPUs the program chose (EmulateSetAffinity).
+  absl::flat_hash_set<pid_t> pinned_by_program_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace stretch

@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <fstream>
+#include <map>
 #include <optional>
 #include <set>
 #include <sstream>
@@ -418,6 +419,28 @@ TEST_F(RunTest, AffinityPlacementPutsThreadsThatWriteTogetherOnOneNode) {
   EXPECT_TRUE(placement == R"("placement":[[1,4,5],[2,3]])" ||
               placement == R"("placement":[[1,2,3],[4,5]])")
       << placement;
+  // Each emulated node may use the machine's CPUs: inside a node, each pair gets the same
+  // cores (affinity assignment), for both nodes, and the threads were pinned.
+  if (sysconf(_SC_NPROCESSORS_ONLN) < 2) return;
+  int assignments = 0, pinned = 0;
+  for (size_t pos = 0; (pos = last_stats_.find(R"("action":"assign_cores")", pos)) !=
+                       std::string::npos;
+       ++pos) {
+    ++assignments;
+    const size_t a = last_stats_.find(R"("assignment":")", pos) + 14;
+    std::map<int, std::string> cores;  // thread -> its cores
+    for (absl::string_view item :
+         absl::StrSplit(last_stats_.substr(a, last_stats_.find('"', a) - a), ' ')) {
+      std::pair<std::string, std::string> kv = absl::StrSplit(item, ':');
+      cores[std::atoi(kv.first.c_str())] = kv.second;
+    }
+    for (auto [x, y] : {std::pair{2, 3}, std::pair{4, 5}}) {
+      if (cores.count(x) && cores.count(y)) EXPECT_EQ(cores[x], cores[y]) << last_stats_;
+    }
+    pinned += std::atoi(last_stats_.c_str() + last_stats_.find(R"("threads_pinned":)", pos) + 17);
+  }
+  EXPECT_EQ(assignments, 2) << last_stats_;
+  EXPECT_GE(pinned, 4) << last_stats_;
 }
 
 // Feedback both ways (--placement=adaptive, one CPU per node): in the first phase every
