@@ -754,6 +754,13 @@ class NodeAgent::Impl {
   // ---------------------------------------------------------------- sending
 
   absl::Status SendMessage(PeerId peer, const wire::Message& m) {
+    if (options_.busy_poll > absl::ZeroDuration()) {
+      // A request for a fault: poll for its answer instead of sleeping until it comes.
+      if (auto* c = std::get_if<wire::CoherenceMsg>(&m);
+          c != nullptr && (c->op == wire::CohOp::kGetS || c->op == wire::CohOp::kGetM)) {
+        transport_->BusyPollUntil(absl::Now() + options_.busy_poll);
+      }
+    }
     std::vector<uint8_t> buf;
     wire::EncodeTo(m, &buf);
     stats_.messages_sent.Add();

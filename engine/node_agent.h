@@ -81,6 +81,10 @@ struct NodeOptions {
   // (peers that die are detected by the transport's heartbeats): the agent fails and kills its
   // processes rather than leave them blocked forever.
   absl::Duration fault_timeout = absl::Seconds(2);
+  // After sending a request for a fault, the network thread polls for the answer for up to
+  // this long instead of sleeping (Transport::BusyPollUntil): lower fault latency for a CPU
+  // kept busy meanwhile. Zero (the default): never.
+  absl::Duration busy_poll = absl::ZeroDuration();
   // Record which threads write which pages with a fault, for TakeWriteSharing() (placement);
   // off, write faults cost nothing more.
   bool track_write_sharing = false;

@@ -105,6 +105,9 @@ DEFINE_bool(realtime, false,
             "work on a shared machine does not delay wake-ups; floors and project alike");
 DEFINE_int32(install_hold_us, -1,
              "NodeOptions::install_hold of every agent in microseconds (-1: the default)");
+DEFINE_int32(busy_poll_us, 0,
+             "NodeOptions::busy_poll of every node: after a request for a fault, poll for the "
+             "answer this long instead of sleeping (0: never, the default)");
 DEFINE_string(prog, "", "path of fault_bench_prog (default: beside this binary or in runfiles)");
 DEFINE_int32(pause_s, 0,
              "after the warm-up, print the processes' pids and wait this long (to attach "
@@ -247,6 +250,7 @@ int RunRole() {
     o.fault_cpu = FLAGS_fault_cpu;
     o.read_ahead = 0;  // each measured miss is a miss (the benchmark walks pages in order)
     if (FLAGS_install_hold_us >= 0) o.install_hold = absl::Microseconds(FLAGS_install_hold_us);
+    o.busy_poll = absl::Microseconds(FLAGS_busy_poll_us);
     agent = Check(NodeAgent::Start(o), absl::StrCat("node ", FLAGS_node));
     printf("NODE %s\n", agent->address().c_str());
   } else {
@@ -654,6 +658,7 @@ void StartCluster(Bench& b) {
     if (FLAGS_install_hold_us >= 0) {
       argv.push_back(absl::StrCat("--install_hold_us=", FLAGS_install_hold_us));
     }
+    argv.push_back(absl::StrCat("--busy_poll_us=", FLAGS_busy_poll_us));
     return argv;
   };
   b.roles.push_back(

@@ -300,6 +300,18 @@ def main():
         parts["table_latency"] = "\n".join(table)
     else:
         parts["fig_latency"] = parts["table_latency"] = "(no benchmark output in the results)"
+    # The same benchmark with the nodes busy-polling for a fault's answer (--busy_poll_us).
+    project_bp, floors_bp, _ = bench(os.path.join(a.results, "remote_fault_benchmark_busy_poll.txt"))
+    if project_bp:
+        table = ["| event | Stretch p50 us, busy polling | floor us | ratio | ratio in the run above (no polling) |",
+                 "|---|---|---|---|---|"]
+        for n in project_bp:
+            without = (f"{project[n][0] / project[n][1]:.2f}" if project and n in project else "-")
+            table.append(f"| {n} | {project_bp[n][0]:.1f} | {project_bp[n][1]:.1f} | "
+                         f"{project_bp[n][0] / project_bp[n][1]:.2f} | {without} |")
+        parts["table_latency_busy_poll"] = "\n".join(table)
+    else:
+        parts["table_latency_busy_poll"] = "(no busy-polling benchmark output in the results)"
 
     # 5. Manual vs automatic mode and the address-space cost, when those campaigns ran.
     man_dir = os.path.join(a.results, "manual_2node_tcp")

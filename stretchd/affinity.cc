@@ -159,7 +159,9 @@ std::vector<std::vector<int>> AssignCores(const std::vector<int>& threads,
   // Groups: connected components of the sharing graph over these threads (union-find).
   std::vector<int> parent(n);
   for (int i = 0; i < n; ++i) parent[i] = i;
-  std::function<int(int)> find = [&](int i) { return parent[i] == i ? i : parent[i] = find(parent[i]); };
+  std::function<int(int)> find = [&](int i) {
+    return parent[i] == i ? i : parent[i] = find(parent[i]);
+  };
   std::map<int, int> index;
   for (int i = 0; i < n; ++i) index[threads[i]] = i;
   for (const auto& [pair, weight] : graph.weights()) {
@@ -193,8 +195,7 @@ std::vector<std::vector<int>> AssignCores(const std::vector<int>& threads,
   }
   std::vector<int> load(cores, 0);
   for (const auto& group : groups) {
-    const int core =
-        static_cast<int>(std::min_element(load.begin(), load.end()) - load.begin());
+    const int core = static_cast<int>(std::min_element(load.begin(), load.end()) - load.begin());
     load[core] += static_cast<int>(group.size());
     for (int member : group) out[member] = {core};
   }

@@ -37,8 +37,8 @@
 #include "stretchd/affinity.h"
 #include "stretchd/control.h"
 #include "stretchd/remote.h"
-#include "stretchd/throughput_model.h"
 #include "stretchd/replica.h"
+#include "stretchd/throughput_model.h"
 #include "testing/netns.h"
 #include "transport/fault_injecting_transport.h"
 
@@ -106,7 +106,7 @@ int Fail(const std::string& what) {
 // The run itself: nodes 1.. are emulated here, or the cluster nodes `remote` (with this
 // machine, at `local_ip`, as node 0).
 static int RunLauncherOn(const LaunchOptions& o, const std::vector<ClusterNode>& remote,
-                  const std::string& local_ip) {
+                         const std::string& local_ip) {
   if (o.argv.empty()) return Fail("no program given (stretchd run [flags] -- PROG ARGS...)");
   if (o.nodes < 1 || o.nodes > 64) return Fail("--nodes must be 1..64");
   if (o.netns && o.nodes > 1) {
@@ -300,6 +300,7 @@ static int RunLauncherOn(const LaunchOptions& o, const std::vector<ClusterNode>&
     // Regrouping needs to know who writes what (affinity.h).
     if (o.placement != "static") a.argv.push_back("--track_write_sharing");
     a.argv.push_back(absl::StrCat("--read_ahead=", o.read_ahead));
+    a.argv.push_back(absl::StrCat("--busy_poll_us=", absl::ToInt64Microseconds(o.busy_poll)));
     a.argv.push_back(
         absl::StrCat("--heartbeat_ms=", absl::ToInt64Milliseconds(o.heartbeat_interval)));
     a.argv.push_back(absl::StrCat("--peer_timeout_ms=", absl::ToInt64Milliseconds(o.peer_timeout)));
@@ -336,6 +337,7 @@ static int RunLauncherOn(const LaunchOptions& o, const std::vector<ClusterNode>&
       r.hold_checkpoint = o.hold_checkpoint;
       r.track_write_sharing = o.placement != "static";
       r.read_ahead = o.read_ahead;
+      r.busy_poll_us = static_cast<int>(absl::ToInt64Microseconds(o.busy_poll));
       r.heartbeat_ms = static_cast<int>(absl::ToInt64Milliseconds(o.heartbeat_interval));
       r.peer_timeout_ms = static_cast<int>(absl::ToInt64Milliseconds(o.peer_timeout));
       r.fault_timeout_ms = static_cast<int>(absl::ToInt64Milliseconds(o.fault_timeout));
@@ -744,8 +746,7 @@ static int RunLauncherOn(const LaunchOptions& o, const std::vector<ClusterNode>&
       ++per_node[node];
       --per_node[0];
     }
-    const double predicted =
-        ThroughputModel::Busy(per_node, node_cores, spread_stall_per_cpu);
+    const double predicted = ThroughputModel::Busy(per_node, node_cores, spread_stall_per_cpu);
     const bool predicted_gain = predicted >= 1.25 * consolidated_cores;
     // Probe when the model predicts a gain, or after the backoff: the model cannot see a phase
     // change, only a probe can.
@@ -871,8 +872,8 @@ static int RunLauncherOn(const LaunchOptions& o, const std::vector<ClusterNode>&
     // not that; nor is main alone on node 0 collecting results: moving threads would not move
     // the data). Two windows in a row, or one when one node is predicted to do twice as well.
     const double gain = cores > 0 ? one_node / cores : (one_node > 0 ? HUGE_VAL : 1.0);
-    const bool dsm_bound = gain >= 1.1 && away > 0.05 &&
-                           (o.placement_min_cores <= 0 || cores < o.placement_min_cores);
+    const bool dsm_bound =
+        gain >= 1.1 && away > 0.05 && (o.placement_min_cores <= 0 || cores < o.placement_min_cores);
     low_windows = dsm_bound && !fewer_threads ? low_windows + 1 : 0;
     spread_cores = low_windows == 1 ? cores : (spread_cores + cores) / 2;
     if (low_windows < 2 && !(low_windows == 1 && gain >= 2)) return;
@@ -1024,9 +1025,8 @@ static int RunLauncherOn(const LaunchOptions& o, const std::vector<ClusterNode>&
                     ",\"image_bytes\":", image_bytes,
                     ",\"transfer_ms\":", absl::ToDoubleMilliseconds(transfer_time),
                     ",\"restore_ms\":", absl::ToDoubleMilliseconds(restore_time), "}",
-                    ",\"placement\":{\"policy\":\"", o.placement, "\",\"model\":",
-                    model.FitJson(), ",\"samples\":[",
-                    absl::StrJoin(samples_json, ","), "],\"decisions\":[",
+                    ",\"placement\":{\"policy\":\"", o.placement, "\",\"model\":", model.FitJson(),
+                    ",\"samples\":[", absl::StrJoin(samples_json, ","), "],\"decisions\":[",
                     absl::StrJoin(decisions_json, ","), "]}}");
     FILE* f = std::fopen(o.stats_json.c_str(), "w");
     if (f == nullptr)
@@ -1045,8 +1045,9 @@ int RunLauncher(const LaunchOptions& options) {
     return Fail("--server needs a network transport (--transport=tcp or verbs)");
   }
   if (options.cluster_secret_file.empty()) {
-    return Fail("--server needs the cluster's secret: --cluster_secret=FILE (the file its "
-                "server and nodes were started with)");
+    return Fail(
+        "--server needs the cluster's secret: --cluster_secret=FILE (the file its "
+        "server and nodes were started with)");
   }
   auto secret = transport::ClusterSecret::Load(options.cluster_secret_file);
   if (!secret.ok()) return Fail(std::string(secret.status().message()));
@@ -1084,9 +1085,10 @@ int RunLauncher(const LaunchOptions& options) {
   o.nodes = 1 + static_cast<int>(nodes->size());
   o.netns = false;
   std::string names;
-  for (const auto& n : *nodes) absl::StrAppend(&names, names.empty() ? "" : ", ", n.node, "@", n.address);
-  LOG(INFO) << "stretchd run: this machine (" << *local_ip << ") is node 0; cluster nodes "
-            << names << " are nodes 1.." << nodes->size();
+  for (const auto& n : *nodes)
+    absl::StrAppend(&names, names.empty() ? "" : ", ", n.node, "@", n.address);
+  LOG(INFO) << "stretchd run: this machine (" << *local_ip << ") is node 0; cluster nodes " << names
+            << " are nodes 1.." << nodes->size();
   return RunLauncherOn(o, *nodes, *local_ip);
 }
 
@@ -1104,6 +1106,7 @@ int RunReplicaAgent(const ReplicaAgentOptions& o) {
   no.transport = o.transport;
   no.transport_options.cluster_secret = o.cluster_secret;
   no.read_ahead = o.read_ahead;
+  no.busy_poll = o.busy_poll;
   no.fault_trace = o.fault_trace;
   no.track_write_sharing = o.track_write_sharing;
   no.transport_options.heartbeat_interval = o.heartbeat_interval;
@@ -1195,8 +1198,8 @@ int RunReplicaAgent(const ReplicaAgentOptions& o) {
     if (line && absl::StartsWith(*line, "cores")) {
       // "cores TID:I,J TID:K ...": placement's core assignment (Replica::AssignCores).
       std::vector<std::pair<pid_t, std::vector<int>>> assignment;
-      for (absl::string_view item : absl::StrSplit(absl::StripPrefix(*line, "cores"), ' ',
-                                                   absl::SkipEmpty())) {
+      for (absl::string_view item :
+           absl::StrSplit(absl::StripPrefix(*line, "cores"), ' ', absl::SkipEmpty())) {
         std::pair<absl::string_view, absl::string_view> kv = absl::StrSplit(item, ':');
         std::pair<pid_t, std::vector<int>> a;
         if (!absl::SimpleAtoi(kv.first, &a.first)) continue;
@@ -1216,8 +1219,8 @@ int RunReplicaAgent(const ReplicaAgentOptions& o) {
       const int cpus = sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : 1;
       SendLine(ctl, absl::StrCat("cpu ", (*replica)->CpuTimeNs(), " ",
                                  (*replica)->ThreadsRunningHere().size(), " ", latency.sum_ns, " ",
-                                 latency.count, " ",
-                                 (*agent)->stats().invalidations_received.Get(), " ", cpus));
+                                 latency.count, " ", (*agent)->stats().invalidations_received.Get(),
+                                 " ", cpus));
     } else if (line) {
       HandleMigration(**replica, ctl, *line);
     }

@@ -55,8 +55,9 @@ struct LaunchOptions {
   bool manual = false;
   // Replicas start holding the checkpoint's pages (ReplicaOptions::hold_checkpoint).
   bool hold_checkpoint = true;
-  // NodeOptions::read_ahead of every node.
+  // NodeOptions::read_ahead and busy_poll of every node.
   int read_ahead = 8;
+  absl::Duration busy_poll = absl::ZeroDuration();
   // "static": threads stay where they were placed. "affinity": threads that write the same
   // pages are regrouped onto one node (affinity.h). "adaptive": regrouping, then every
   // placement_window the launcher measures how many cores the program's threads keep busy,
@@ -102,8 +103,9 @@ struct ReplicaAgentOptions {
   bool manual = false;
   bool hold_checkpoint = true;
   int read_ahead = 8;
-  bool track_write_sharing = false;  // NodeOptions::track_write_sharing
-  std::string fault_trace;           // file
+  absl::Duration busy_poll = absl::ZeroDuration();  // NodeOptions::busy_poll
+  bool track_write_sharing = false;                 // NodeOptions::track_write_sharing
+  std::string fault_trace;                          // file
   std::string stats_json;
   std::optional<transport::ClusterSecret> cluster_secret;
   CriuOptions criu;

@@ -151,8 +151,7 @@ absl::StatusOr<std::string> LocalAddressToward(const std::string& host_port) {
   STRETCH_ASSIGN_OR_RETURN(transport::InetAddress to,
                            transport::ParseInetAddress(host_port, transport::kRequirePort));
   STRETCH_ASSIGN_OR_RETURN(transport::InetAddress local, transport::SourceAddressFor(to));
-  return local.family() == AF_INET6 ? absl::StrCat("[", local.HostText(), "]")
-                                    : local.HostText();
+  return local.family() == AF_INET6 ? absl::StrCat("[", local.HostText(), "]") : local.HostText();
 }
 
 // --- the start request ---
@@ -163,8 +162,9 @@ std::string RemoteStart::Encode() const {
                   "run_threads=", absl::StrJoin(run_threads, ","), "\n", "manual=", manual, "\n",
                   "hold_checkpoint=", hold_checkpoint, "\n",
                   "track_write_sharing=", track_write_sharing, "\n", "read_ahead=", read_ahead,
-                  "\n", "heartbeat_ms=", heartbeat_ms, "\n", "peer_timeout_ms=", peer_timeout_ms,
-                  "\n", "fault_timeout_ms=", fault_timeout_ms, "\n");
+                  "\n", "busy_poll_us=", busy_poll_us, "\n", "heartbeat_ms=", heartbeat_ms, "\n",
+                  "peer_timeout_ms=", peer_timeout_ms, "\n", "fault_timeout_ms=", fault_timeout_ms,
+                  "\n");
   if (!inject_faults.empty()) absl::StrAppend(&s, "inject_faults=", inject_faults, "\n");
   for (const Output& out : outputs) {
     absl::StrAppend(&s, "output=", out.name, ":", out.size, ":", absl::StrFormat("%o", out.mode),
@@ -178,8 +178,8 @@ absl::StatusOr<RemoteStart> RemoteStart::Parse(const std::string& text) {
   bool have_node = false, have_server = false;
   for (absl::string_view line : absl::StrSplit(text, '\n', absl::SkipEmpty())) {
     auto bad = [&line](absl::string_view why) {
-      return absl::InvalidArgumentError(absl::StrCat("bad start request line '",
-                                                     line.substr(0, 200), "': ", why));
+      return absl::InvalidArgumentError(
+          absl::StrCat("bad start request line '", line.substr(0, 200), "': ", why));
     };
     const size_t eq = line.find('=');
     if (eq == absl::string_view::npos) return bad("not key=value");
@@ -213,6 +213,8 @@ absl::StatusOr<RemoteStart> RemoteStart::Parse(const std::string& text) {
       if (!flag(&r.track_write_sharing)) return bad("0 or 1");
     } else if (key == "read_ahead") {
       if (!integer(0, 1024, &r.read_ahead)) return bad("0..1024");
+    } else if (key == "busy_poll_us") {
+      if (!integer(0, 10000, &r.busy_poll_us)) return bad("0..10000");
     } else if (key == "heartbeat_ms") {
       if (!integer(1, 600000, &r.heartbeat_ms)) return bad("1..600000");
     } else if (key == "peer_timeout_ms") {
@@ -226,8 +228,8 @@ absl::StatusOr<RemoteStart> RemoteStart::Parse(const std::string& text) {
       Output out;
       unsigned long mode = 0;
       if (parts.size() != 4 || (parts[0] != "stdout" && parts[0] != "stderr") ||
-          !absl::SimpleAtoi(parts[1], &out.size) || out.size > kMaxFileBytes ||
-          parts[2].empty() || parts[2].size() > 4 ||
+          !absl::SimpleAtoi(parts[1], &out.size) || out.size > kMaxFileBytes || parts[2].empty() ||
+          parts[2].size() > 4 ||
           parts[2].find_first_not_of("01234567") != absl::string_view::npos) {
         return bad("output=stdout|stderr:SIZE:MODE:PATH (MODE in octal, at most 7777)");
       }
@@ -296,8 +298,8 @@ class RemoteReplicas::Impl {
       p.theirs = UniqueFd(sv[1]);
       auto peer = t_->Connect(n.cluster.address, absl::Now() + absl::Seconds(10));
       if (!peer.ok()) {
-        return absl::Status(peer.status().code(), absl::StrCat(p.label, ": ",
-                                                               peer.status().message()));
+        return absl::Status(peer.status().code(),
+                            absl::StrCat(p.label, ": ", peer.status().message()));
       }
       p.peer = *peer;
       absl::MutexLock l(&mu_);
@@ -330,8 +332,7 @@ class RemoteReplicas::Impl {
           ssize_t n = pread(fd.get(), buf.data(), buf.size(), static_cast<off_t>(offset));
           if (n < 0) return ErrnoStatus(errno, absl::StrCat("read ", path.string()));
           if (n == 0 && offset > 0) break;
-          STRETCH_RETURN_IF_ERROR(Send(i, wire::Encode(Msg(wire::LaunchOp::kFile,
-                                                           buf.substr(0, n),
+          STRETCH_RETURN_IF_ERROR(Send(i, wire::Encode(Msg(wire::LaunchOp::kFile, buf.substr(0, n),
                                                            path.filename().string(), offset))));
           offset += static_cast<uint64_t>(n);
           if (i == 0) *image_bytes += static_cast<uint64_t>(n);
@@ -528,8 +529,12 @@ class LaunchService::Impl {
     // destructor: the handlers hold the queue, not the service.
     std::shared_ptr<Queue> q = queue_;
     agent_->SetLaunchHandler(
-        [q](PeerId peer, const wire::Launch& m) { q->Push({Item::kMessage, peer, m, {}}); },
-        [q](PeerId peer, const absl::Status& why) { q->Push({Item::kGone, peer, {}, why}); });
+        [q](PeerId peer, const wire::Launch& m) {
+          q->Push({Item::kMessage, peer, m, {}});
+        },
+        [q](PeerId peer, const absl::Status& why) {
+          q->Push({Item::kGone, peer, {}, why});
+        });
     thread_ = std::thread([this] { Serve(); });
   }
 
@@ -570,9 +575,7 @@ class LaunchService::Impl {
     // The next item; nullopt once stopped.
     std::optional<Item> Pop() {
       absl::MutexLock l(&mu_);
-      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return stop_ || !items_.empty();
-      };
+      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_ || !items_.empty(); };
       mu_.Await(absl::Condition(&ready));
       if (stop_) return std::nullopt;
       Item item = std::move(items_.front());
@@ -735,9 +738,10 @@ class LaunchService::Impl {
   absl::StatusOr<UniqueFd> CreateOutput(const RemoteStart::Output& out) {
     struct stat st;
     if (lstat(out.path.c_str(), &st) == 0) {
-      return absl::AlreadyExistsError(absl::StrCat(
-          out.path, " already exists on this node: the program's output files must not (is the "
-                    "launcher's machine also a node of its cluster?)"));
+      return absl::AlreadyExistsError(
+          absl::StrCat(out.path,
+                       " already exists on this node: the program's output files must not (is the "
+                       "launcher's machine also a node of its cluster?)"));
     }
     // Every directory on the way that exists must be a real directory that nobody else could
     // have prepared for us (owned by root or us, not writable by others unless sticky);
@@ -762,8 +766,7 @@ class LaunchService::Impl {
       if (mkdir(it->c_str(), 0700) != 0) return ErrnoStatus(errno, absl::StrCat("mkdir ", *it));
       run_->created_dirs.push_back(*it);
     }
-    UniqueFd fd(
-        open(out.path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
+    UniqueFd fd(open(out.path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
     if (!fd.valid()) return ErrnoStatus(errno, absl::StrCat("create ", out.path));
     run_->created_files.push_back(out.path);
     if (ftruncate(fd.get(), static_cast<off_t>(out.size)) != 0) {
@@ -804,6 +807,7 @@ class LaunchService::Impl {
               absl::StrCat("--stats_json=", run_->dir, "/stats.json"),
               absl::StrCat("--criu=", o_.criu),
               absl::StrCat("--read_ahead=", r.read_ahead),
+              absl::StrCat("--busy_poll_us=", r.busy_poll_us),
               absl::StrCat("--heartbeat_ms=", r.heartbeat_ms),
               absl::StrCat("--peer_timeout_ms=", r.peer_timeout_ms),
               absl::StrCat("--fault_timeout_ms=", r.fault_timeout_ms)};
@@ -855,8 +859,8 @@ class LaunchService::Impl {
     }
     run->reaped = st.ok();
     run->tail.Stop();
-    (void)agent_->SendLaunch(peer, Msg(wire::LaunchOp::kStats,
-                                       ReadWhole(absl::StrCat(run->dir, "/stats.json"))));
+    (void)agent_->SendLaunch(
+        peer, Msg(wire::LaunchOp::kStats, ReadWhole(absl::StrCat(run->dir, "/stats.json"))));
     const int status = !st.ok() ? 1 : st->signaled ? 128 + st->code : st->code;
     run->failed = status != 0;
     (void)agent_->SendLaunch(peer, Msg(wire::LaunchOp::kEnded, "", "", status));
@@ -892,7 +896,7 @@ class LaunchService::Impl {
   const LaunchServiceOptions o_;
   const std::shared_ptr<Queue> queue_ = std::make_shared<Queue>();
   std::thread thread_;
-  std::unique_ptr<Run> run_;  // service thread only
+  std::unique_ptr<Run> run_;             // service thread only
   absl::flat_hash_set<PeerId> refused_;  // launchers refused once (service thread only)
 };
 

@@ -64,6 +64,7 @@ struct RemoteStart {
   bool hold_checkpoint = true;
   bool track_write_sharing = false;
   int read_ahead = 8;
+  int busy_poll_us = 0;
   int heartbeat_ms = 100;
   int peer_timeout_ms = 1000;
   int fault_timeout_ms = 2000;
@@ -119,13 +120,13 @@ class RemoteReplicas {
 // The node's side, in a long-lived `stretchd node`: runs the replicas launchers ask for, one
 // run at a time.
 struct LaunchServiceOptions {
-  std::string stretchd;      // this binary, for the replica agents
-  std::string criu;          // CRIU binary
-  std::string secret_file;   // the cluster secret file (given to the replica agents)
+  std::string stretchd;     // this binary, for the replica agents
+  std::string criu;         // CRIU binary
+  std::string secret_file;  // the cluster secret file (given to the replica agents)
   std::string transport = "tcp";
-  std::string listen_ip;     // where replica agents listen for other nodes
+  std::string listen_ip;           // where replica agents listen for other nodes
   std::string work_root = "/tmp";  // runs' work directories are made under it
-  bool verbose = false;      // replica agents log at INFO
+  bool verbose = false;            // replica agents log at INFO
 };
 
 class LaunchService {

@@ -91,8 +91,8 @@ class RemoteRunTest : public ::testing::Test {
     ASSERT_TRUE(secret->WriteNewFile(secret_).ok());
     server_address_ = absl::StrCat(cluster_->address(0), ":7000");
     auto server =
-        cluster_->Spawn(0, {Runfile("stretchd/stretchd"), "server",
-                            "--listen=" + server_address_, "--cluster_secret=" + secret_});
+        cluster_->Spawn(0, {Runfile("stretchd/stretchd"), "server", "--listen=" + server_address_,
+                            "--cluster_secret=" + secret_});
     ASSERT_TRUE(server.ok()) << server.status();
     auto line = server->ReadLine(Deadline());
     ASSERT_TRUE(line.ok()) << line.status();
@@ -120,9 +120,8 @@ class RemoteRunTest : public ::testing::Test {
         "printf '%s\\n' \"$S\" > /tmp/secret && exec ", Runfile("stretchd/stretchd"),
         " node --node=", i, " --server=", server_address_, " --listen=", cluster_->address(i),
         ":0 --cluster_secret=/tmp/secret --attach_socket=/tmp/attach.sock 2>&1");
-    auto node =
-        cluster_->Spawn(i, {"unshare", "--mount", "--propagation", "private", "/bin/sh", "-c",
-                            script});
+    auto node = cluster_->Spawn(
+        i, {"unshare", "--mount", "--propagation", "private", "/bin/sh", "-c", script});
     ASSERT_TRUE(node.ok()) << node.status();
     for (;;) {
       auto up = node->ReadLine(Deadline());
@@ -193,10 +192,9 @@ class RemoteRunTest : public ::testing::Test {
 // Every primitive, threads on all three machines, the output exactly as native; then the
 // nodes are as before the run (nothing left in their /tmp, no replica agent) and run again.
 TEST_F(RemoteRunTest, AProgramRunsOnTheLaunchersMachineAndEveryNodeOfTheCluster) {
-  const std::vector<std::string> prog = {
-      Runfile("experiments/workloads/sync_torture"),
-      "--test=mutex,condvar,barrier,sem,atomic,join,detach", "--threads=5", "--rounds=300",
-      "--start_gate_ms=100"};
+  const std::vector<std::string> prog = {Runfile("experiments/workloads/sync_torture"),
+                                         "--test=mutex,condvar,barrier,sem,atomic,join,detach",
+                                         "--threads=5", "--rounds=300", "--start_gate_ms=100"};
   const std::set<std::string> before = NodeTmp(1);
   Outcome native = Native("native", prog);
   ASSERT_EQ(native.status.ToString(), "exit status 0") << native.err;
@@ -267,8 +265,8 @@ TEST_F(RemoteRunTest, AKilledLauncherLeavesNothingRunningOnTheNodes) {
   EXPECT_EQ(NodeTmp(1), (std::set<std::string>{"attach.sock", "secret"}));
   EXPECT_EQ(NodeTmp(2), (std::set<std::string>{"attach.sock", "secret"}));
 
-  Outcome next = Run("next", {"--migrate_at_threads=3"},
-                     {Runfile("stretchd/spin_prog"), "2", "20000"});
+  Outcome next =
+      Run("next", {"--migrate_at_threads=3"}, {Runfile("stretchd/spin_prog"), "2", "20000"});
   EXPECT_EQ(next.status.ToString(), "exit status 0") << next.err;
   EXPECT_THAT(next.out, HasSubstr("counter 40000"));
 }
@@ -299,7 +297,9 @@ TEST_F(RemoteRunTest, ClearErrorsWithoutNodesOrWithTheWrongSecret) {
     none = Run("none", {}, {"/bin/true"});
   } while (!absl::StrContains(none.err, "no nodes connected") && absl::Now() < end);
   EXPECT_EQ(none.status.ToString(), "exit status 1");
-  EXPECT_THAT(none.err, HasSubstr("has no nodes connected on other machines: start `stretchd node --server="));
+  EXPECT_THAT(
+      none.err,
+      HasSubstr("has no nodes connected on other machines: start `stretchd node --server="));
 }
 
 }  // namespace

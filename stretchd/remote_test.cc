@@ -30,6 +30,7 @@ TEST(RemoteTest, AStartRequestRoundTrips) {
   r.hold_checkpoint = false;
   r.track_write_sharing = true;
   r.read_ahead = 3;
+  r.busy_poll_us = 70;
   r.heartbeat_ms = 50;
   r.peer_timeout_ms = 700;
   r.fault_timeout_ms = 900;
@@ -44,6 +45,7 @@ TEST(RemoteTest, AStartRequestRoundTrips) {
   EXPECT_FALSE(back->hold_checkpoint);
   EXPECT_TRUE(back->track_write_sharing);
   EXPECT_EQ(back->read_ahead, 3);
+  EXPECT_EQ(back->busy_poll_us, 70);
   EXPECT_EQ(back->heartbeat_ms, 50);
   EXPECT_EQ(back->peer_timeout_ms, 700);
   EXPECT_EQ(back->fault_timeout_ms, 900);
@@ -61,14 +63,15 @@ TEST(RemoteTest, BadStartRequestsAreRefusedNamingTheLine) {
   const std::string base = "node=1\nserver=10.0.0.1:7000\n";
   EXPECT_TRUE(RemoteStart::Parse(base).ok());
   for (const std::string& bad : {
-           std::string("server=10.0.0.1:7000\n"),          // no node
-           std::string("node=1\n"),                        // no server
-           std::string("node=0\nserver=a\n"),              // node 0 is the launcher's
-           std::string("node=64\nserver=a\n"),             // too many nodes
-           base + "run_threads=1,x\n",                     // not a thread id
-           base + "run_threads=-3\n",                      // not a thread id
-           base + "manual=yes\n",                          // not 0/1
-           base + "read_ahead=99999\n",                    // out of range
+           std::string("server=10.0.0.1:7000\n"),              // no node
+           std::string("node=1\n"),                            // no server
+           std::string("node=0\nserver=a\n"),                  // node 0 is the launcher's
+           std::string("node=64\nserver=a\n"),                 // too many nodes
+           base + "run_threads=1,x\n",                         // not a thread id
+           base + "run_threads=-3\n",                          // not a thread id
+           base + "manual=yes\n",                              // not 0/1
+           base + "read_ahead=99999\n",                        // out of range
+           base + "busy_poll_us=10001\n",                      // out of range
            base + "output=stdin:0:644:/tmp/x\n",               // not an output
            base + "output=stdout:0:644:relative/x\n",          // not absolute
            base + "output=stdout:0:644:/tmp/../etc/passwd\n",  // climbs
@@ -76,7 +79,7 @@ TEST(RemoteTest, BadStartRequestsAreRefusedNamingTheLine) {
            base + "output=stdout:0:9:/tmp/x\n",                // not octal
            base + "output=stdout:0:17777:/tmp/x\n",            // not permission bits
            base + "output=stdout:0:/tmp/x\n",                  // no mode
-           base + "exec=/bin/sh\n",                        // unknown key
+           base + "exec=/bin/sh\n",                            // unknown key
            base + "no equals sign\n",
        }) {
     auto r = RemoteStart::Parse(bad);

@@ -423,9 +423,8 @@ TEST_F(RunTest, AffinityPlacementPutsThreadsThatWriteTogetherOnOneNode) {
   // cores (affinity assignment), for both nodes, and the threads were pinned.
   if (sysconf(_SC_NPROCESSORS_ONLN) < 2) return;
   int assignments = 0, pinned = 0;
-  for (size_t pos = 0; (pos = last_stats_.find(R"("action":"assign_cores")", pos)) !=
-                       std::string::npos;
-       ++pos) {
+  for (size_t pos = 0;
+       (pos = last_stats_.find(R"("action":"assign_cores")", pos)) != std::string::npos; ++pos) {
     ++assignments;
     const size_t a = last_stats_.find(R"("assignment":")", pos) + 14;
     std::map<int, std::string> cores;  // thread -> its cores

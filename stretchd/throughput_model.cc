@@ -88,8 +88,9 @@ double ThroughputModel::PredictPlacement(const std::vector<NodeWindow>& windows)
 
 std::string ThroughputModel::FitJson() const {
   const Fit f = fit();
-  return absl::StrFormat(R"({"per_fault_us":%.1f,"per_invalidation_us":%.1f,"samples":%d,"r2":%.3f})",
-                         f.per_fault_s * 1e6, f.per_invalidation_s * 1e6, f.samples, f.r2);
+  return absl::StrFormat(
+      R"({"per_fault_us":%.1f,"per_invalidation_us":%.1f,"samples":%d,"r2":%.3f})",
+      f.per_fault_s * 1e6, f.per_invalidation_s * 1e6, f.samples, f.r2);
 }
 
 }  // namespace stretch

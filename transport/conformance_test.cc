@@ -521,6 +521,43 @@ TEST_P(ConformanceTest, ReceiveHonorsDeadlinesAndCloseWakesIt) {
   server->Close();  // idempotent
 }
 
+// Busy polling changes how a waiting Receive() waits, nothing else: requests and replies in
+// both directions arrive whole and in order while both sides poll, a Receive() with nothing
+// to come still ends at its deadline (not when the polling time is up), and Close() still
+// wakes a poller.
+TEST_P(ConformanceTest, BusyPollingDeliversAndKeepsDeadlinesAndClose) {
+  std::string address;
+  auto server = MakeServer(&address);
+  auto client = Make();
+  ASSERT_TRUE(server && client);
+  PeerId to_server, to_client;
+  ConnectPair(*server, *client, address, &to_server, &to_client);
+  std::thread echo([&] {
+    for (uint32_t i = 0; i < 200; ++i) {
+      server->BusyPollUntil(absl::Now() + absl::Milliseconds(1));
+      auto e = Next(*server);
+      if (!e.ok() || e->kind != Event::Kind::kMessage) return;
+      if (!server->Send(to_client, e->data).ok()) return;
+    }
+  });
+  for (uint32_t i = 0; i < 200; ++i) {
+    ASSERT_OK(client->Send(to_server, Tagged(2, i, 64 + i * 20)));
+    client->BusyPollUntil(absl::Now() + absl::Microseconds(100));
+    ASSERT_OK_AND_ASSIGN(Event e, Next(*client));
+    ASSERT_EQ(e.kind, Event::Kind::kMessage) << Name(e.kind) << " " << e.status;
+    ASSERT_EQ(e.data, Tagged(2, i, 64 + i * 20));
+  }
+  echo.join();
+  client->BusyPollUntil(absl::Now() + absl::Hours(1));
+  EXPECT_EQ(client->Receive(absl::Now() + absl::Milliseconds(20)).status().code(),
+            absl::StatusCode::kDeadlineExceeded);
+  absl::Status blocked;
+  std::thread waiter([&] { blocked = client->Receive(absl::Now() + absl::Hours(1)).status(); });
+  client->Close();
+  waiter.join();
+  EXPECT_EQ(blocked.code(), absl::StatusCode::kCancelled) << blocked;
+}
+
 std::string UnusedAddress(const Backend& b) {
   static std::atomic<int> n{0};
   if (b.backend == "loopback") return absl::StrCat("loop:nobody-", getpid(), "-", n++);

@@ -192,6 +192,12 @@ class FabricTransport final : public Transport {
     return Rma(true, peer, local, local_offset, remote, remote_offset, length, deadline);
   }
   const TransportStats& stats() const override { return stats_; }
+  void BusyPollUntil(absl::Time until) override {
+    const int64_t ns = absl::ToUnixNanos(until);
+    int64_t was = busy_until_ns_.load(std::memory_order_relaxed);
+    while (was < ns && !busy_until_ns_.compare_exchange_weak(was, ns, std::memory_order_relaxed)) {
+    }
+  }
 
   // Closes a region's MR (FabricRegion's destructor).
   void ReleaseRegion(fid_mr* mr) ABSL_LOCKS_EXCLUDED(mu_);
@@ -365,6 +371,8 @@ class FabricTransport final : public Transport {
   int live_regions_ ABSL_GUARDED_BY(mu_) = 0;
   bool poller_active_ ABSL_GUARDED_BY(mu_) = false;   // a thread drives progress
   bool poller_blocked_ ABSL_GUARDED_BY(mu_) = false;  // ... and sleeps in ppoll()
+  // BusyPollUntil(): until then, the poller polls the CQ instead of sleeping (Unix ns).
+  std::atomic<int64_t> busy_until_ns_{0};
   bool kicked_ ABSL_GUARDED_BY(mu_) = false;          // wake_fd_ written since it slept
   uint64_t progress_epoch_ ABSL_GUARDED_BY(mu_) = 0;  // bumped by progress and new events
   absl::Time next_housekeeping_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
@@ -1256,6 +1264,21 @@ void FabricTransport::AwaitProgressLocked(absl::Time until) {
   if (events_.size() > queued || now >= until) {
     poller_active_ = false;
     return;
+  }
+  // Busy polling (BusyPollUntil): read the CQ until an event comes or the time is up, letting
+  // go of mu_ between reads so that senders are not held up.
+  while (absl::GetCurrentTimeNanos() < busy_until_ns_.load(std::memory_order_relaxed) &&
+         absl::Now() < until) {
+    ProgressLocked(/*until_event=*/true);
+    if (events_.size() > queued || closed_) {
+      poller_active_ = false;
+      return;
+    }
+    mu_.Unlock();
+#if defined(__x86_64__)
+    __builtin_ia32_pause();
+#endif
+    mu_.Lock();
   }
   fid_t cq = &res_->cq.get()->fid;
   int rc = fi_trywait(res_->fabric.get(), &cq, 1);

@@ -112,6 +112,7 @@ class FaultInjectingTransport final : public Transport {
     return base_->Write(peer, local, local_offset, remote, remote_offset, length, deadline);
   }
   const TransportStats& stats() const override { return base_->stats(); }
+  void BusyPollUntil(absl::Time until) override { base_->BusyPollUntil(until); }
 
  private:
   struct Pending {

@@ -298,6 +298,12 @@ class Transport {
 
   virtual const TransportStats& stats() const = 0;
 
+  // Busy polling: until `until`, a thread waiting in Receive() polls the network instead of
+  // sleeping until it is woken, trading a CPU for the wake-up latency (a node agent waiting
+  // for the answer to a fault). A later call may extend the time, never shorten it. Backends
+  // that always poll or cannot (loopback) ignore it.
+  virtual void BusyPollUntil(absl::Time until) {}
+
  protected:
   Transport() = default;
 };
