@@ -88,9 +88,9 @@ const char* Name(Role r);
 // First message on every connection, in both directions.
 struct Hello {
   Role role = Role::kNode;
-  NodeId node;                      // the sender's node id (kServerEndpoint for the server)
-  uint64_t incarnation = 0;         // changes when the sender restarts
-  std::string name;                 // human-readable, for logs ("node1@10.0.0.2")
+  NodeId node;               // the sender's node id (kServerEndpoint for the server)
+  uint64_t incarnation = 0;  // changes when the sender restarts
+  std::string name;          // human-readable, for logs ("node1@10.0.0.2")
 };
 
 struct HelloReply {
@@ -323,10 +323,9 @@ struct Launch {
 };
 
 using Message =
-    std::variant<Hello, HelloReply, CoherenceMsg, RegionAttach, RegionAttachReply,
-                 RegionAnnounce, ThreadControl, Futex, FutexReply, AddressSpace, StatsRequest,
-                 StatsReply, Heartbeat, Error, Exit, Peers, PageSeed, PagesHeld, PagesHeldReply,
-                 Launch>;
+    std::variant<Hello, HelloReply, CoherenceMsg, RegionAttach, RegionAttachReply, RegionAnnounce,
+                 ThreadControl, Futex, FutexReply, AddressSpace, StatsRequest, StatsReply,
+                 Heartbeat, Error, Exit, Peers, PageSeed, PagesHeld, PagesHeldReply, Launch>;
 
 MessageType TypeOf(const Message& m);
 // The type a frame's header claims (nullopt if the frame is shorter than a header or its
