@@ -215,6 +215,18 @@ class DirectoryServer::Impl {
     Node& node = nodes_[*id];
     node.alive = false;
     futexes_.ForgetNode(*id);
+    // A node that never asked for a page nor held one (a cluster node that only ever ran
+    // replicas for launchers, whose runs have directories of their own) takes nothing with it:
+    // its loss stops nothing, and it may connect again.
+    const bool held_pages = node.stats.read_requests > 0 || node.stats.write_requests > 0 ||
+                            node.stats.pages_held > 0;
+    if (!held_pages) {
+      LOG(INFO) << "server: node " << id->value() << (node.left ? " left" : " disconnected")
+                << "; it held no pages, so nothing is lost and it may connect again";
+      node.left = false;
+      ForgetAddressSpaceNode(*id);
+      return;
+    }
     if (node.left) {
       LOG(INFO) << "server: node " << id->value() << " left";
       ForgetAddressSpaceNode(*id);

@@ -20,6 +20,7 @@
 #include <thread>
 
 #include "absl/container/flat_hash_set.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -606,6 +607,7 @@ class LaunchService::Impl {
     UniqueFd control;
     std::atomic<bool> reaped{false};
     std::atomic<bool> failed{false};  // the replica agent exited with an error
+    std::atomic<bool> ready{false};   // ... after its replica was restored ("ready")
     std::thread relay;
     Tailer tail;
     std::vector<std::string> created_files, created_dirs;
@@ -850,6 +852,7 @@ class LaunchService::Impl {
       bool closed = false;
       auto line = RecvLine(run->control.get(), 500, &closed);
       if (closed) break;
+      if (line && absl::StartsWith(*line, "ready ")) run->ready = true;
       if (line) (void)agent_->SendLaunch(peer, Msg(wire::LaunchOp::kControl, *line));
     }
     auto st = run->agent->Wait(absl::Now() + absl::Seconds(30));
@@ -881,8 +884,8 @@ class LaunchService::Impl {
       rmdir(it->c_str());
     }
     std::error_code ec;
-    if (run->failed && !kill) {
-      // Its logs (CRIU's restore.log) say why: keep them, not the images.
+    if (run->failed && !run->ready && !kill) {
+      // The restore failed: its logs (CRIU's restore.log) say why; keep them, not the images.
       std::filesystem::remove_all(run->dir + "/images", ec);
       LOG(WARNING) << "launch service: the replica agent failed; kept its logs in " << run->dir
                    << "/work";

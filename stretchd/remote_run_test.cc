@@ -271,6 +271,41 @@ TEST_F(RemoteRunTest, AKilledLauncherLeavesNothingRunningOnTheNodes) {
   EXPECT_THAT(next.out, HasSubstr("counter 40000"));
 }
 
+// A cluster node's agent killed while the program runs: its replica agent dies with it, the
+// run's directory loses that node, and the program stops on every machine with an error that
+// names it; the other node is left clean and serves the next run.
+TEST_F(RemoteRunTest, AKilledNodeAgentStopsTheRunWithAClearError) {
+  SubprocessOptions o = Launcher("lost", {"--migrate_at_threads=4"},
+                                 {Runfile("stretchd/spin_prog"), "3", "100000000000"});
+  auto launcher = Subprocess::Start(o);
+  ASSERT_TRUE(launcher.ok()) << launcher.status();
+  const absl::Time end = Deadline(60);
+  while (CountProcesses("-x spin_prog") < 3 && absl::Now() < end) {
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  ASSERT_EQ(CountProcesses("-x spin_prog"), 3) << testing::ReadFileOrEmpty(o.stderr_path);
+  ASSERT_TRUE(nodes_[2]->Kill(SIGKILL).ok());
+  (void)nodes_[2]->Wait(Deadline());
+  auto st = launcher->Wait(Deadline(30));
+  ASSERT_TRUE(st.ok()) << st.status();
+  EXPECT_EQ(st->ToString(), "exit status 1");
+  const std::string err = testing::ReadFileOrEmpty(o.stderr_path);
+  EXPECT_THAT(err, HasSubstr("node 2")) << err;
+  EXPECT_EQ(WaitGone("-x spin_prog"), 0);
+  EXPECT_EQ(WaitGone("-f '[s]tretchd node .*--replica_images'"), 0);
+  EXPECT_EQ(WaitGone("-f '[c]riu restore'"), 0);
+  const absl::Time clean = Deadline(30);
+  while (NodeTmp(1).size() > 2 && absl::Now() < clean) absl::SleepFor(absl::Milliseconds(50));
+  EXPECT_EQ(NodeTmp(1), (std::set<std::string>{"attach.sock", "secret"}));
+
+  // Node 1 alone serves the next run; node 2's restart joins again.
+  StartNode(2);
+  Outcome next = Run("after-loss", {"--migrate_at_threads=3"},
+                     {Runfile("stretchd/spin_prog"), "2", "20000"});
+  EXPECT_EQ(next.status.ToString(), "exit status 0") << next.err;
+  EXPECT_THAT(next.out, HasSubstr("counter 40000"));
+}
+
 // Bad requests get one line and a non-zero exit.
 TEST_F(RemoteRunTest, ClearErrorsWithoutNodesOrWithTheWrongSecret) {
   // A second launcher's secret is not the cluster's: the server refuses it.
