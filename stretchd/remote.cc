@@ -260,12 +260,13 @@ class RemoteReplicas::Impl {
  public:
   struct Peer {
     PeerId peer;
-    std::string label;       // "node 1 (cluster node 3 at ADDR)"
-    std::string stats_json;  // where its statistics go
-    UniqueFd mine;           // our end of the control bridge
-    UniqueFd theirs;         // the caller's end, until taken
-    bool ended = false;      // guarded by mu_
-    bool closed = false;     // the forwarder saw `mine` close (forwarder thread only)
+    std::string label;         // "node 1 (cluster node 3 at ADDR)"
+    std::string bridge_label;  // "cluster node 3 at ADDR" (the launcher names the node)
+    std::string stats_json;    // where its statistics go
+    UniqueFd mine;             // our end of the control bridge
+    UniqueFd theirs;           // the caller's end, until taken
+    bool ended = false;        // guarded by mu_
+    bool closed = false;       // the forwarder saw `mine` close (forwarder thread only)
   };
 
   Impl(std::unique_ptr<transport::Transport> t, int out, int err)
@@ -288,8 +289,8 @@ class RemoteReplicas::Impl {
     for (size_t i = 0; i < nodes.size(); ++i) {
       auto& n = nodes[i];
       Peer p;
-      p.label = absl::StrCat("node ", n.start.node, " (cluster node ", n.cluster.node, " at ",
-                             n.cluster.address, ")");
+      p.bridge_label = absl::StrCat("cluster node ", n.cluster.node, " at ", n.cluster.address);
+      p.label = absl::StrCat("node ", n.start.node, " (", p.bridge_label, ")");
       p.stats_json = n.stats_json;
       int sv[2];
       if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) != 0) {
@@ -408,25 +409,26 @@ class RemoteReplicas::Impl {
         continue;
       }
       size_t i = 0;
-      std::string label, stats_json;
+      std::string bridge_label, stats_json;
       int mine = -1;
       {
         absl::MutexLock l(&mu_);
         while (i < peers_.size() && peers_[i].peer != ev->peer) ++i;
         if (i == peers_.size()) continue;
-        label = peers_[i].label;
+        bridge_label = peers_[i].bridge_label;
         stats_json = peers_[i].stats_json;
         mine = peers_[i].mine.get();
       }
       if (ev->kind == Event::Kind::kDisconnected) {
-        End(i, absl::StrCat("error ", label, ": lost the connection to its agent (",
+        End(i, absl::StrCat("error ", bridge_label, ": lost the connection to its agent (",
                             ev->status.message(), ")"));
         continue;
       }
       if (ev->kind != Event::Kind::kMessage) continue;
       auto m = wire::Decode(ev->data);
       if (!m.ok()) {
-        End(i, absl::StrCat("error ", label, " sent a malformed message: ", m.status().message()));
+        End(i, absl::StrCat("error ", bridge_label,
+                            " sent a malformed message: ", m.status().message()));
         continue;
       }
       auto* launch = std::get_if<wire::Launch>(&*m);
@@ -450,7 +452,7 @@ class RemoteReplicas::Impl {
           End(i, "");
           break;
         case wire::LaunchOp::kRefused:
-          End(i, absl::StrCat("error ", label, " refused the replica: ", launch->data));
+          End(i, absl::StrCat("error ", bridge_label, " refused the replica: ", launch->data));
           break;
         case wire::LaunchOp::kFile:
         case wire::LaunchOp::kStart:
