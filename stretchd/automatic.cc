@@ -576,6 +576,24 @@ static int RunLauncherOn(const LaunchOptions& o, const std::vector<ClusterNode>&
           absl::ToDoubleMilliseconds(absl::Now() - run_start), i, cores, text, pinned));
     }
   };
+  // The last complete sharing graph (for assigning cores again after threads move), and where
+  // threads run now (each node's "where").
+  SharingGraph last_graph;
+  auto where_all = [&]() {
+    std::vector<std::vector<int>> now(o.nodes);
+    for (int i = 0; i < o.nodes; ++i) {
+      if (agents[i].done) continue;
+      SendLine(agents[i].control.get(), "where");
+      auto w = await(i, {"here"}, absl::Seconds(2));
+      if (!w) continue;
+      for (absl::string_view t :
+           absl::StrSplit(absl::StripPrefix(*w, "here "), ',', absl::SkipEmpty())) {
+        int tid = 0;
+        if (absl::SimpleAtoi(t, &tid)) now[i].push_back(tid);
+      }
+    }
+    return now;
+  };
   // Regrouping by sharing affinity (affinity.h): from the pages the threads wrote with a fault
   // since the last call, swap threads between nodes so that threads writing the same pages
   // run together, if that removes at least a quarter of the write sharing across nodes (and
@@ -606,6 +624,7 @@ static int RunLauncherOn(const LaunchOptions& o, const std::vector<ClusterNode>&
     last_sharing = absl::Now();
     if (++regroup_attempts >= 3 || !complete) regroup_done = true;
     if (!complete) return false;
+    last_graph = graph;
     constexpr uint64_t kMinFaultsSaved = 64;
     Regrouping r = Regroup(now, graph, /*pinned=*/{1});
     const uint64_t saved = r.cut_before - r.cut_after;
@@ -726,6 +745,7 @@ static int RunLauncherOn(const LaunchOptions& o, const std::vector<ClusterNode>&
       }
     }
     decision("consolidate", cores, moved, failed, reason, predicted);
+    if (moved > 0) assign_cores(where_all(), last_graph);
     LOG(INFO) << "stretchd run: placement: moved " << moved << " thread(s) to node 0"
               << (failed ? absl::StrCat(", ", failed, " could not move: ", failures) : "");
     consolidated = moved > 0;
@@ -763,6 +783,7 @@ static int RunLauncherOn(const LaunchOptions& o, const std::vector<ClusterNode>&
       absl::StartsWith(migrate(tid, node), "ok") ? ++moved : ++failed;
     }
     decision("probe", cores, moved, failed, reason, predicted);
+    if (moved > 0) assign_cores(where_all(), last_graph);
     rebaseline();
     consolidated = false;
     probing = moved > 0;
