@@ -891,13 +891,14 @@ static int RunLauncherOn(const LaunchOptions& o, const std::vector<ClusterNode>&
     // more cores busy all on node 0 (without their remote faults) than they keep on all nodes
     // now, while threads away from node 0 still run (a serial phase, threads idle by design, is
     // not that; nor is main alone on node 0 collecting results: moving threads would not move
-    // the data). Two windows in a row, or one when one node is predicted to do twice as well.
+    // the data). Two windows in a row: one can be a transient (a burst of first-touch faults
+    // as a program starts computing looks like heavy sharing for a window).
     const double gain = cores > 0 ? one_node / cores : (one_node > 0 ? HUGE_VAL : 1.0);
     const bool dsm_bound =
         gain >= 1.1 && away > 0.05 && (o.placement_min_cores <= 0 || cores < o.placement_min_cores);
     low_windows = dsm_bound && !fewer_threads ? low_windows + 1 : 0;
     spread_cores = low_windows == 1 ? cores : (spread_cores + cores) / 2;
-    if (low_windows < 2 && !(low_windows == 1 && gain >= 2)) return;
+    if (low_windows < 2) return;
     low_windows = 0;
     {
       double cpu = 0, stall = 0;

@@ -120,8 +120,8 @@ DEFINE_string(placement, "static",
               "that removes at least a quarter of the write faults across nodes) or adaptive "
               "(affinity, then: when a throughput model fitted on the run's fault and "
               "invalidation costs predicts that all threads on node 0 would keep 10% more cores "
-              "busy than they do spread, two windows in a row (or one, if twice as many), every "
-              "thread moves to node 0; the launcher keeps measuring and spreads them again when "
+              "busy than they do spread, two windows in a row, every thread moves to node 0; the "
+              "launcher keeps measuring and spreads them again when "
               "node 0 is saturated and that pays); decisions on stderr and in the stats JSON");
 DEFINE_int32(placement_window_ms, 100, "run: adaptive placement's measuring window");
 DEFINE_double(placement_min_cores, 0,
