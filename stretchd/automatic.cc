@@ -89,6 +89,17 @@ std::string StatusLine(const ExitStatus& st) {
   return st.signaled ? absl::StrCat("signal ", st.code) : absl::StrCat("exit ", st.code);
 }
 
+// The thread ids of a node's "here T1,T2,..." answer to "where".
+std::vector<int> HereThreads(absl::string_view line) {
+  std::vector<int> tids;
+  for (absl::string_view t :
+       absl::StrSplit(absl::StripPrefix(line, "here "), ',', absl::SkipEmpty())) {
+    int tid = 0;
+    if (absl::SimpleAtoi(t, &tid)) tids.push_back(tid);
+  }
+  return tids;
+}
+
 std::string ReadWhole(const std::string& path) {
   std::ifstream in(path);
   std::stringstream s;
@@ -585,12 +596,7 @@ static int RunLauncherOn(const LaunchOptions& o, const std::vector<ClusterNode>&
       if (agents[i].done) continue;
       SendLine(agents[i].control.get(), "where");
       auto w = await(i, {"here"}, absl::Seconds(2));
-      if (!w) continue;
-      for (absl::string_view t :
-           absl::StrSplit(absl::StripPrefix(*w, "here "), ',', absl::SkipEmpty())) {
-        int tid = 0;
-        if (absl::SimpleAtoi(t, &tid)) now[i].push_back(tid);
-      }
+      if (w) now[i] = HereThreads(*w);
     }
     return now;
   };
@@ -614,11 +620,7 @@ static int RunLauncherOn(const LaunchOptions& o, const std::vector<ClusterNode>&
         complete = false;
         continue;
       }
-      for (absl::string_view t :
-           absl::StrSplit(absl::StripPrefix(*w, "here "), ',', absl::SkipEmpty())) {
-        int tid = 0;
-        if (absl::SimpleAtoi(t, &tid)) now[i].push_back(tid);
-      }
+      now[i] = HereThreads(*w);
     }
     const absl::Time since = last_sharing;
     last_sharing = absl::Now();
@@ -729,10 +731,7 @@ static int RunLauncherOn(const LaunchOptions& o, const std::vector<ClusterNode>&
       SendLine(agents[i].control.get(), "where");
       auto r = await(i, {"here"}, absl::Seconds(5));
       if (!r) continue;
-      for (absl::string_view t :
-           absl::StrSplit(absl::StripPrefix(*r, "here "), ',', absl::SkipEmpty())) {
-        pid_t tid = 0;
-        if (!absl::SimpleAtoi(t, &tid)) continue;
+      for (const pid_t tid : HereThreads(*r)) {
         std::string result = migrate(tid, 0);
         if (absl::StartsWith(result, "ok")) {
           ++moved;

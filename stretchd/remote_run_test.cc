@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -152,13 +153,16 @@ class RemoteRunTest : public ::testing::Test {
     return o;
   }
 
-  Outcome Run(const std::string& name, const std::vector<std::string>& flags,
-              const std::vector<std::string>& prog) {
-    SubprocessOptions o = Launcher(name, flags, prog);
+  static Outcome Complete(const SubprocessOptions& o) {
     auto st = RunToCompletion(o, Deadline(120));
     EXPECT_TRUE(st.ok()) << st.status();
     return Outcome{st.ok() ? *st : ExitStatus{true, 0}, testing::ReadFileOrEmpty(o.stdout_path),
                    testing::ReadFileOrEmpty(o.stderr_path)};
+  }
+
+  Outcome Run(const std::string& name, const std::vector<std::string>& flags,
+              const std::vector<std::string>& prog) {
+    return Complete(Launcher(name, flags, prog));
   }
 
   Outcome Native(const std::string& name, const std::vector<std::string>& prog) {
@@ -166,10 +170,44 @@ class RemoteRunTest : public ::testing::Test {
     o.argv = prog;
     o.stdout_path = absl::StrCat(dir_, "/", name, ".out");
     o.stderr_path = absl::StrCat(dir_, "/", name, ".err");
-    auto st = RunToCompletion(o, Deadline(120));
-    EXPECT_TRUE(st.ok()) << st.status();
-    return Outcome{st.ok() ? *st : ExitStatus{true, 0}, testing::ReadFileOrEmpty(o.stdout_path),
-                   testing::ReadFileOrEmpty(o.stderr_path)};
+    return Complete(o);
+  }
+
+  // Starts a run of three spinning threads that never ends on its own, and waits until the
+  // program runs on all three machines (its replicas' command lines read as empty: pgrep -x).
+  std::optional<Subprocess> StartSpinning(const std::string& name) {
+    SubprocessOptions o = Launcher(name, {"--migrate_at_threads=4"},
+                                   {Runfile("stretchd/spin_prog"), "3", "100000000000"});
+    auto launcher = Subprocess::Start(o);
+    EXPECT_TRUE(launcher.ok()) << launcher.status();
+    if (!launcher.ok()) return std::nullopt;
+    const absl::Time end = Deadline(60);
+    while (CountProcesses("-x spin_prog") < 3 && absl::Now() < end) {
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+    EXPECT_EQ(CountProcesses("-x spin_prog"), 3) << testing::ReadFileOrEmpty(o.stderr_path);
+    return std::move(*launcher);
+  }
+
+  // Nothing of a run is left on the nodes `which`: no replica, replica agent or CRIU restore,
+  // nothing in their /tmp but what they started with.
+  void ExpectNothingLeftOn(const std::vector<int>& which) {
+    EXPECT_EQ(WaitGone("-x spin_prog"), 0);
+    EXPECT_EQ(WaitGone("-f '[s]tretchd node .*--replica_images'"), 0);
+    EXPECT_EQ(WaitGone("-f '[c]riu restore'"), 0);
+    for (int i : which) {
+      const absl::Time clean = Deadline(30);
+      while (NodeTmp(i).size() > 2 && absl::Now() < clean) absl::SleepFor(absl::Milliseconds(50));
+      EXPECT_EQ(NodeTmp(i), (std::set<std::string>{"attach.sock", "secret"})) << "node " << i;
+    }
+  }
+
+  // A short run on the cluster as it is now ends normally.
+  void ExpectANextRunWorks(const std::string& name) {
+    Outcome next =
+        Run(name, {"--migrate_at_threads=3"}, {Runfile("stretchd/spin_prog"), "2", "20000"});
+    EXPECT_EQ(next.status.ToString(), "exit status 0") << next.err;
+    EXPECT_THAT(next.out, HasSubstr("counter 40000"));
   }
 
   // Every number called `key` in a stats file, in order.
@@ -245,65 +283,34 @@ TEST_F(RemoteRunTest, AHundredMiBHeapMigratesToTheNodes) {
 // The launcher killed while the program runs: each node kills the replica it ran for it and
 // removes what the run created, and stays up for the next run.
 TEST_F(RemoteRunTest, AKilledLauncherLeavesNothingRunningOnTheNodes) {
-  SubprocessOptions o = Launcher("long", {"--migrate_at_threads=4"},
-                                 {Runfile("stretchd/spin_prog"), "3", "100000000000"});
-  auto launcher = Subprocess::Start(o);
-  ASSERT_TRUE(launcher.ok()) << launcher.status();
-  // A replica on each node, and the program on the launcher's machine.
-  const absl::Time end = Deadline(60);
-  while (CountProcesses("-x spin_prog") < 3 && absl::Now() < end) {
-    absl::SleepFor(absl::Milliseconds(20));
-  }
-  ASSERT_EQ(CountProcesses("-x spin_prog"), 3) << testing::ReadFileOrEmpty(o.stderr_path);
+  auto launcher = StartSpinning("long");
+  ASSERT_TRUE(launcher.has_value());
+  ASSERT_FALSE(HasFailure());
   launcher->Kill(SIGKILL);
   (void)launcher->Wait(Deadline());
-  EXPECT_EQ(WaitGone("-x spin_prog"), 0);
-  EXPECT_EQ(WaitGone("-f '[s]tretchd node .*--replica_images'"), 0);
-  EXPECT_EQ(WaitGone("-f '[c]riu restore'"), 0);
-  const absl::Time clean = Deadline(30);
-  while (NodeTmp(1).size() > 2 && absl::Now() < clean) absl::SleepFor(absl::Milliseconds(50));
-  EXPECT_EQ(NodeTmp(1), (std::set<std::string>{"attach.sock", "secret"}));
-  EXPECT_EQ(NodeTmp(2), (std::set<std::string>{"attach.sock", "secret"}));
-
-  Outcome next =
-      Run("next", {"--migrate_at_threads=3"}, {Runfile("stretchd/spin_prog"), "2", "20000"});
-  EXPECT_EQ(next.status.ToString(), "exit status 0") << next.err;
-  EXPECT_THAT(next.out, HasSubstr("counter 40000"));
+  ExpectNothingLeftOn({1, 2});
+  ExpectANextRunWorks("next");
 }
 
 // A cluster node's agent killed while the program runs: its replica agent dies with it, the
 // run's directory loses that node, and the program stops on every machine with an error that
 // names it; the other node is left clean and serves the next run.
 TEST_F(RemoteRunTest, AKilledNodeAgentStopsTheRunWithAClearError) {
-  SubprocessOptions o = Launcher("lost", {"--migrate_at_threads=4"},
-                                 {Runfile("stretchd/spin_prog"), "3", "100000000000"});
-  auto launcher = Subprocess::Start(o);
-  ASSERT_TRUE(launcher.ok()) << launcher.status();
-  const absl::Time end = Deadline(60);
-  while (CountProcesses("-x spin_prog") < 3 && absl::Now() < end) {
-    absl::SleepFor(absl::Milliseconds(20));
-  }
-  ASSERT_EQ(CountProcesses("-x spin_prog"), 3) << testing::ReadFileOrEmpty(o.stderr_path);
+  auto launcher = StartSpinning("lost");
+  ASSERT_TRUE(launcher.has_value());
+  ASSERT_FALSE(HasFailure());
   ASSERT_TRUE(nodes_[2]->Kill(SIGKILL).ok());
   (void)nodes_[2]->Wait(Deadline());
   auto st = launcher->Wait(Deadline(30));
   ASSERT_TRUE(st.ok()) << st.status();
   EXPECT_EQ(st->ToString(), "exit status 1");
-  const std::string err = testing::ReadFileOrEmpty(o.stderr_path);
+  const std::string err = testing::ReadFileOrEmpty(dir_ + "/lost.err");
   EXPECT_THAT(err, HasSubstr("node 2")) << err;
-  EXPECT_EQ(WaitGone("-x spin_prog"), 0);
-  EXPECT_EQ(WaitGone("-f '[s]tretchd node .*--replica_images'"), 0);
-  EXPECT_EQ(WaitGone("-f '[c]riu restore'"), 0);
-  const absl::Time clean = Deadline(30);
-  while (NodeTmp(1).size() > 2 && absl::Now() < clean) absl::SleepFor(absl::Milliseconds(50));
-  EXPECT_EQ(NodeTmp(1), (std::set<std::string>{"attach.sock", "secret"}));
+  ExpectNothingLeftOn({1});
 
-  // Node 1 alone serves the next run; node 2's restart joins again.
+  // Node 2's restart joins again; the cluster serves the next run.
   StartNode(2);
-  Outcome next = Run("after-loss", {"--migrate_at_threads=3"},
-                     {Runfile("stretchd/spin_prog"), "2", "20000"});
-  EXPECT_EQ(next.status.ToString(), "exit status 0") << next.err;
-  EXPECT_THAT(next.out, HasSubstr("counter 40000"));
+  ExpectANextRunWorks("after-loss");
 }
 
 // Bad requests get one line and a non-zero exit.
