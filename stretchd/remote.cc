@@ -284,8 +284,7 @@ class RemoteReplicas::Impl {
     if (forwarder_.joinable()) forwarder_.join();
   }
 
-  absl::Status Connect(std::vector<RemoteReplicas::Node>& nodes, const std::string& images,
-                       uint64_t* image_bytes) {
+  absl::Status Connect(std::vector<RemoteReplicas::Node>& nodes, const std::string& images) {
     for (size_t i = 0; i < nodes.size(); ++i) {
       auto& n = nodes[i];
       Peer p;
@@ -318,7 +317,6 @@ class RemoteReplicas::Impl {
     if (ec) return absl::InternalError(absl::StrCat("reading ", images, ": ", ec.message()));
     std::sort(files.begin(), files.end());
     for (size_t i = 0; i < nodes.size(); ++i) {
-      const PeerId peer = PeerOf(i);
       wire::Hello hello;
       hello.role = wire::Role::kLauncher;
       hello.node = wire::kServerEndpoint;
@@ -337,14 +335,12 @@ class RemoteReplicas::Impl {
           STRETCH_RETURN_IF_ERROR(Send(i, wire::Encode(Msg(wire::LaunchOp::kFile, buf.substr(0, n),
                                                            path.filename().string(), offset))));
           offset += static_cast<uint64_t>(n);
-          if (i == 0) *image_bytes += static_cast<uint64_t>(n);
           if (n == 0) break;
         }
       }
       if (Ended(i)) continue;
       STRETCH_RETURN_IF_ERROR(
           Send(i, wire::Encode(Msg(wire::LaunchOp::kStart, nodes[i].start.Encode()))));
-      (void)peer;
     }
     return absl::OkStatus();
   }
@@ -508,13 +504,11 @@ absl::StatusOr<std::unique_ptr<RemoteReplicas>> RemoteReplicas::Start(
   STRETCH_ASSIGN_OR_RETURN(std::unique_ptr<transport::Transport> t,
                            transport::CreateTransport(transport_name, options));
   auto impl = std::make_unique<Impl>(std::move(t), stdout_fd, stderr_fd);
-  uint64_t bytes = 0;
-  STRETCH_RETURN_IF_ERROR(impl->Connect(nodes, images_dir, &bytes));
-  return std::unique_ptr<RemoteReplicas>(new RemoteReplicas(std::move(impl), bytes));
+  STRETCH_RETURN_IF_ERROR(impl->Connect(nodes, images_dir));
+  return std::unique_ptr<RemoteReplicas>(new RemoteReplicas(std::move(impl)));
 }
 
-RemoteReplicas::RemoteReplicas(std::unique_ptr<Impl> impl, uint64_t image_bytes)
-    : impl_(std::move(impl)), image_bytes_(image_bytes) {}
+RemoteReplicas::RemoteReplicas(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 RemoteReplicas::~RemoteReplicas() = default;
 int RemoteReplicas::TakeControl(size_t i) { return impl_->TakeControl(i); }
 bool RemoteReplicas::WaitEnded(size_t i, absl::Time deadline) {

@@ -106,15 +106,12 @@ class RemoteReplicas {
   int TakeControl(size_t i);
   // True once node i's replica agent has ended (its statistics written), within `deadline`.
   bool WaitEnded(size_t i, absl::Time deadline);
-  // Bytes of images sent to each node.
-  uint64_t image_bytes() const { return image_bytes_; }
 
   class Impl;
 
  private:
-  RemoteReplicas(std::unique_ptr<Impl> impl, uint64_t image_bytes);
+  explicit RemoteReplicas(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
-  uint64_t image_bytes_ = 0;
 };
 
 // The node's side, in a long-lived `stretchd node`: runs the replicas launchers ask for, one
