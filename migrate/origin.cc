@@ -127,10 +127,14 @@ absl::Status CheckMigratable(pid_t pid, bool manual) {
 // (it is init of its PID namespace, which drops signals it has no handler for).
 absl::StatusOr<OriginResult> FinishHere(Subprocess& app, const sigset_t& forward,
                                         absl::Time deadline, absl::Status why) {
-  LOG(WARNING) << "the program cannot be migrated, so it goes on running on this node only: "
-               << why.message();
+  if (!why.ok()) {
+    LOG(WARNING) << "the program cannot be migrated, so it goes on running on this node only: "
+                 << why.message();
+  }
+  const absl::Time resumed = absl::Now();
   kill(app.pid(), SIGCONT);
   OriginResult result;
+  result.stayed = why.ok();
   result.migration_error = std::move(why);
   int fatal_signal = 0;
   for (;;) {
@@ -147,6 +151,7 @@ absl::StatusOr<OriginResult> FinishHere(Subprocess& app, const sigset_t& forward
     if (st.ok()) {
       result.exited = true;
       result.status = fatal_signal != 0 ? ExitStatus{true, fatal_signal} : *st;
+      result.after_point = absl::Now() - resumed;
       return result;
     }
     if (st.status().code() != absl::StatusCode::kDeadlineExceeded || absl::Now() >= deadline) {
@@ -292,6 +297,7 @@ absl::StatusOr<OriginResult> RunOrigin(const OriginOptions& options) {
     }
   }
   sup.reset();
+  if (options.stay) return FinishHere(app, forward, deadline, absl::OkStatus());
   if (absl::Status movable = CheckMigratable(app.pid(), options.manual); !movable.ok()) {
     return FinishHere(app, forward, deadline, std::move(movable));
   }

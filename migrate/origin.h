@@ -41,6 +41,9 @@ struct OriginOptions {
   // Manual mode: the program must have a MAP_SHARED anonymous mapping at the migration point
   // (the only memory shared between nodes), else it is not migrated.
   bool manual = false;
+  // At the migration point, do not checkpoint: stop tracing the program and let it run to its
+  // end here, natively, as if never migrated (`stayed` in the result).
+  bool stay = false;
   // Upper bound for reaching the migration point or exiting, and for the dump.
   absl::Duration timeout = absl::Hours(24 * 365);
 };
@@ -55,6 +58,11 @@ struct OriginResult {
   std::string images_dir;
   // How long stopping the program and `criu dump` took.
   absl::Duration stop_time, dump_time;
+  // It reached its migration point and ran to its end here because of OriginOptions::stay;
+  // `after_point` is how long it ran from there (also set for a program that could not be
+  // checkpointed).
+  bool stayed = false;
+  absl::Duration after_point;
   // Set when the program could not be checkpointed (e.g. an established TCP connection): it
   // then went on running here to its end (`exited`, `status`), as if never migrated.
   absl::Status migration_error;

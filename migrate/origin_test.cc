@@ -8,6 +8,7 @@
 #include <sys/eventfd.h>
 #include <sys/ioctl.h>
 #include <sys/prctl.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 
 #include <thread>
@@ -131,6 +132,36 @@ TEST_F(OriginTest, DefaultPolicyMigratesWhenMainBlocks) {
   ExitStatus st = RestoreAndRun(r->images_dir, dir_.path() + "/work");
   EXPECT_EQ(st.code, 0) << testing::ReadFileOrEmpty(dir_.path() + "/err");
   EXPECT_THAT(testing::ReadFileOrEmpty(dir_.path() + "/out"), HasSubstr("barrier: phases=20001"));
+}
+
+// Staying at the migration point (adaptive placement's history chose node 0): no checkpoint,
+// the program finishes here with the native result, from either kind of migration point (a
+// thread count: threads parked after clone; a join: main parked in its futex call).
+TEST_F(OriginTest, StayingAtTheMigrationPointFinishesHere) {
+  std::vector<std::string> argv = {Workload("matrix_multiply"), "--threads=3", "--size=200"};
+  std::string native = NativeOutput(argv, dir_.path());
+  auto o = Options(argv);
+  o.migrate_at_threads = 4;
+  o.stay = true;
+  auto r = RunOrigin(o);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(r->exited);
+  EXPECT_TRUE(r->stayed);
+  EXPECT_TRUE(r->migration_error.ok());
+  EXPECT_EQ(r->status.code, 0);
+  EXPECT_GT(r->after_point, absl::ZeroDuration());
+  EXPECT_EQ(testing::ReadFileOrEmpty(dir_.path() + "/out"), native);
+  struct stat images;
+  EXPECT_NE(stat((dir_.path() + "/images/inventory.img").c_str(), &images), 0);
+
+  auto j = Options({Workload("sync_torture"), "--test=barrier", "--threads=4", "--rounds=200000"});
+  j.stay = true;
+  j.program.stdout_path = dir_.path() + "/out2";
+  auto rj = RunOrigin(j);
+  ASSERT_TRUE(rj.ok()) << rj.status();
+  EXPECT_TRUE(rj->exited && rj->stayed);
+  EXPECT_EQ(rj->status.code, 0) << testing::ReadFileOrEmpty(dir_.path() + "/err");
+  EXPECT_THAT(testing::ReadFileOrEmpty(dir_.path() + "/out2"), HasSubstr("barrier: phases=20001"));
 }
 
 TEST_F(OriginTest, ProgramThatNeverCreatesThreadsJustRuns) {
