@@ -27,6 +27,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "core/json.h"
 #include "core/status.h"
 #include "core/unique_fd.h"
 #include "engine/node_agent.h"
@@ -36,6 +37,7 @@
 #include "migrate/subprocess.h"
 #include "stretchd/affinity.h"
 #include "stretchd/control.h"
+#include "stretchd/placement_history.h"
 #include "stretchd/remote.h"
 #include "stretchd/replica.h"
 #include "stretchd/throughput_model.h"
@@ -184,6 +186,43 @@ static int RunLauncherOn(const LaunchOptions& o, const std::vector<ClusterNode>&
   oo.migrate_at_threads = o.migrate_at_threads;
   oo.manual = o.manual;
   oo.forward_signals = {SIGINT, SIGTERM};
+  // Adaptive placement's history: distribute this run, or leave the program on node 0.
+  std::string history_key, history_json;
+  auto record_history = [&](const HistoryRun& run) {
+    if (history_key.empty()) return;
+    absl::Status s =
+        AppendHistory(o.placement_history, history_key, run, absl::StrJoin(o.argv, " "));
+    if (!s.ok()) std::fprintf(stderr, "stretchd run: not recorded: %s\n", s.ToString().c_str());
+  };
+  if (!o.placement_history.empty()) {
+    const std::string nodes =
+        o.server.empty()
+            ? absl::StrCat(o.nodes, " emulated, cpus ",
+                           absl::StrJoin(o.node_cpus, ";",
+                                         [](std::string* out, const std::vector<int>& cpus) {
+                                           absl::StrAppend(out, absl::StrJoin(cpus, ","));
+                                         }))
+            : absl::StrCat(o.nodes, " of the cluster at ", o.server);
+    history_key = HistoryKey(o.argv, nodes, o.transport);
+    auto runs = LoadHistory(o.placement_history, history_key);
+    if (!runs.ok()) {
+      tail.Stop();
+      return Fail(std::string(runs.status().message()));
+    }
+    const HistoryChoice choice = ChooseFromHistory(*runs);
+    std::fprintf(stderr, "stretchd run: placement: %s: %s\n",
+                 choice.distribute ? "distributing" : "staying on node 0", choice.reason.c_str());
+    oo.stay = !choice.distribute;
+    // Node 0 alone: on its CPUs only, as its replica would be.
+    if (oo.stay && !o.node_cpus.empty()) oo.program.cpus = o.node_cpus[0];
+    history_json = absl::StrCat(R"("history":{"file":)");
+    AppendJsonString(o.placement_history, &history_json);
+    absl::StrAppend(&history_json, R"(,"key":")", history_key, R"(","earlier_runs":)", runs->size(),
+                    R"(,"choice":")", choice.distribute ? "distributed" : "node0",
+                    R"(","reason":)");
+    AppendJsonString(choice.reason, &history_json);
+    absl::StrAppend(&history_json, "}");
+  }
   auto origin = RunOrigin(oo);
   if (!origin.ok()) {
     tail.Stop();
@@ -191,6 +230,11 @@ static int RunLauncherOn(const LaunchOptions& o, const std::vector<ClusterNode>&
   }
   if (origin->exited) {
     tail.Stop();
+    if (origin->stayed && !origin->status.signaled) {
+      HistoryRun run;
+      run.run_ms = absl::ToDoubleMilliseconds(origin->after_point);
+      record_history(run);
+    }
     if (!origin->migration_error.ok()) {
       cleanup.remove = false;  // CRIU's log is in there
       std::fprintf(stderr, "stretchd run: the program ran on one node only; kept %s\n",
@@ -204,7 +248,13 @@ static int RunLauncherOn(const LaunchOptions& o, const std::vector<ClusterNode>&
       if (f == nullptr) {
         return Fail(ErrnoStatus(errno, absl::StrCat("write ", o.stats_json)).ToString());
       }
-      std::fprintf(f, "{\"nodes\":[],\"migrated\":false}\n");
+      std::string json = R"({"nodes":[],"migrated":false)";
+      if (origin->stayed) {
+        absl::StrAppend(&json, R"(,"after_point_ms":)",
+                        absl::ToDoubleMilliseconds(origin->after_point),
+                        R"(,"placement":{"policy":")", o.placement, R"(",)", history_json, "}");
+      }
+      std::fprintf(f, "%s}\n", json.c_str());
       std::fclose(f);
     }
     return origin->status.signaled ? -origin->status.code : origin->status.code;
@@ -921,6 +971,7 @@ static int RunLauncherOn(const LaunchOptions& o, const std::vector<ClusterNode>&
     next_probe = absl::Now() + probe_backoff;
   };
 
+  absl::Time run_end = absl::InfiniteFuture();  // when the program ended (exit or signal)
   for (bool finished = false; !finished;) {
     std::vector<struct pollfd> p;
     bool pending = false;
@@ -987,11 +1038,13 @@ static int RunLauncherOn(const LaunchOptions& o, const std::vector<ClusterNode>&
         result = value;
         error.clear();
         finished = true;
+        run_end = absl::Now();
       } else if (!closed && absl::StartsWith(*line, "signal ") &&
                  absl::SimpleAtoi(line->substr(7), &value)) {
         result = -value;
         error.clear();
         finished = true;
+        run_end = absl::Now();
       } else {
         // Every node's view, in the order they came: the first is often just "gone".
         absl::StrAppend(&error, error.empty() ? "" : "; ", "node ", i, ": ",
@@ -1048,7 +1101,8 @@ static int RunLauncherOn(const LaunchOptions& o, const std::vector<ClusterNode>&
                     ",\"restore_ms\":", absl::ToDoubleMilliseconds(restore_time), "}",
                     ",\"placement\":{\"policy\":\"", o.placement, "\",\"model\":", model.FitJson(),
                     ",\"samples\":[", absl::StrJoin(samples_json, ","), "],\"decisions\":[",
-                    absl::StrJoin(decisions_json, ","), "]}}");
+                    absl::StrJoin(decisions_json, ","), "]", history_json.empty() ? "" : ",",
+                    history_json, "}}");
     FILE* f = std::fopen(o.stats_json.c_str(), "w");
     if (f == nullptr)
       return Fail(ErrnoStatus(errno, absl::StrCat("write ", o.stats_json)).ToString());
@@ -1056,6 +1110,15 @@ static int RunLauncherOn(const LaunchOptions& o, const std::vector<ClusterNode>&
     std::fclose(f);
   }
   (*server)->Stop();
+  if (error.empty() && result >= 0 && run_end != absl::InfiniteFuture()) {
+    HistoryRun run;
+    run.distributed = true;
+    run.run_ms = absl::ToDoubleMilliseconds(run_end - run_start);
+    run.migration_ms =
+        absl::ToDoubleMilliseconds(origin->stop_time + origin->dump_time + restore_time);
+    run.consolidated = consolidated;
+    record_history(run);
+  }
   return result;
 }
 

@@ -68,6 +68,10 @@ struct LaunchOptions {
   std::string placement = "static";
   absl::Duration placement_window = absl::Milliseconds(100);
   double placement_min_cores = 0;
+  // Adaptive placement's history (placement_history.h): if set, a file of earlier runs, from
+  // which this run is either distributed or left on node 0 without migrating; the run is
+  // appended to it.
+  std::string placement_history;
   // If set, a directory: node i writes its fault trace to node<i>.csv there.
   std::string fault_trace;
   // Where `stretchd migrate` reaches this run (a Unix socket); empty: WORK_DIR/control.sock.

@@ -127,6 +127,13 @@ DEFINE_int32(placement_window_ms, 100, "run: adaptive placement's measuring wind
 DEFINE_double(placement_min_cores, 0,
               "run: adaptive placement consolidates on node 0 only while the program keeps fewer "
               "cores busy than this (0: whenever the model predicts that it pays)");
+DEFINE_string(placement_history, "",
+              "run, with --placement=adaptive: a file of this program's earlier runs (created "
+              "if missing; one line is appended per run): how long each ran after its migration "
+              "point, distributed or on node 0 alone. Each run is then distributed or left on "
+              "node 0 without migrating by what was measured: the first distributed, the second "
+              "on node 0 alone, then the faster (median of the last 3 of each), trying the "
+              "other after 8 in a row. Runs match by command line, nodes and transport");
 DEFINE_bool(track_write_sharing, false,
             "node: record which threads write which pages with a fault, for placement "
             "(stretchd run sets it for --placement=affinity and adaptive)");
@@ -255,6 +262,7 @@ const std::vector<Subcommand>& Subcommands() {
         "placement",
         "placement_window_ms",
         "placement_min_cores",
+        "placement_history",
         "heartbeat_ms",
         "peer_timeout_ms",
         "fault_timeout_ms",
@@ -840,6 +848,11 @@ int RunRun(const std::vector<std::string>& args) {
   o.placement = FLAGS_placement;
   o.placement_window = absl::Milliseconds(FLAGS_placement_window_ms);
   o.placement_min_cores = FLAGS_placement_min_cores;
+  if (!FLAGS_placement_history.empty() && FLAGS_placement != "adaptive") {
+    std::fprintf(stderr, "stretchd run: --placement_history needs --placement=adaptive\n");
+    return 2;
+  }
+  o.placement_history = FLAGS_placement_history;
   o.work_dir = FLAGS_work_dir;
   o.netns = FLAGS_netns;
   o.one_malloc_arena = FLAGS_one_malloc_arena;

@@ -400,6 +400,75 @@ TEST_F(RunTest, AdaptivePlacementConsolidatesWhatDistributionSlowsDown) {
   }
 }
 
+// --placement_history: K-means' first run is distributed and consolidated; the history then
+// leaves the second on node 0 without migrating (native output, nothing migrated). A history
+// where the distributed runs were faster distributes; a broken one stops before the program
+// runs, naming the line.
+TEST_F(RunTest, PlacementHistoryLeavesOnNodeZeroWhatDistributionSlowedDown) {
+  const std::string history = dir_.path() + "/history";
+  const std::vector<std::string> flags = {"--migrate_at_threads=5", "--placement=adaptive",
+                                          "--placement_window_ms=50", "--node_cpus=0;1",
+                                          absl::StrCat("--placement_history=", history)};
+  const std::vector<std::string> kmeans = {Runfile("experiments/workloads/kmeans"), "--size=100000",
+                                           "--threads=4"};
+  {
+    auto [native, stretch] = Both(kmeans, flags);
+    ASSERT_EQ(stretch.status.ToString(), "exit status 0") << stretch.err;
+    EXPECT_EQ(stretch.out, native.out);
+    EXPECT_THAT(stretch.err, HasSubstr("placement: distributing: no earlier run"));
+    EXPECT_THAT(last_stats_, HasSubstr("\"migrated\":true"));
+    EXPECT_THAT(last_stats_, HasSubstr("\"choice\":\"distributed\""));
+    EXPECT_THAT(last_stats_, HasSubstr("\"action\":\"consolidate\""));
+  }
+  std::vector<std::string> lines =
+      absl::StrSplit(testing::ReadFileOrEmpty(history), '\n', absl::SkipEmpty());
+  ASSERT_EQ(lines.size(), 2u) << testing::ReadFileOrEmpty(history);  // header, one run
+  EXPECT_THAT(
+      lines[1],
+      ::testing::MatchesRegex(
+          "[0-9a-f]{16}\tdistributed\t[0-9.]+\t[0-9.]+\t1\t.*kmeans --size=100000 --threads=4"));
+  {
+    auto [native, stretch] = Both(kmeans, flags);
+    ASSERT_EQ(stretch.status.ToString(), "exit status 0") << stretch.err;
+    EXPECT_EQ(stretch.out, native.out);
+    EXPECT_THAT(stretch.err, HasSubstr("placement: staying on node 0: its last distributed run"));
+    EXPECT_THAT(last_stats_, HasSubstr("\"migrated\":false"));
+    EXPECT_THAT(last_stats_, HasSubstr("\"choice\":\"node0\""));
+    EXPECT_GT(StatNumber("after_point_ms"), 0) << last_stats_;
+  }
+  lines = absl::StrSplit(testing::ReadFileOrEmpty(history), '\n', absl::SkipEmpty());
+  ASSERT_EQ(lines.size(), 3u);
+  EXPECT_THAT(lines[2], HasSubstr("\tnode0\t"));
+  const std::string key = lines[1].substr(0, 16);
+
+  // Another program's record does not count; this one ran faster distributed.
+  const std::vector<std::string> mm = {Runfile("experiments/workloads/matrix_multiply"),
+                                       "--size=300", "--threads=4"};
+  std::ofstream(history, std::ios::app) << key << "\tnode0\t1\t0\t0\tkmeans\n";
+  {
+    auto [native, stretch] = Both(mm, flags);
+    ASSERT_EQ(stretch.status.ToString(), "exit status 0") << stretch.err;
+    EXPECT_EQ(stretch.out, native.out);
+    EXPECT_THAT(stretch.err, HasSubstr("placement: distributing: no earlier run"));
+  }
+  lines = absl::StrSplit(testing::ReadFileOrEmpty(history), '\n', absl::SkipEmpty());
+  const std::string mm_key = lines.back().substr(0, 16);
+  ASSERT_NE(mm_key, key);
+  std::ofstream(history, std::ios::app) << mm_key << "\tnode0\t100000\t0\t0\tmm\n";
+  {
+    auto [native, stretch] = Both(mm, flags);
+    ASSERT_EQ(stretch.status.ToString(), "exit status 0") << stretch.err;
+    EXPECT_THAT(stretch.err, HasSubstr("placement: distributing: distributed it ran"));
+    EXPECT_THAT(last_stats_, HasSubstr("\"migrated\":true"));
+  }
+
+  std::ofstream(history, std::ios::app) << "not a run\n";
+  auto [native, stretch] = Both(mm, flags);
+  EXPECT_EQ(stretch.status.ToString(), "exit status 1");
+  EXPECT_THAT(stretch.err, HasSubstr(absl::StrCat("placement history ", history, " line ")));
+  EXPECT_EQ(stretch.out, "");
+}
+
 // --placement=affinity: round-robin placement splits both pairs of threads that write-share a
 // page; after a window the launcher swaps two threads so that each pair runs on one node,
 // says so, and the output is native.
