@@ -53,6 +53,10 @@ def load_config(path):
         for key in ("threads", "repetitions"):
             if key in cfg and (not isinstance(cfg[key], int) or cfg[key] < 1):
                 fail(f"config entry {cfg['label']}: '{key}' must be a positive integer")
+        if "warmup" in cfg and (not isinstance(cfg["warmup"], int) or cfg["warmup"] < 0 or
+                                not cfg.get("placement_history")):
+            fail(f"config entry {cfg['label']}: 'warmup' must be a count of runs, with "
+                 "\"placement_history\": true")
     c.setdefault("repetitions", 3)
     c.setdefault("threads", 4)
     c.setdefault("timeout_s", 600)
@@ -82,7 +86,36 @@ def command(c, cfg, workload, bin_dir, stats_path, trace_dir):
         argv.append(f"--node_cpus={cfg['node_cpus']}")
     if cfg.get("fault_trace"):
         argv.append(f"--fault_trace={trace_dir}")
+    if cfg.get("placement_history"):
+        argv.append(f"--placement_history={history_path(stats_path, workload, cfg)}")
     return argv + list(cfg.get("flags", [])) + ["--"] + prog
+
+
+def history_path(stats_path, workload, cfg):
+    """A config with "placement_history": one history file per (workload, configuration), in
+    RESULTS/history/, kept across reruns of the campaign."""
+    results = os.path.dirname(os.path.dirname(stats_path))
+    return os.path.join(results, "history", f"{workload}-{cfg['label']}.tsv")
+
+
+def history_runs(path):
+    if not os.path.exists(path):
+        return 0
+    with open(path) as f:
+        return sum(1 for line in f if line.strip() and not line.startswith("#"))
+
+
+def run_one(c, argv):
+    """Runs one command; returns (rc, wall seconds, compute seconds or None, stdout, stderr)."""
+    t0 = time.monotonic()
+    try:
+        p = subprocess.run(argv, capture_output=True, text=True, timeout=c["timeout_s"])
+        rc, out, err = p.returncode, p.stdout, p.stderr
+    except subprocess.TimeoutExpired:
+        rc, out, err = "timeout", "", ""
+    wall = time.monotonic() - t0
+    m = re.search(r"time_ms compute ([0-9.]+)", err)
+    return rc, wall, float(m.group(1)) / 1000 if m else None, out, err
 
 
 def done_runs(csv_path):
@@ -126,8 +159,12 @@ def main():
         if os.geteuid() != 0:
             fail("Stretch runs need root (namespaces, ptrace, CRIU)")
 
-    todo = [(w, cfg, r) for w in c["workloads"] for cfg in c["configs"]
-            for r in range(1, cfg.get("repetitions", c["repetitions"]) + 1)]
+    # Repetitions interleaved: every configuration's first run of a workload, then every
+    # configuration's second, ... so a machine that gets slower or faster during a campaign
+    # (shared VMs do) does not favour the configurations that ran first.
+    most = max(cfg.get("repetitions", c["repetitions"]) for cfg in c["configs"])
+    todo = [(w, cfg, r) for w in c["workloads"] for r in range(1, most + 1)
+            for cfg in c["configs"] if r <= cfg.get("repetitions", c["repetitions"])]
     done = done_runs(csv_path)
     pending = [t for t in todo if (t[0], t[1]["label"], t[2]) not in done]
     print(f"run.py: {c['name']}: {len(todo)} runs, {len(todo) - len(pending)} already done, "
@@ -152,15 +189,35 @@ def main():
             if cfg.get("fault_trace"):
                 os.makedirs(trace_dir, exist_ok=True)
             argv = command(c, cfg, w, a.bin, stats_path, trace_dir)
-            t0 = time.monotonic()
-            try:
-                p = subprocess.run(argv, capture_output=True, text=True,
-                                   timeout=c["timeout_s"])
-                rc, out, err = p.returncode, p.stdout, p.stderr
-            except subprocess.TimeoutExpired:
-                rc, out, err = "timeout", "", ""
-            wall = time.monotonic() - t0
-            m = re.search(r"time_ms compute ([0-9.]+)", err)
+            # Warm-up runs fill the placement history before the measured ones (recorded in
+            # warmup.csv, not in runs.csv).
+            history = history_path(stats_path, w, cfg)
+            if cfg.get("placement_history"):
+                os.makedirs(os.path.dirname(history), exist_ok=True)
+            while history_runs(history) < cfg.get("warmup", 0):
+                k = history_runs(history) + 1
+                print(f"    warm-up {k} of {cfg['warmup']} for the placement history",
+                      file=sys.stderr, flush=True)
+                wstats = os.path.join(results, "stats", f"{w}-{cfg['label']}-warmup{k}.json")
+                wrc, wwall, wcompute, wout, werr = run_one(
+                    c, command(c, cfg, w, a.bin, wstats, trace_dir))
+                wpath = os.path.join(results, "warmup.csv")
+                wnew = not os.path.exists(wpath)
+                with open(wpath, "a", newline="") as wf:
+                    ww = csv.DictWriter(wf, fieldnames=FIELDS)
+                    if wnew:
+                        ww.writeheader()
+                    ww.writerow({
+                        "workload": w, "config": cfg["label"], "rep": k, "rc": wrc,
+                        "wall_s": f"{wwall:.4f}",
+                        "compute_s": f"{wcompute:.4f}" if wcompute is not None else "",
+                        "output_sha": hashlib.sha256(wout.encode()).hexdigest()[:16],
+                        "stats": os.path.basename(wstats) if os.path.exists(wstats) else "",
+                        "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S")})
+                if wrc != 0:
+                    fail(f"{w} {cfg['label']} warm-up {k} failed ({wrc}): "
+                         f"{werr.strip().splitlines()[-1] if werr.strip() else ''}")
+            rc, wall, compute, out, err = run_one(c, argv)
             if rc != 0:
                 failures += 1
                 last = err.strip().splitlines()[-1] if err.strip() else ""
@@ -169,7 +226,7 @@ def main():
             writer.writerow({
                 "workload": w, "config": cfg["label"], "rep": rep, "rc": rc,
                 "wall_s": f"{wall:.4f}",
-                "compute_s": f"{float(m.group(1)) / 1000:.4f}" if m else "",
+                "compute_s": f"{compute:.4f}" if compute is not None else "",
                 "output_sha": hashlib.sha256(out.encode()).hexdigest()[:16],
                 "stats": stats_name if cfg["kind"] == "stretch" and os.path.exists(stats_path)
                 else "",

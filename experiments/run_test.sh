@@ -29,6 +29,28 @@ for w in matrix_multiply kmeans; do
   echo "$summary" | grep -E "^\| $w \| stretch-2node \| .* \| [0-9.]+x \| [0-9]+ \| [0-9]+ \| 1/1 \| yes \|" >/dev/null ||
     { echo "FAIL: summary line for $w:"; echo "$summary"; fail=1; }
 done
+# A placement history with two warm-up runs: they go to warmup.csv and the history file, the
+# measured run to runs.csv; its stats say what the history chose.
+cat > "$TEST_TMPDIR/history.json" <<'JSON'
+{"name": "history", "threads": 4, "repetitions": 1,
+ "workloads": {"kmeans": ["--size=8000"]},
+ "configs": [{"label": "adaptive", "kind": "stretch", "nodes": 2, "placement_history": true,
+              "warmup": 2, "flags": ["--migrate_at_threads=5", "--placement=adaptive"]}]}
+JSON
+hres="$TEST_TMPDIR/hresults"
+python3 "$here/experiments/run.py" "$TEST_TMPDIR/history.json" --bin="$here" --results="$hres" \
+  2>"$TEST_TMPDIR/history.err" || { echo "FAIL: history campaign"; cat "$TEST_TMPDIR/history.err"; fail=1; }
+[ "$(tail -n +2 "$hres/warmup.csv" | wc -l)" = 2 ] || { echo "FAIL: warm-ups: $(cat "$hres/warmup.csv")"; fail=1; }
+[ "$(tail -n +2 "$hres/runs.csv" | wc -l)" = 1 ] || { echo "FAIL: measured: $(cat "$hres/runs.csv")"; fail=1; }
+[ "$(grep -vc '^#' "$hres/history/kmeans-adaptive.tsv")" = 3 ] ||
+  { echo "FAIL: history: $(cat "$hres/history/kmeans-adaptive.tsv")"; fail=1; }
+grep -q '"history":{.*"earlier_runs":2' "$hres/stats/kmeans-adaptive-1.json" ||
+  { echo "FAIL: measured run's stats: $(cat "$hres/stats/kmeans-adaptive-1.json")"; fail=1; }
+echo '{"name": "x", "workloads": {"kmeans": []}, "configs": [{"label": "a", "kind": "stretch", "warmup": 2}]}' \
+  > "$TEST_TMPDIR/bad_warmup.json"
+err=$(python3 "$here/experiments/run.py" "$TEST_TMPDIR/bad_warmup.json" --results="$TEST_TMPDIR/bad" 2>&1)
+[ $? = 1 ] && echo "$err" | grep -q "'warmup' must be a count of runs, with" ||
+  { echo "FAIL: warmup without history: $err"; fail=1; }
 # Bad input: a config without workloads is refused with a one-line reason.
 echo '{"name": "x", "configs": []}' > "$TEST_TMPDIR/bad.json"
 err=$(python3 "$here/experiments/run.py" "$TEST_TMPDIR/bad.json" --results="$TEST_TMPDIR/bad" 2>&1)

@@ -117,14 +117,19 @@ def main():
     sp = runs(sp_dir)
     fig, ax = plt.subplots(figsize=(8, 4))
     xs = list(range(len(APPS)))
-    adaptive = any(r["config"] == "stretch-2node-adaptive" for r in sp)
+    # The adaptive configurations present: first runs, and runs with a placement history.
+    extra = [(label, color, name, head) for label, color, name, head in [
+        ("stretch-2node-adaptive", "#f96", "Stretch, --placement=adaptive (first run)",
+         "Stretch adaptive, first run (range)"),
+        ("stretch-2node-adaptive-history", "#6a6",
+         "Stretch, adaptive with --placement_history", "Stretch adaptive with history (range)")]
+        if any(r["config"] == label for r in sp)]
     table = ["| application | vanilla CPUs 0-1 | Stretch 2 nodes tcp (range) | "
-             + ("Stretch adaptive placement (range) | " if adaptive else "") + "thesis |",
-             "|---|---|---|" + ("---|" if adaptive else "") + "---|"]
+             + "".join(f"{e[3]} | " for e in extra) + "thesis |",
+             "|---|---|---|" + "---|" * len(extra) + "---|"]
     bars = [("vanilla-cpu01", "#9ab", "vanilla on 2 cores (one machine)"),
             ("stretch-2node-tcp", "#c53", "Stretch, 2 nodes x 1 core, tcp")]
-    if adaptive:
-        bars.append(("stretch-2node-adaptive", "#f96", "Stretch, --placement=adaptive"))
+    bars += [e[:3] for e in extra]
     width = 0.8 / len(bars)
     for i, (label, color, name) in enumerate(bars):
         off = (i - (len(bars) - 1) / 2) * width
@@ -150,10 +155,39 @@ def main():
         ths = "-" if not th else (f"{th[0]:.2f}x" if th[0] == th[1] else f"{th[0]:.2f}-{th[1]:.2f}x")
         cells = [cell(speedups(sp, w, "vanilla-cpu0", "vanilla-cpu01"), False),
                  cell(speedups(sp, w, "vanilla-cpu0", "stretch-2node-tcp"))]
-        if adaptive:
-            cells.append(cell(speedups(sp, w, "vanilla-cpu0", "stretch-2node-adaptive")))
+        for e in extra:
+            cells.append(cell(speedups(sp, w, "vanilla-cpu0", e[0])))
         table.append(f"| {w} | " + " | ".join(cells) + f" | {ths} |")
     parts["table_speedup_measured"] = "\n".join(table)
+    # What the placement history chose in the measured runs, and the times it chose from.
+    table = ["| application | measured runs: where | distributed, ms after the migration point "
+             "(runs) | node 0 alone, ms (runs) |", "|---|---|---|---|"]
+    label = "stretch-2node-adaptive-history"
+    for w in APPS if any(r["config"] == label for r in sp) else []:
+        where = []
+        for r in sp:
+            if r["workload"] != w or r["config"] != label or not r["stats"]:
+                continue
+            try:
+                with open(os.path.join(sp_dir, "stats", r["stats"])) as f:
+                    where.append(json.load(f)["placement"]["history"]["choice"])
+            except (OSError, ValueError, KeyError):
+                where.append("?")
+        kinds = {"distributed": [], "node0": []}
+        try:
+            with open(os.path.join(sp_dir, "history", f"{w}-{label}.tsv")) as f:
+                for line in f:
+                    fields = line.rstrip("\n").split("\t")
+                    if not line.startswith("#") and len(fields) == 6 and fields[1] in kinds:
+                        kinds[fields[1]].append(float(fields[2]))
+        except OSError:
+            pass
+
+        def ms(v):
+            return f"{statistics.median(v):.0f} ({len(v)})" if v else "-"
+        counts = ", ".join(f"{k} {where.count(k)}/{len(where)}" for k in sorted(set(where)))
+        table.append(f"| {w} | {counts} | {ms(kinds['distributed'])} | {ms(kinds['node0'])} |")
+    parts["table_history"] = "\n".join(table) if len(table) > 2 else ""
 
     # 2. Fault and invalidation breakdown of the measured 2-node runs.
     fig, ax = plt.subplots(figsize=(8, 4))
