@@ -81,6 +81,7 @@ def main():
                     with tempfile.NamedTemporaryFile(suffix=".json") as f:
                         mode = ["--manual"] if a.manual else []
                         rc, out, wall, comp = run([stretchd, "run", "--nodes=2", "--node_cpus=0;1",
+                                                   "--placement=static",
                                                    f"--stats_json={f.name}"] + mode + ["--"] + prog)
                         try:
                             stats = json.load(open(f.name))

@@ -122,6 +122,9 @@ static int RunLauncherOn(const LaunchOptions& o, const std::vector<ClusterNode>&
                          const std::string& local_ip) {
   if (o.argv.empty()) return Fail("no program given (stretchd run [flags] -- PROG ARGS...)");
   if (o.nodes < 1 || o.nodes > 64) return Fail("--nodes must be 1..64");
+  if (o.manual && o.placement != "static") {
+    return Fail("manual mode needs static placement: threads cannot move between nodes");
+  }
   if (o.netns && o.nodes > 1) {
     // What a launcher that was killed outright could not remove (its processes are gone).
     auto removed = testing::NetnsCluster::RemoveStale();
@@ -499,6 +502,10 @@ static int RunLauncherOn(const LaunchOptions& o, const std::vector<ClusterNode>&
   // node `to` takes it up. On failure the thread goes back to where it ran.
   auto migrate = [&](pid_t tid, int to) -> std::string {
     if (to < 0 || to >= o.nodes) return absl::StrCat("error no node ", to);
+    if (o.manual) {
+      return "error manual mode: threads cannot move between nodes (their stacks and private "
+             "memory are not coherent)";
+    }
     for (int i = 0; i < o.nodes; ++i) {
       if (!agents[i].done) SendLine(agents[i].control.get(), absl::StrCat("migrate-out ", tid));
     }

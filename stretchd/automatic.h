@@ -58,14 +58,15 @@ struct LaunchOptions {
   // NodeOptions::read_ahead and busy_poll of every node.
   int read_ahead = 8;
   absl::Duration busy_poll = absl::ZeroDuration();
-  // "static": threads stay where they were placed. "affinity": threads that write the same
+  // "adaptive" (the default) or, what manual mode needs, "static": threads stay where they
+  // were placed. "affinity": threads that write the same
   // pages are regrouped onto one node (affinity.h). "adaptive": regrouping, then every
   // placement_window the launcher measures how many cores the program's threads keep busy,
   // how long their faults take and how many they have; a throughput model fitted on that
   // (throughput_model.h) predicts whether all threads on node 0 would do better, and if so
   // they move there; they are spread again when node 0 is saturated and a probe shows it pays.
   // placement_min_cores > 0: consolidate only while fewer cores than that are busy.
-  std::string placement = "static";
+  std::string placement = "adaptive";
   absl::Duration placement_window = absl::Milliseconds(100);
   double placement_min_cores = 0;
   // Adaptive placement's history (placement_history.h): if set, a file of earlier runs, from

@@ -32,7 +32,9 @@ expect 2 "--migrate_threads must be thread ids" err run --migrate_threads=x -- /
 expect 1 "is not an executable program" err run -- /nonexistent/program
 expect 2 "unknown transport" err run --transport=carrier-pigeon -- /bin/true
 expect 2 "--node_cpus must be CPU lists" err run --node_cpus='0;x' -- /bin/true
-expect 2 "--placement_history needs --placement=adaptive" err run --placement_history=/tmp/h -- /bin/true
+expect 2 "--placement_history needs --placement=adaptive" err run --placement=static --placement_history=/tmp/h -- /bin/true
+expect 2 "--manual needs --placement=static" err run --manual --placement=affinity -- /bin/true
+expect 0 "or adaptive (the default;" out help run
 expect 0 "--placement_history" out help run
 expect 2 "--node_cpus must be CPU lists" err run --node_cpus='0;;1' -- /bin/true
 expect 2 "--node_cpus must be CPU lists" err run --node_cpus=100000 -- /bin/true

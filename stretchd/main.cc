@@ -113,12 +113,13 @@ DEFINE_bool(manual, false,
             "run: manual mode: only the program's MAP_SHARED anonymous mappings (present at "
             "migration) are coherent across nodes, each sync object on its own page; the rest of "
             "its memory is copied at migration and private to each node after it");
-DEFINE_string(placement, "static",
-              "run: static (threads stay where they were placed), affinity (in the first "
+DEFINE_string(placement, "",
+              "run: static (threads stay where they were placed; the default with --manual), "
+              "affinity (in the first "
               "windows of --placement_window_ms, threads on different nodes that write the same "
               "pages are swapped onto one node, keeping each node's thread count, once, if "
               "that removes at least a quarter of the write faults across nodes) or adaptive "
-              "(affinity, then: when a throughput model fitted on the run's fault and "
+              "(the default; affinity, then: when a throughput model fitted on the run's fault and "
               "invalidation costs predicts that all threads on node 0 would keep 10% more cores "
               "busy than they do spread, two windows in a row, every thread moves to node 0; the "
               "launcher keeps measuring and spreads them again when "
@@ -815,11 +816,19 @@ int RunRun(const std::vector<std::string>& args) {
   }
   o.stats_json = FLAGS_stats_json;
   o.migrate_at_threads = FLAGS_migrate_at_threads;
-  if (FLAGS_placement != "static" && FLAGS_placement != "affinity" &&
-      FLAGS_placement != "adaptive") {
+  // Manual mode keeps each node's stacks and private memory its own: a thread cannot move.
+  const std::string placement =
+      !FLAGS_placement.empty() ? FLAGS_placement : (FLAGS_manual ? "static" : "adaptive");
+  if (FLAGS_manual && placement != "static") {
+    std::fprintf(stderr,
+                 "stretchd run: --manual needs --placement=static: in manual mode threads cannot "
+                 "move between nodes (their stacks and private memory are not coherent)\n");
+    return 2;
+  }
+  if (placement != "static" && placement != "affinity" && placement != "adaptive") {
     std::fprintf(stderr,
                  "stretchd run: --placement must be static, affinity or adaptive (got '%s')\n",
-                 FLAGS_placement.c_str());
+                 placement.c_str());
     return 2;
   }
   if (FLAGS_placement_window_ms < 10 || FLAGS_placement_window_ms > 60000 ||
@@ -845,10 +854,10 @@ int RunRun(const std::vector<std::string>& args) {
   o.fault_timeout = live.fault_timeout;
   o.inject_faults = FLAGS_inject_faults;
   o.max_pages = FLAGS_max_pages;
-  o.placement = FLAGS_placement;
+  o.placement = placement;
   o.placement_window = absl::Milliseconds(FLAGS_placement_window_ms);
   o.placement_min_cores = FLAGS_placement_min_cores;
-  if (!FLAGS_placement_history.empty() && FLAGS_placement != "adaptive") {
+  if (!FLAGS_placement_history.empty() && placement != "adaptive") {
     std::fprintf(stderr, "stretchd run: --placement_history needs --placement=adaptive\n");
     return 2;
   }

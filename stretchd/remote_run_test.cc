@@ -258,6 +258,19 @@ TEST_F(RemoteRunTest, AProgramRunsOnTheLaunchersMachineAndEveryNodeOfTheCluster)
   Outcome again = Run("again", {"--migrate_at_threads=6"}, prog);
   EXPECT_EQ(again.status.ToString(), "exit status 0") << again.err;
   EXPECT_EQ(again.out, native.out) << again.err;
+
+  // Placement is adaptive by default, across machines too: K-means (every thread writes what
+  // the others read) is moved to the launcher's machine.
+  const std::vector<std::string> kmeans = {Runfile("experiments/workloads/kmeans"),
+                                           "--size=100000", "--threads=4"};
+  Outcome kn = Native("kmeans-native", kmeans);
+  Outcome k = Run("kmeans", {"--migrate_at_threads=5", "--placement_window_ms=50"}, kmeans);
+  EXPECT_EQ(k.status.ToString(), "exit status 0") << k.err;
+  EXPECT_EQ(k.out, kn.out) << k.err;
+  const std::string kstats = testing::ReadFileOrEmpty(dir_ + "/kmeans.json");
+  EXPECT_THAT(kstats, HasSubstr("\"policy\":\"adaptive\""));
+  EXPECT_THAT(kstats, HasSubstr("\"action\":\"consolidate\""));
+  EXPECT_THAT(k.err, HasSubstr("placement: moving every thread to node 0"));
 }
 
 // A 100 MiB heap: its checkpoint goes to both nodes over the network (images), its pages are

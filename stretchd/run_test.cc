@@ -67,7 +67,16 @@ class RunTest : public ::testing::Test {
     std::vector<std::string> argv = {
         Runfile("stretchd/stretchd"), "run", "--nodes=2",
         absl::StrCat("--stats_json=", dir_.path(), "/", name, ".json")};
-    argv.insert(argv.end(), flags.begin(), flags.end());
+    // These tests place threads themselves: static placement unless they ask for another
+    // (DefaultPlacementIsAdaptive runs the default).
+    if (std::none_of(flags.begin(), flags.end(), [](const std::string& f) {
+          return absl::StartsWith(f, "--placement=") || f == "--default_placement";
+        })) {
+      argv.push_back("--placement=static");
+    }
+    for (const std::string& f : flags) {
+      if (f != "--default_placement") argv.push_back(f);
+    }
     argv.push_back("--");
     argv.insert(argv.end(), prog.begin(), prog.end());
     Outcome stretch = RunCommand(argv, dir_.path(), name + "-stretch");
@@ -398,6 +407,24 @@ TEST_F(RunTest, AdaptivePlacementConsolidatesWhatDistributionSlowsDown) {
     EXPECT_THAT(last_stats_, HasSubstr("\"decisions\":[]")) << last_stats_;
     EXPECT_THAT(last_stats_, HasSubstr("\"cores\":")) << "no window measured: " << last_stats_;
   }
+}
+
+// Without --placement, automatic mode places adaptively: K-means (all sharing) is moved to
+// node 0, with the reason in the stats; manual mode is static and refuses to move threads.
+TEST_F(RunTest, DefaultPlacementIsAdaptive) {
+  {
+    auto [native, stretch] =
+        Both({Runfile("experiments/workloads/kmeans"), "--size=100000", "--threads=4"},
+             {"--default_placement", "--migrate_at_threads=5", "--node_cpus=0;1"});
+    ASSERT_EQ(stretch.status.ToString(), "exit status 0") << stretch.err;
+    EXPECT_EQ(stretch.out, native.out);
+    EXPECT_THAT(last_stats_, HasSubstr("\"policy\":\"adaptive\""));
+    EXPECT_THAT(last_stats_, HasSubstr("\"action\":\"consolidate\""));
+  }
+  auto [native, stretch] = Both({Runfile("experiments/workloads/kmeans"), "--size=1000"},
+                                {"--manual", "--placement=adaptive"});
+  EXPECT_EQ(stretch.status.ToString(), "exit status 2");
+  EXPECT_THAT(stretch.err, HasSubstr("--manual needs --placement=static"));
 }
 
 // --placement_history: K-means' first run is distributed and consolidated; the history then
