@@ -53,6 +53,8 @@ def load_config(path):
         for key in ("threads", "repetitions"):
             if key in cfg and (not isinstance(cfg[key], int) or cfg[key] < 1):
                 fail(f"config entry {cfg['label']}: '{key}' must be a positive integer")
+        if cfg.get("placement_history") and cfg["kind"] != "stretch":
+            fail(f"config entry {cfg['label']}: 'placement_history' is for \"stretch\" runs")
         if "warmup" in cfg and (not isinstance(cfg["warmup"], int) or cfg["warmup"] < 0 or
                                 not cfg.get("placement_history")):
             fail(f"config entry {cfg['label']}: 'warmup' must be a count of runs, with "
@@ -199,6 +201,8 @@ def main():
                 print(f"    warm-up {k} of {cfg['warmup']} for the placement history",
                       file=sys.stderr, flush=True)
                 wstats = os.path.join(results, "stats", f"{w}-{cfg['label']}-warmup{k}.json")
+                if os.path.exists(wstats):
+                    os.remove(wstats)  # an earlier campaign's
                 wrc, wwall, wcompute, wout, werr = run_one(
                     c, command(c, cfg, w, a.bin, wstats, trace_dir))
                 wpath = os.path.join(results, "warmup.csv")
@@ -217,6 +221,9 @@ def main():
                 if wrc != 0:
                     fail(f"{w} {cfg['label']} warm-up {k} failed ({wrc}): "
                          f"{werr.strip().splitlines()[-1] if werr.strip() else ''}")
+                if history_runs(history) < k:
+                    fail(f"{w} {cfg['label']} warm-up {k} added no run to {history} (did the "
+                         "program reach its migration point?)")
             rc, wall, compute, out, err = run_one(c, argv)
             if rc != 0:
                 failures += 1

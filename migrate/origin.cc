@@ -140,6 +140,7 @@ absl::StatusOr<OriginResult> FinishHere(Subprocess& app, const sigset_t& forward
   for (;;) {
     const struct timespec now = {0, 0};
     if (int sig = sigtimedwait(&forward, nullptr, &now); sig > 0) {
+      result.signal_forwarded = true;
       if (SignalKillsByDefault(sig) && !ProcessHandlesSignal(app.pid(), sig)) {
         fatal_signal = sig;
         kill(app.pid(), SIGKILL);

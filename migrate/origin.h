@@ -63,6 +63,8 @@ struct OriginResult {
   // checkpointed).
   bool stayed = false;
   absl::Duration after_point;
+  // While it ran here after its migration point, a signal came in and was passed on to it.
+  bool signal_forwarded = false;
   // Set when the program could not be checkpointed (e.g. an established TCP connection): it
   // then went on running here to its end (`exited`, `status`), as if never migrated.
   absl::Status migration_error;

@@ -198,7 +198,9 @@ static int RunLauncherOn(const LaunchOptions& o, const std::vector<ClusterNode>&
     if (!s.ok()) std::fprintf(stderr, "stretchd run: not recorded: %s\n", s.ToString().c_str());
   };
   if (!o.placement_history.empty()) {
-    const std::string nodes =
+    // Runs compare when they ran the same program on the same nodes from the same migration
+    // point.
+    std::string setup =
         o.server.empty()
             ? absl::StrCat(o.nodes, " emulated, cpus ",
                            absl::StrJoin(o.node_cpus, ";",
@@ -206,7 +208,9 @@ static int RunLauncherOn(const LaunchOptions& o, const std::vector<ClusterNode>&
                                            absl::StrAppend(out, absl::StrJoin(cpus, ","));
                                          }))
             : absl::StrCat(o.nodes, " of the cluster at ", o.server);
-    history_key = HistoryKey(o.argv, nodes, o.transport);
+    absl::StrAppend(&setup, ", migrate at ", o.migrate_at_threads, " threads, moving [",
+                    absl::StrJoin(o.migrate_threads, ","), "]", o.manual ? ", manual" : "");
+    history_key = HistoryKey(o.argv, setup, o.transport);
     auto runs = LoadHistory(o.placement_history, history_key);
     if (!runs.ok()) {
       tail.Stop();
@@ -233,7 +237,9 @@ static int RunLauncherOn(const LaunchOptions& o, const std::vector<ClusterNode>&
   }
   if (origin->exited) {
     tail.Stop();
-    if (origin->stayed && !origin->status.signaled) {
+    // Only a run that ended normally, undisturbed, says how long the program takes.
+    if (origin->stayed && !origin->status.signaled && origin->status.code == 0 &&
+        !origin->signal_forwarded) {
       HistoryRun run;
       run.run_ms = absl::ToDoubleMilliseconds(origin->after_point);
       record_history(run);
@@ -242,7 +248,7 @@ static int RunLauncherOn(const LaunchOptions& o, const std::vector<ClusterNode>&
       cleanup.remove = false;  // CRIU's log is in there
       std::fprintf(stderr, "stretchd run: the program ran on one node only; kept %s\n",
                    work.c_str());
-    } else if (!origin->status.signaled) {
+    } else if (!origin->status.signaled && !origin->stayed) {
       LOG(WARNING) << "stretchd run: the program ended before its migration point (it ran on "
                       "one node; --migrate_at_threads=N migrates as soon as it has N threads)";
     }
@@ -598,8 +604,9 @@ static int RunLauncherOn(const LaunchOptions& o, const std::vector<ClusterNode>&
   // regroup, of the pages its threads write) per window; the decisions go to the log and the
   // stats JSON.
   const bool adaptive = o.placement == "adaptive";
-  bool placement_done = o.placement == "static";
-  bool regroup_done = o.placement == "static";
+  // One node: nowhere to move threads to.
+  bool placement_done = o.placement == "static" || o.nodes == 1;
+  bool regroup_done = placement_done;
   int regroup_attempts = 0;
   absl::Time last_sharing = absl::Now();
   int low_windows = 0, windows = 0;
@@ -1086,6 +1093,16 @@ static int RunLauncherOn(const LaunchOptions& o, const std::vector<ClusterNode>&
   tail.Stop();
   if (!error.empty()) std::fprintf(stderr, "stretchd run: %s\n", error.c_str());
 
+  // Only a run that ended normally (exit 0), undisturbed, says how long the program takes.
+  if (error.empty() && result == 0 && interrupts == 0 && run_end != absl::InfiniteFuture()) {
+    HistoryRun run;
+    run.distributed = true;
+    run.run_ms = absl::ToDoubleMilliseconds(run_end - run_start);
+    run.migration_ms =
+        absl::ToDoubleMilliseconds(origin->stop_time + origin->dump_time + restore_time);
+    run.consolidated = consolidated;
+    record_history(run);
+  }
   if (!o.stats_json.empty()) {
     std::string json = "{\"nodes\":[";
     for (int i = 0; i < o.nodes; ++i) {
@@ -1117,15 +1134,6 @@ static int RunLauncherOn(const LaunchOptions& o, const std::vector<ClusterNode>&
     std::fclose(f);
   }
   (*server)->Stop();
-  if (error.empty() && result >= 0 && run_end != absl::InfiniteFuture()) {
-    HistoryRun run;
-    run.distributed = true;
-    run.run_ms = absl::ToDoubleMilliseconds(run_end - run_start);
-    run.migration_ms =
-        absl::ToDoubleMilliseconds(origin->stop_time + origin->dump_time + restore_time);
-    run.consolidated = consolidated;
-    record_history(run);
-  }
   return result;
 }
 

@@ -45,9 +45,9 @@ double MedianOfLast(std::vector<double> v) {
 
 }  // namespace
 
-std::string HistoryKey(const std::vector<std::string>& argv, const std::string& nodes,
+std::string HistoryKey(const std::vector<std::string>& argv, const std::string& setup,
                        const std::string& transport) {
-  std::string text = absl::StrCat("nodes=", nodes, "\ntransport=", transport, "\n");
+  std::string text = absl::StrCat("nodes=", setup, "\ntransport=", transport, "\n");
   for (const std::string& a : argv) absl::StrAppend(&text, a.size(), ":", a, "\n");
   return absl::StrFormat("%016" PRIx64, Fnv1a(text));
 }
@@ -69,6 +69,8 @@ absl::StatusOr<std::vector<HistoryRun>> LoadHistory(const std::string& path,
     if (n == 0) break;
     text.append(buf, static_cast<size_t>(n));
   }
+  // An append cut short leaves a last line without its newline: not a run.
+  if (!text.empty() && text.back() != '\n') text.erase(text.rfind('\n') + 1);
   int number = 0;
   for (absl::string_view line : absl::StrSplit(text, '\n')) {
     ++number;
@@ -103,9 +105,12 @@ absl::Status AppendHistory(const std::string& path, const std::string& key, cons
   absl::StrAppendFormat(&text, "%s\t%s\t%.1f\t%.1f\t%d\t%s\n", key,
                         run.distributed ? "distributed" : "node0", run.run_ms, run.migration_ms,
                         run.consolidated ? 1 : 0, absl::CEscape(command));
+  const off_t before = lseek(fd.get(), 0, SEEK_END);
   const ssize_t n = write(fd.get(), text.data(), text.size());
   if (n != static_cast<ssize_t>(text.size())) {
-    return ErrnoStatus(n < 0 ? errno : ENOSPC, absl::StrCat("append to placement history ", path));
+    const int err = n < 0 ? errno : ENOSPC;
+    if (n > 0 && before >= 0) (void)!ftruncate(fd.get(), before);
+    return ErrnoStatus(err, absl::StrCat("append to placement history ", path));
   }
   return absl::OkStatus();
 }

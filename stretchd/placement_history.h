@@ -6,7 +6,8 @@
 // (`stretchd run --placement=adaptive --placement_history=FILE`) each run appends how long the
 // program ran after its migration point and where: distributed (and whether adaptive placement
 // ended with every thread on node 0) or left on node 0 without migrating. The next run of the
-// same program (same command line, nodes and transport) is then either migrated or left where
+// same program (same command line, nodes, migration point and transport) is then either
+// migrated or left where
 // it is, by what was measured:
 //
 //   - no earlier run: distribute (that is the measurement);
@@ -15,7 +16,8 @@
 //     costs no migration); after eight runs in a row of one kind, one run of the other, so a
 //     program whose behaviour changed is noticed.
 //
-// The times compared are from the migration point to the program's end; the migration itself
+// Only runs that exit with status 0, undisturbed by a forwarded signal, are recorded. The
+// times compared are from the migration point to the program's end; the migration itself
 // (stop, checkpoint, restore) is recorded but not counted, as in the speedups the experiments
 // report. The file is text, one run per line, appended with one write(2) per run (O_APPEND), so
 // concurrent runs do not interleave lines.
@@ -46,17 +48,19 @@ struct HistoryChoice {
 };
 
 // The key under which a program's runs are kept: a hash of its command line (the program's
-// path as given), the nodes and the transport. Stable across runs and machines.
-std::string HistoryKey(const std::vector<std::string>& argv, const std::string& nodes,
+// path as given), `setup` (the nodes and whatever sets the migration point: runs from another
+// point do not compare) and the transport. Stable across runs and machines.
+std::string HistoryKey(const std::vector<std::string>& argv, const std::string& setup,
                        const std::string& transport);
 
 // The runs recorded under `key` in the file, oldest first. A missing file is an empty history;
-// a line that cannot be read is an error naming the file and line.
+// a line that cannot be read is an error naming the file and line, except a last line without
+// its newline (an append cut short, e.g. by a crash or a full disk), which is skipped.
 absl::StatusOr<std::vector<HistoryRun>> LoadHistory(const std::string& path,
                                                     const std::string& key);
 
 // Appends one run (creating the file, mode 0644, if needed); `command` is kept on the line for
-// people reading the file.
+// people reading the file. A write cut short is undone (the file truncated back).
 absl::Status AppendHistory(const std::string& path, const std::string& key, const HistoryRun& run,
                            const std::string& command);
 

@@ -92,6 +92,19 @@ TEST_F(HistoryFile, ABrokenLineIsAnErrorNamingIt) {
   EXPECT_THAT(runs.status().message(), HasSubstr(path_));
 }
 
+// A crash or a full disk mid-append leaves a last line without its newline: skipped, and the
+// next append still reads back.
+TEST_F(HistoryFile, AnAppendCutShortIsSkipped) {
+  const std::string k = HistoryKey({"a"}, "2", "tcp");
+  ASSERT_TRUE(AppendHistory(path_, k, Node0(10), "a").ok());
+  std::ofstream(path_, std::ios::app) << k << "\tdistrib";
+  auto runs = LoadHistory(path_, k);
+  ASSERT_TRUE(runs.ok()) << runs.status();
+  EXPECT_EQ(runs->size(), 1u);
+  std::ofstream(path_, std::ios::app) << "\n";  // now a complete, broken line
+  EXPECT_FALSE(LoadHistory(path_, k).ok());
+}
+
 TEST_F(HistoryFile, NegativeTimesAreRefused) {
   std::ofstream(path_) << "0123456789abcdef\tnode0\t-5\t0\t0\ta\n";
   EXPECT_FALSE(LoadHistory(path_, "0123456789abcdef").ok());

@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <optional>
 #include <set>
@@ -144,6 +145,11 @@ class RemoteRunTest : public ::testing::Test {
     o.argv = {Runfile("stretchd/stretchd"), "run", "--server=" + server_address_,
               "--cluster_secret=" + secret_,
               absl::StrCat("--stats_json=", dir_, "/", name, ".json")};
+    // Threads stay where they were placed unless a test asks for another placement.
+    if (std::none_of(flags.begin(), flags.end(),
+                     [](const std::string& f) { return absl::StartsWith(f, "--placement="); })) {
+      o.argv.push_back("--placement=static");
+    }
     o.argv.insert(o.argv.end(), flags.begin(), flags.end());
     o.argv.push_back("--");
     o.argv.insert(o.argv.end(), prog.begin(), prog.end());
@@ -259,12 +265,14 @@ TEST_F(RemoteRunTest, AProgramRunsOnTheLaunchersMachineAndEveryNodeOfTheCluster)
   EXPECT_EQ(again.status.ToString(), "exit status 0") << again.err;
   EXPECT_EQ(again.out, native.out) << again.err;
 
-  // Placement is adaptive by default, across machines too: K-means (every thread writes what
-  // the others read) is moved to the launcher's machine.
-  const std::vector<std::string> kmeans = {Runfile("experiments/workloads/kmeans"),
-                                           "--size=100000", "--threads=4"};
+  // Adaptive placement works across machines too: K-means (every thread writes what the
+  // others read) is moved to the launcher's machine.
+  const std::vector<std::string> kmeans = {Runfile("experiments/workloads/kmeans"), "--size=100000",
+                                           "--threads=4"};
   Outcome kn = Native("kmeans-native", kmeans);
-  Outcome k = Run("kmeans", {"--migrate_at_threads=5", "--placement_window_ms=50"}, kmeans);
+  Outcome k =
+      Run("kmeans", {"--migrate_at_threads=5", "--placement=adaptive", "--placement_window_ms=50"},
+          kmeans);
   EXPECT_EQ(k.status.ToString(), "exit status 0") << k.err;
   EXPECT_EQ(k.out, kn.out) << k.err;
   const std::string kstats = testing::ReadFileOrEmpty(dir_ + "/kmeans.json");
