@@ -5,6 +5,7 @@
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -530,7 +531,9 @@ TEST_F(RunTest, AffinityPlacementPutsThreadsThatWriteTogetherOnOneNode) {
       cores[std::atoi(kv.first.c_str())] = kv.second;
     }
     for (auto [x, y] : {std::pair{2, 3}, std::pair{4, 5}}) {
-      if (cores.count(x) && cores.count(y)) EXPECT_EQ(cores[x], cores[y]) << last_stats_;
+      if (cores.count(x) && cores.count(y)) {
+        EXPECT_EQ(cores[x], cores[y]) << last_stats_;
+      }
     }
     pinned += std::atoi(last_stats_.c_str() + last_stats_.find(R"("threads_pinned":)", pos) + 17);
   }
@@ -642,7 +645,8 @@ int CountProcesses(const std::string& pattern) {
 std::optional<Subprocess> StartLongSpin(const std::string& dir,
                                         const std::vector<std::string>& flags = {}) {
   SubprocessOptions o;
-  o.argv = {Runfile("stretchd/stretchd"), "run", "--nodes=2", "--migrate_at_threads=3"};
+  o.argv = {Runfile("stretchd/stretchd"), "run", "--nodes=2", "--migrate_at_threads=3",
+            "--placement=static"};
   o.argv.insert(o.argv.end(), flags.begin(), flags.end());
   for (const std::string& a : {std::string("--"), Runfile("stretchd/spin_prog"), std::string("2"),
                                std::string("100000000000")}) {
@@ -799,91 +803,108 @@ TEST_F(RunTest, AProgramLargerThanMaxPagesStopsNamingTheLimit) {
 // `stretchd migrate` moves running threads between nodes and back, the main thread (asleep
 // in usleep) included, while they compute in registers: the program prints what it prints
 // natively. Requests for a thread no node runs, or a node that does not exist, fail clearly.
+// In manual mode (the program's shared data in a MAP_SHARED page) a thread cannot move (its
+// stack is node-private): the request fails saying so, and the program ends as natively.
 TEST_F(RunTest, MigrateMovesRunningThreadsBetweenNodesAndBack) {
-  const std::string dir = dir_.path();
-  // (A Unix socket path must be short; the test's directory may not be.)
-  const std::string release = dir + "/release",
-                    control = absl::StrCat("/tmp/stretch-run-test-", getpid(), ".sock");
-  const std::string prog = Runfile("stretchd/migrate_prog");
-  { std::ofstream(dir + "/native-release") << ""; }
-  Outcome native = RunCommand({prog, "4", "300000000", dir + "/native-release"}, dir, "mnative");
-  ASSERT_EQ(native.status.ToString(), "exit status 0");
+  for (const bool manual : {false, true}) {
+    SCOPED_TRACE(manual ? "manual mode" : "automatic mode");
+    const std::string dir = absl::StrCat(dir_.path(), manual ? "/manual" : "/auto");
+    ASSERT_EQ(mkdir(dir.c_str(), 0700), 0);
+    // (A Unix socket path must be short; the test's directory may not be.)
+    const std::string release = dir + "/release",
+                      control = absl::StrCat("/tmp/stretch-run-test-", getpid(), manual ? "m" : "",
+                                             ".sock");
+    const std::string prog = Runfile("stretchd/migrate_prog");
+    { std::ofstream(dir + "/native-release") << ""; }
+    std::vector<std::string> native_argv = {prog, "4", "300000000", dir + "/native-release"};
+    if (manual) native_argv.push_back("--manual");
+    Outcome native = RunCommand(native_argv, dir, "mnative");
+    ASSERT_EQ(native.status.ToString(), "exit status 0");
 
-  SubprocessOptions o;
-  o.argv = {Runfile("stretchd/stretchd"),
-            "run",
-            "--nodes=2",
-            "--migrate_at_threads=5",
-            "--control=" + control,
-            "--",
-            prog,
-            "4",
-            "300000000",
-            release};
-  o.stdout_path = dir + "/mrun.out";
-  o.stderr_path = dir + "/mrun.err";
-  auto run = Subprocess::Start(o);
-  ASSERT_TRUE(run.ok()) << run.status();
-  // If an assertion ends the test early: let the program finish (the release file), then stop
-  // the run the way Ctrl-C twice does, so nothing is left behind.
-  struct Cleanup {
-    Subprocess* run;
-    std::string release;
-    ~Cleanup() {
-      std::ofstream(release) << "";
-      if (run->Wait(absl::Now() + absl::Seconds(30)).ok()) return;
-      run->Kill(SIGTERM);
-      run->Kill(SIGTERM);
-      (void)run->Wait(absl::Now() + absl::Seconds(30));
+    SubprocessOptions o;
+    o.argv = {Runfile("stretchd/stretchd"),
+              "run",
+              "--nodes=2",
+              "--migrate_at_threads=5",
+              "--placement=static",
+              "--control=" + control};
+    if (manual) o.argv.push_back("--manual");
+    for (const std::string& a :
+         {std::string("--"), prog, std::string("4"), std::string("300000000"), release}) {
+      o.argv.push_back(a);
     }
-  } cleanup{&*run, release};
-  int n = 0;
-  auto migrate = [&](std::vector<std::string> args) {
-    std::vector<std::string> argv = {Runfile("stretchd/stretchd"), "migrate", "--minloglevel=1",
-                                     "--control=" + control};
-    argv.insert(argv.end(), args.begin(), args.end());
-    return RunCommand(argv, dir, absl::StrCat("migrate", n++));
-  };
-  // Threads per node, once both nodes run some.
-  auto placement = [&]() { return migrate({}).out; };
-  absl::Time end = absl::Now() + absl::Seconds(60);
-  std::string where;
-  while (absl::Now() < end) {
-    where = placement();
-    if (absl::StrContains(where, "node 1: ") && !absl::StrContains(where, "node 1: \n") &&
-        !absl::StrContains(where, "node 1: ?")) {
-      break;
+    if (manual) o.argv.push_back("--manual");
+    o.stdout_path = dir + "/mrun.out";
+    o.stderr_path = dir + "/mrun.err";
+    auto run = Subprocess::Start(o);
+    ASSERT_TRUE(run.ok()) << run.status();
+    // If an assertion ends the test early: let the program finish (the release file), then
+    // stop the run the way Ctrl-C twice does, so nothing is left behind.
+    struct Cleanup {
+      Subprocess* run;
+      std::string release;
+      ~Cleanup() {
+        std::ofstream(release) << "";
+        if (run->Wait(absl::Now() + absl::Seconds(30)).ok()) return;
+        run->Kill(SIGTERM);
+        run->Kill(SIGTERM);
+        (void)run->Wait(absl::Now() + absl::Seconds(30));
+      }
+    } cleanup{&*run, release};
+    int n = 0;
+    auto migrate = [&](std::vector<std::string> args) {
+      std::vector<std::string> argv = {Runfile("stretchd/stretchd"), "migrate", "--minloglevel=1",
+                                       "--control=" + control};
+      argv.insert(argv.end(), args.begin(), args.end());
+      return RunCommand(argv, dir, absl::StrCat("migrate", n++));
+    };
+    // Threads per node, once both nodes run some.
+    auto placement = [&]() { return migrate({}).out; };
+    absl::Time end = absl::Now() + absl::Seconds(60);
+    std::string where;
+    while (absl::Now() < end) {
+      where = placement();
+      if (absl::StrContains(where, "node 1: ") && !absl::StrContains(where, "node 1: \n") &&
+          !absl::StrContains(where, "node 1: ?")) {
+        break;
+      }
+      absl::SleepFor(absl::Milliseconds(50));
     }
-    absl::SleepFor(absl::Milliseconds(50));
+    ASSERT_THAT(where, HasSubstr("node 0: 1,")) << where;
+    // The first thread node 1 runs goes to node 0, main to node 1, then both back.
+    const size_t at = where.find("node 1: ") + 8;
+    const std::string moved = where.substr(at, where.find_first_of(",\n", at) - at);
+    Outcome a = migrate({"--thread=" + moved, "--to=0"});
+    if (manual) {
+      EXPECT_EQ(a.status.ToString(), "exit status 1") << a.out;
+      EXPECT_THAT(a.err, HasSubstr("manual mode: threads cannot move between nodes"));
+      EXPECT_EQ(placement(), where);
+    } else {
+      EXPECT_EQ(a.status.ToString(), "exit status 0") << a.err;
+      EXPECT_THAT(a.out, HasSubstr(absl::StrCat("thread ", moved, " moved from node 1 to node 0")));
+      Outcome b = migrate({"--thread=1", "--to=1"});
+      EXPECT_EQ(b.status.ToString(), "exit status 0") << b.err;
+      EXPECT_THAT(placement(), HasSubstr("node 1: 1,"));
+      EXPECT_EQ(migrate({"--thread=1", "--to=0"}).status.ToString(), "exit status 0");
+      EXPECT_EQ(migrate({"--thread=" + moved, "--to=1"}).status.ToString(), "exit status 0");
+      EXPECT_EQ(placement(), where);
+      // Bad requests.
+      Outcome none = migrate({"--thread=999", "--to=1"});
+      EXPECT_EQ(none.status.ToString(), "exit status 1");
+      EXPECT_THAT(none.err, HasSubstr("no node runs it"));
+      Outcome bad_node = migrate({"--thread=1", "--to=7"});
+      EXPECT_EQ(bad_node.status.ToString(), "exit status 1");
+      EXPECT_THAT(bad_node.err, HasSubstr("no node 7"));
+      Outcome usage = migrate({"--thread=1"});
+      EXPECT_EQ(usage.status.ToString(), "exit status 2");
+    }
+
+    std::ofstream(release) << "";
+    auto st = run->Wait(absl::Now() + absl::Seconds(120));
+    ASSERT_TRUE(st.ok()) << st.status();
+    EXPECT_EQ(st->ToString(), "exit status 0") << testing::ReadFileOrEmpty(o.stderr_path);
+    EXPECT_EQ(testing::ReadFileOrEmpty(o.stdout_path), native.out);
   }
-  ASSERT_THAT(where, HasSubstr("node 0: 1,")) << where;
-  // The first thread node 1 runs goes to node 0, main to node 1, then both back.
-  const size_t at = where.find("node 1: ") + 8;
-  const std::string moved = where.substr(at, where.find_first_of(",\n", at) - at);
-  Outcome a = migrate({"--thread=" + moved, "--to=0"});
-  EXPECT_EQ(a.status.ToString(), "exit status 0") << a.err;
-  EXPECT_THAT(a.out, HasSubstr(absl::StrCat("thread ", moved, " moved from node 1 to node 0")));
-  Outcome b = migrate({"--thread=1", "--to=1"});
-  EXPECT_EQ(b.status.ToString(), "exit status 0") << b.err;
-  EXPECT_THAT(placement(), HasSubstr("node 1: 1,"));
-  EXPECT_EQ(migrate({"--thread=1", "--to=0"}).status.ToString(), "exit status 0");
-  EXPECT_EQ(migrate({"--thread=" + moved, "--to=1"}).status.ToString(), "exit status 0");
-  EXPECT_EQ(placement(), where);
-  // Bad requests.
-  Outcome none = migrate({"--thread=999", "--to=1"});
-  EXPECT_EQ(none.status.ToString(), "exit status 1");
-  EXPECT_THAT(none.err, HasSubstr("no node runs it"));
-  Outcome bad_node = migrate({"--thread=1", "--to=7"});
-  EXPECT_EQ(bad_node.status.ToString(), "exit status 1");
-  EXPECT_THAT(bad_node.err, HasSubstr("no node 7"));
-  Outcome usage = migrate({"--thread=1"});
-  EXPECT_EQ(usage.status.ToString(), "exit status 2");
-
-  std::ofstream(release) << "";
-  auto st = run->Wait(absl::Now() + absl::Seconds(120));
-  ASSERT_TRUE(st.ok()) << st.status();
-  EXPECT_EQ(st->ToString(), "exit status 0") << testing::ReadFileOrEmpty(o.stderr_path);
-  EXPECT_EQ(testing::ReadFileOrEmpty(o.stdout_path), native.out);
 }
 
 }  // namespace

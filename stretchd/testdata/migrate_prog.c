@@ -1,20 +1,26 @@
 /* For `stretchd migrate` tests: THREADS workers each compute ROUNDS rounds of floating-point
  * and integer work kept in registers (so a thread moved without its full register and FPU
  * state computes a different result), then wait, yielding, until main has seen the file
- * RELEASE exist. Prints each worker's results in order.
+ * RELEASE exist. Prints each worker's results in order. With --manual, what the threads share
+ * (the release flag, the results) is in a MAP_SHARED anonymous page, as `stretchd run --manual`
+ * needs.
  *
- *   migrate_prog THREADS ROUNDS RELEASE */
+ *   migrate_prog THREADS ROUNDS RELEASE [--manual] */
 #define _GNU_SOURCE
 #include <pthread.h>
 #include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 static long g_rounds;
-static int g_release;
-static double g_fp[64];
-static unsigned long g_hash[64];
+static struct {
+  int release;
+  double fp[64];
+  unsigned long hash[64];
+} * g;
 
 static void* worker(void* p) {
   long id = (long)p;
@@ -26,16 +32,22 @@ static void* worker(void* p) {
     c += a * b;
     h = (h ^ (unsigned long)r) * 1099511628211ul;
   }
-  g_fp[id] = c;
-  g_hash[id] = h;
-  while (!__atomic_load_n(&g_release, __ATOMIC_ACQUIRE)) sched_yield();
+  g->fp[id] = c;
+  g->hash[id] = h;
+  while (!__atomic_load_n(&g->release, __ATOMIC_ACQUIRE)) sched_yield();
   return NULL;
 }
 
 int main(int argc, char** argv) {
-  if (argc != 4) {
-    fprintf(stderr, "usage: %s THREADS ROUNDS RELEASE\n", argv[0]);
+  if (argc != 4 && (argc != 5 || strcmp(argv[4], "--manual") != 0)) {
+    fprintf(stderr, "usage: %s THREADS ROUNDS RELEASE [--manual]\n", argv[0]);
     return 2;
+  }
+  g = mmap(NULL, sizeof(*g), PROT_READ | PROT_WRITE,
+           (argc == 5 ? MAP_SHARED : MAP_PRIVATE) | MAP_ANONYMOUS, -1, 0);
+  if (g == MAP_FAILED) {
+    perror("mmap");
+    return 1;
   }
   int n = atoi(argv[1]);
   g_rounds = atol(argv[2]);
@@ -46,8 +58,8 @@ int main(int argc, char** argv) {
   pthread_t t[64];
   for (long i = 0; i < n; ++i) pthread_create(&t[i], NULL, worker, (void*)i);
   while (access(argv[3], F_OK) != 0) usleep(10000);
-  __atomic_store_n(&g_release, 1, __ATOMIC_RELEASE);
+  __atomic_store_n(&g->release, 1, __ATOMIC_RELEASE);
   for (int i = 0; i < n; ++i) pthread_join(t[i], NULL);
-  for (int i = 0; i < n; ++i) printf("worker %d: %.17g %016lx\n", i, g_fp[i], g_hash[i]);
+  for (int i = 0; i < n; ++i) printf("worker %d: %.17g %016lx\n", i, g->fp[i], g->hash[i]);
   return 0;
 }
