@@ -373,8 +373,11 @@ TEST_F(RunTest, ReplicasStartHoldingTheCheckpointsPages) {
     for (int t : ThreadsRun()) EXPECT_GT(t, 0) << last_stats_;
     // The input is two 300 x 300 matrices of 32-bit integers: about 180 pages.
     for (int64_t held : Numbers("pages_held")) {
-      if (hold) EXPECT_GT(held, 170) << last_stats_;
-      if (!hold) EXPECT_EQ(held, 0) << last_stats_;
+      if (hold) {
+        EXPECT_GT(held, 170) << last_stats_;
+      } else {
+        EXPECT_EQ(held, 0) << last_stats_;
+      }
     }
     for (int64_t r : Numbers("read_faults")) read_faults[hold ? 0 : 1] += r;
   }
