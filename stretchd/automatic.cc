@@ -54,7 +54,9 @@ namespace {
 // so far, how many faults and invalidations it had so far, and the CPUs it may use),
 // "sharing" (answered "sharing PAGE:FAULTS:TIDS ...", affinity.h: the pages written with a fault
 // since the last "sharing"), "cores TID:I,J ..." (affinity assignment: thread TID may use only
-// the node's CPUs with indexes I, J; answered "cores N", the threads pinned), and for
+// the node's CPUs with indexes I, J; answered "cores N", the threads pinned), "exclusive
+// on|off" (the node serves the program's futex calls itself while every running thread is
+// there, FutexService::SetExclusive; answered with the same line), and for
 // `stretchd migrate`: "where" (answered "here T1,T2,..."), "migrate-out T" (answered "migrated-out
 // T HEXSTATE", "notmine T" or "migrate-error T WHY"), "migrate-in T HEXSTATE" (answered
 // "migrated-in T" or "migrate-error T WHY"). Node -> launcher, once: "ready N", then "exit CODE",
@@ -504,6 +506,21 @@ static int RunLauncherOn(const LaunchOptions& o, const std::vector<ClusterNode>&
     }
     return std::nullopt;
   };
+  // Node 0 serves the program's futex calls itself (FutexService::SetExclusive) while every
+  // running thread is there: from "go" if no thread was placed elsewhere, and after adaptive
+  // placement consolidated them; off before any thread moves (the node handles "exclusive
+  // off" before the "migrate-out" that follows it on the same channel).
+  bool node0_exclusive = false;
+  auto set_exclusive = [&](bool on) {
+    if (o.manual || o.nodes < 2 || agents[0].done || node0_exclusive == on) return;
+    SendLine(agents[0].control.get(), on ? "exclusive on" : "exclusive off");
+    node0_exclusive = on;
+    (void)await(0, {"exclusive"}, absl::Seconds(5));
+  };
+  if (std::all_of(placement.begin() + 1, placement.end(),
+                  [](const std::vector<int>& threads) { return threads.empty(); })) {
+    set_exclusive(true);
+  }
   // Moves thread `tid` to node `to`: the node running it parks it and hands over its state,
   // node `to` takes it up. On failure the thread goes back to where it ran.
   auto migrate = [&](pid_t tid, int to) -> std::string {
@@ -512,6 +529,7 @@ static int RunLauncherOn(const LaunchOptions& o, const std::vector<ClusterNode>&
       return "error manual mode: threads cannot move between nodes (their stacks and private "
              "memory are not coherent)";
     }
+    set_exclusive(false);
     for (int i = 0; i < o.nodes; ++i) {
       if (!agents[i].done) SendLine(agents[i].control.get(), absl::StrCat("migrate-out ", tid));
     }
@@ -808,7 +826,14 @@ static int RunLauncherOn(const LaunchOptions& o, const std::vector<ClusterNode>&
       }
     }
     decision("consolidate", cores, moved, failed, reason, predicted);
-    if (moved > 0) assign_cores(where_all(), last_graph);
+    if (moved > 0) {
+      const auto now = where_all();
+      assign_cores(now, last_graph);
+      if (std::all_of(now.begin() + 1, now.end(),
+                      [](const std::vector<int>& threads) { return threads.empty(); })) {
+        set_exclusive(true);
+      }
+    }
     LOG(INFO) << "stretchd run: placement: moved " << moved << " thread(s) to node 0"
               << (failed ? absl::StrCat(", ", failed, " could not move: ", failures) : "");
     consolidated = moved > 0;
@@ -1042,7 +1067,7 @@ static int RunLauncherOn(const LaunchOptions& o, const std::vector<ClusterNode>&
       // Late answers to a migration that gave up waiting for them.
       if (!closed && (absl::StartsWith(*line, "here") || absl::StartsWith(*line, "migrat") ||
                       absl::StartsWith(*line, "notmine") || absl::StartsWith(*line, "cpu ") ||
-                      absl::StartsWith(*line, "sharing"))) {
+                      absl::StartsWith(*line, "sharing") || absl::StartsWith(*line, "exclusive"))) {
         continue;
       }
       agents[i].done = true;
@@ -1311,6 +1336,9 @@ int RunReplicaAgent(const ReplicaAgentOptions& o) {
       SendLine(ctl, absl::StrCat("cores ", (*replica)->AssignCores(assignment)));
     } else if (line && *line == "sharing") {
       SendLine(ctl, FormatSharingReport((*agent)->TakeWriteSharing(kMaxReportPages)));
+    } else if (line && (*line == "exclusive on" || *line == "exclusive off")) {
+      (*replica)->SetFutexExclusive(*line == "exclusive on");
+      SendLine(ctl, *line);
     } else if (line && *line == "cpu") {
       const auto latency = (*agent)->stats().fault_latency.Snap();
       cpu_set_t set;

@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "core/status.h"
+#include "engine/futex_table.h"
 #include "glog/logging.h"
 #include "migrate/seccomp_notify.h"
 #include "uffd/process.h"
@@ -62,7 +63,9 @@ class FutexService::Impl {
     bool registered = false;
     bool check_pending = false;  // the service thread must read the word
     bool cancelling = false;
-    int64_t outcome = 0;  // what a successful cancel answers (-EAGAIN, -ETIMEDOUT)
+    int64_t outcome = 0;    // what a successful cancel answers (-EAGAIN, -ETIMEDOUT)
+    bool local = false;     // queued in local_ (exclusive mode), not at the server
+    bool finished = false;  // answered; erased by Sweep()
     absl::Time deadline = absl::InfiniteFuture();
   };
 
@@ -136,6 +139,10 @@ class FutexService::Impl {
   }
 
   void Cancel(uint64_t seq, Pending& p, int64_t outcome) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (p.local) {
+      FinishLocal(seq, p, outcome);
+      return;
+    }
     p.cancelling = true;
     p.outcome = outcome;
     wire::Futex f;
@@ -145,6 +152,64 @@ class FutexService::Impl {
     Send(f);
   }
 
+  // Ends a wait queued in the node's own table: out of the table, answered; erased by Sweep().
+  void FinishLocal(uint64_t seq, Pending& p, int64_t result) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    local_.Cancel(agent_->node(), seq);
+    Answer(p.id, result);
+    p.cancelling = true;
+    p.finished = true;
+  }
+
+  void Sweep() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    absl::erase_if(pending_, [](const auto& kv) { return kv.second.finished; });
+  }
+
+  // Answers the waits a wake of the node's own table took (0: woken).
+  void AnswerWoken(const std::vector<engine::FutexTable::Waiter>& woken)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    for (const auto& w : woken) {
+      auto it = pending_.find(w.seq);
+      if (it == pending_.end()) continue;
+      stats_.woken.Add();
+      Answer(it->second.id, 0);
+      pending_.erase(it);
+    }
+  }
+
+ public:
+  void SetExclusive(bool on) {
+    absl::MutexLock l(&mu_);
+    if (exclusive_ == on) return;
+    exclusive_ = on;
+    // The waits of the other mode return 0 (a spurious wake-up) and wait again in this one.
+    for (auto& [seq, p] : pending_) {
+      if (!p.wait || p.cancelling || p.local == on) continue;
+      Cancel(seq, p, 0);
+    }
+    Sweep();
+    LOG(INFO) << "futex service: exclusive mode " << (on ? "on" : "off");
+  }
+
+  void WakeAll(uint64_t address, ThreadId thread) {
+    absl::MutexLock l(&mu_);
+    if (exclusive_) {
+      std::vector<engine::FutexTable::Waiter> woken;
+      local_.Wake(address, 0x7fffffff, kAnyBit, &woken);
+      stats_.exclusive.Add();
+      AnswerWoken(woken);
+      return;
+    }
+    wire::Futex wake;
+    wake.op = wire::FutexOp::kWake;
+    wake.seq = 0;  // the count that comes back is not needed
+    wake.address = address;
+    wake.value = 0x7fffffff;
+    wake.bitset = kAnyBit;
+    wake.thread = thread;
+    Send(wake);
+  }
+
+ private:
   // Value checks, timeouts, and waiters that left (a signal interrupted them).
   void Chores() {
     std::vector<std::pair<uint64_t, uint64_t>> checks;  // seq, address
@@ -165,6 +230,7 @@ class FutexService::Impl {
           Cancel(seq, p, -EINTR);
         }
       }
+      Sweep();
     }
     for (auto [seq, address] : checks) {
       uint32_t word = 0;
@@ -179,6 +245,7 @@ class FutexService::Impl {
         stats_.mismatch.Add();
         Cancel(seq, it->second, -EAGAIN);
       }
+      Sweep();
     }
   }
 
@@ -282,6 +349,33 @@ class FutexService::Impl {
     for (auto& [s, q] : pending_) {
       if (q.tid == n.tid && q.wait && !q.cancelling) Cancel(s, q, -EINTR);
     }
+    Sweep();
+    if (exclusive_) {
+      // Every running thread is here: the node's own table serves the call.
+      stats_.exclusive.Add();
+      std::vector<engine::FutexTable::Waiter> woken;
+      switch (f.op) {
+        case wire::FutexOp::kWait:
+          local_.Wait(f.address, {agent_->node(), seq, f.bitset});
+          p.local = true;
+          p.registered = true;
+          p.check_pending = true;  // Chores() reads the word, after this returns
+          pending_[seq] = p;
+          return;
+        case wire::FutexOp::kWake:
+          Answer(n.id, local_.Wake(f.address, f.value, f.bitset, &woken));
+          break;
+        case wire::FutexOp::kRequeue:
+          Answer(n.id, local_.Requeue(f.address, f.value, f.address2, f.value2, &woken));
+          break;
+        default:
+          LOG(DFATAL) << "futex service: unexpected operation";
+          Answer(n.id, -ENOSYS);
+          return;
+      }
+      AnswerWoken(woken);
+      return;
+    }
     pending_[seq] = p;
     Send(f);
   }
@@ -300,6 +394,8 @@ class FutexService::Impl {
   absl::flat_hash_map<uint64_t, Pending> pending_ ABSL_GUARDED_BY(mu_);
   uint64_t next_seq_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Time last_sweep_ ABSL_GUARDED_BY(mu_);
+  bool exclusive_ ABSL_GUARDED_BY(mu_) = false;
+  engine::FutexTable local_ ABSL_GUARDED_BY(mu_);
 };
 
 FutexService::FutexService(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -315,5 +411,9 @@ absl::StatusOr<std::unique_ptr<FutexService>> FutexService::Start(
 }
 
 const FutexStats& FutexService::stats() const { return impl_->stats(); }
+
+void FutexService::SetExclusive(bool on) { impl_->SetExclusive(on); }
+
+void FutexService::WakeAll(uint64_t address, ThreadId thread) { impl_->WakeAll(address, thread); }
 
 }  // namespace stretch

@@ -11,6 +11,14 @@
 // and FUTEX_CMP_REQUEUE are served by the server; other operations (PI futexes, WAKE_OP) fail
 // with ENOSYS and a warning.
 //
+// Exclusive mode (SetExclusive): while every running thread of the program runs on this node
+// (adaptive placement consolidated them; the other replicas' threads are all parked), waits and
+// wakes are served by a futex table of this node's own, with no message to the server: the
+// same bookkeeping, without the round trip. Entering it, waits queued at the server are
+// cancelled; leaving it (before a thread moves away), waits in the node's table: either way
+// the waiter returns 0, a spurious wake-up, which futex(2) allows and glibc's callers expect,
+// and waits again through the table in use.
+//
 // Thread-safe; one thread of its own handles notifications, value checks and timeouts.
 #ifndef STRETCH_STRETCHD_FUTEX_SERVICE_H_
 #define STRETCH_STRETCHD_FUTEX_SERVICE_H_
@@ -35,7 +43,8 @@ struct FutexStats {
   Counter mismatch;  // waits that returned EAGAIN (the word had changed)
   Counter timeouts;
   Counter unsupported;
-  Counter local;  // calls on node-private memory, left to the local kernel (manual mode)
+  Counter local;      // calls on node-private memory, left to the local kernel (manual mode)
+  Counter exclusive;  // waits and wakes served by this node's own table (exclusive mode)
 };
 
 class FutexService {
@@ -50,6 +59,14 @@ class FutexService {
   ~FutexService();
 
   const FutexStats& stats() const;
+
+  // Exclusive mode on or off (see the file comment); returns once the waits of the other
+  // mode have been sent back to their threads.
+  void SetExclusive(bool on);
+
+  // Wakes every waiter on `address` (a thread's clear_child_tid word at its exit, stored 0
+  // already), through the table in use; `thread` is the exiting thread.
+  void WakeAll(uint64_t address, ThreadId thread);
 
   class Impl;
 

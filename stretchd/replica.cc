@@ -815,6 +815,11 @@ std::string Replica::StatsJsonFields() {
                     ",\"refused\":", s.refused.Get(),
                     ",\"change_mean_us\":", static_cast<uint64_t>(lat.MeanNs() / 1000), "}");
   }
+  if (futexes_) {
+    const FutexStats& f = futexes_->stats();
+    absl::StrAppend(&out, ",\"futex\":{\"waits\":", f.waits.Get(), ",\"wakes\":", f.wakes.Get(),
+                    ",\"exclusive\":", f.exclusive.Get(), "}");
+  }
   return out;
 }
 
@@ -894,13 +899,7 @@ void Replica::OnThreadExitCall(pid_t tid) {
   uint32_t zero = 0;
   uffd::RemoteIo io{ctid, &zero, sizeof(zero)};
   if (!uffd::RemoteMemory(pid_).Write({&io, 1}).ok()) return;
-  wire::Futex wake;
-  wake.op = wire::FutexOp::kWake;
-  wake.seq = 0;  // the count that comes back is not needed
-  wake.address = ctid;
-  wake.value = 0x7fffffff;
-  wake.thread = ThreadOf(tid);
-  if (!agent_->SendToServer(wake).ok()) return;
+  futexes_->WakeAll(ctid, ThreadOf(tid));
   regs.orig_rax = SYS_set_tid_address;
   regs.rdi = 0;
   ptrace(PTRACE_SETREGS, tid, 0, &regs);
@@ -917,6 +916,10 @@ struct ThreadState {
 };
 
 }  // namespace
+
+void Replica::SetFutexExclusive(bool on) {
+  if (futexes_ && !options_.manual) futexes_->SetExclusive(on);
+}
 
 uint64_t Replica::CpuTimeNs() {
   std::vector<pid_t> ours;

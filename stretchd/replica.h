@@ -94,6 +94,9 @@ class Replica {
   // modulo their number). Threads the program pinned itself keep their own choice. Returns how
   // many threads were pinned.
   int AssignCores(const std::vector<std::pair<pid_t, std::vector<int>>>& assignment);
+  // FutexService::SetExclusive: on while every running thread of the program runs here (the
+  // launcher knows; it turns it off before a thread moves away). Not in manual mode.
+  void SetFutexExclusive(bool on);
   // CPU time (ns, /proc/PID/task/TID/schedstat) the threads running here have used in this
   // replica so far.
   uint64_t CpuTimeNs();

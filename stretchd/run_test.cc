@@ -160,6 +160,27 @@ TEST_F(RunTest, MixedProgramMatchesItsNativeRun) {
   EXPECT_THAT(last_stats_, ::testing::Not(HasSubstr("\"futex_waits\":0,")));
 }
 
+// Every thread kept on node 0 (no thread id matches --migrate_threads): node 0 serves the
+// program's futex calls from its own table, without the server, and every primitive behaves
+// as natively; node 1 runs nothing and makes no futex call.
+TEST_F(RunTest, WithEveryThreadOnNodeZeroItsOwnFutexTableServesThem) {
+  auto [native, stretch] = Both({Runfile("experiments/workloads/sync_torture"),
+                                 "--test=mutex,condvar,barrier,sem,atomic,join,detach",
+                                 "--threads=4", "--rounds=2000", "--start_gate_ms=100"},
+                                {"--migrate_at_threads=5", "--migrate_threads=99999"});
+  EXPECT_EQ(stretch.status.ToString(), "exit status 0") << stretch.err;
+  EXPECT_EQ(stretch.out, native.out) << stretch.err;
+  const std::vector<int64_t> exclusive = Numbers("exclusive");
+  ASSERT_EQ(exclusive.size(), 2u) << last_stats_;
+  EXPECT_GT(exclusive[0], 1000) << last_stats_;
+  EXPECT_EQ(exclusive[1], 0) << last_stats_;
+  const std::vector<int64_t> waits = Numbers("waits");  // node 0, node 1
+  ASSERT_EQ(waits.size(), 2u) << last_stats_;
+  EXPECT_EQ(waits[1], 0) << last_stats_;
+  // At most the waits made between "go" and node 0 taking over reach the server.
+  EXPECT_LT(StatNumber("futex_waits"), waits[0] / 10) << last_stats_;
+}
+
 TEST_F(RunTest, SpinningThreadsShareMemoryWithoutFutexes) {
   auto [native, stretch] =
       Both({Runfile("stretchd/spin_prog"), "4", "100000"}, {"--migrate_at_threads=5", "--nonetns"});
@@ -424,6 +445,10 @@ TEST_F(RunTest, DefaultPlacementIsAdaptive) {
     EXPECT_EQ(stretch.out, native.out);
     EXPECT_THAT(last_stats_, HasSubstr("\"policy\":\"adaptive\""));
     EXPECT_THAT(last_stats_, HasSubstr("\"action\":\"consolidate\""));
+    // Consolidated, node 0 serves the futex calls itself.
+    const std::vector<int64_t> exclusive = Numbers("exclusive");
+    ASSERT_EQ(exclusive.size(), 2u) << last_stats_;
+    EXPECT_GT(exclusive[0], 0) << last_stats_;
   }
   auto [native, stretch] = Both({Runfile("experiments/workloads/kmeans"), "--size=1000"},
                                 {"--manual", "--placement=adaptive"});
