@@ -513,9 +513,34 @@ static int RunLauncherOn(const LaunchOptions& o, const std::vector<ClusterNode>&
   bool node0_exclusive = false;
   auto set_exclusive = [&](bool on) {
     if (o.manual || o.nodes < 2 || agents[0].done || node0_exclusive == on) return;
-    SendLine(agents[0].control.get(), on ? "exclusive on" : "exclusive off");
+    const std::string want = on ? "exclusive on" : "exclusive off";
+    SendLine(agents[0].control.get(), want);
     node0_exclusive = on;
-    (void)await(0, {"exclusive"}, absl::Seconds(5));
+    // Its answer, past late answers to earlier requests (an earlier switch's too), so that
+    // the next request's answer is not taken for it; not past the program's end.
+    const absl::Time end = absl::Now() + absl::Seconds(5);
+    while (!agents[0].done && absl::Now() < end) {
+      const size_t kept = agents[0].pending.size();
+      auto r = await(0, {"exclusive"}, end - absl::Now());
+      if (r && *r == want) return;
+      if (r) continue;
+      if (agents[0].pending.size() == kept) return;  // no answer in time
+      const std::string& last = agents[0].pending.back();
+      if (last.empty() || absl::StartsWith(last, "exit ") || absl::StartsWith(last, "signal ") ||
+          absl::StartsWith(last, "error ")) {
+        return;
+      }
+    }
+  };
+  // Whether every node but node 0 that still runs answers that it runs no thread.
+  auto only_node0_runs = [&]() {
+    for (int i = 1; i < o.nodes; ++i) {
+      if (agents[i].done) continue;
+      SendLine(agents[i].control.get(), "where");
+      auto r = await(i, {"here"}, absl::Seconds(5));
+      if (!r || !HereThreads(*r).empty()) return false;
+    }
+    return true;
   };
   if (std::all_of(placement.begin() + 1, placement.end(),
                   [](const std::vector<int>& threads) { return threads.empty(); })) {
@@ -812,7 +837,11 @@ static int RunLauncherOn(const LaunchOptions& o, const std::vector<ClusterNode>&
       if (agents[i].done) continue;
       SendLine(agents[i].control.get(), "where");
       auto r = await(i, {"here"}, absl::Seconds(5));
-      if (!r) continue;
+      if (!r) {
+        ++failed;  // unknown: the node's threads may still run there
+        if (failures.empty()) failures = absl::StrCat("node ", i, " did not say what it runs");
+        continue;
+      }
       for (const pid_t tid : HereThreads(*r)) {
         std::string result = migrate(tid, 0);
         if (absl::StartsWith(result, "ok")) {
@@ -827,12 +856,8 @@ static int RunLauncherOn(const LaunchOptions& o, const std::vector<ClusterNode>&
     }
     decision("consolidate", cores, moved, failed, reason, predicted);
     if (moved > 0) {
-      const auto now = where_all();
-      assign_cores(now, last_graph);
-      if (std::all_of(now.begin() + 1, now.end(),
-                      [](const std::vector<int>& threads) { return threads.empty(); })) {
-        set_exclusive(true);
-      }
+      assign_cores(where_all(), last_graph);
+      if (failed == 0 && only_node0_runs()) set_exclusive(true);
     }
     LOG(INFO) << "stretchd run: placement: moved " << moved << " thread(s) to node 0"
               << (failed ? absl::StrCat(", ", failed, " could not move: ", failures) : "");

@@ -177,7 +177,7 @@ class FutexService::Impl {
   }
 
  public:
-  void SetExclusive(bool on) {
+  void SetExclusive(bool on) ABSL_LOCKS_EXCLUDED(mu_) {
     absl::MutexLock l(&mu_);
     if (exclusive_ == on) return;
     exclusive_ = on;
@@ -190,14 +190,14 @@ class FutexService::Impl {
     LOG(INFO) << "futex service: exclusive mode " << (on ? "on" : "off");
   }
 
-  void WakeAll(uint64_t address, ThreadId thread) {
+  absl::Status WakeAll(uint64_t address, ThreadId thread) ABSL_LOCKS_EXCLUDED(mu_) {
     absl::MutexLock l(&mu_);
     if (exclusive_) {
       std::vector<engine::FutexTable::Waiter> woken;
       local_.Wake(address, 0x7fffffff, kAnyBit, &woken);
       stats_.exclusive.Add();
       AnswerWoken(woken);
-      return;
+      return absl::OkStatus();
     }
     wire::Futex wake;
     wake.op = wire::FutexOp::kWake;
@@ -206,7 +206,7 @@ class FutexService::Impl {
     wake.value = 0x7fffffff;
     wake.bitset = kAnyBit;
     wake.thread = thread;
-    Send(wake);
+    return agent_->SendToServer(wake);
   }
 
  private:
@@ -414,6 +414,8 @@ const FutexStats& FutexService::stats() const { return impl_->stats(); }
 
 void FutexService::SetExclusive(bool on) { impl_->SetExclusive(on); }
 
-void FutexService::WakeAll(uint64_t address, ThreadId thread) { impl_->WakeAll(address, thread); }
+absl::Status FutexService::WakeAll(uint64_t address, ThreadId thread) {
+  return impl_->WakeAll(address, thread);
+}
 
 }  // namespace stretch

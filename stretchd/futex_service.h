@@ -65,8 +65,9 @@ class FutexService {
   void SetExclusive(bool on);
 
   // Wakes every waiter on `address` (a thread's clear_child_tid word at its exit, stored 0
-  // already), through the table in use; `thread` is the exiting thread.
-  void WakeAll(uint64_t address, ThreadId thread);
+  // already), through the table in use; `thread` is the exiting thread. Fails if the wake could
+  // not be sent to the server.
+  absl::Status WakeAll(uint64_t address, ThreadId thread);
 
   class Impl;
 

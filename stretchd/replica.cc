@@ -899,7 +899,7 @@ void Replica::OnThreadExitCall(pid_t tid) {
   uint32_t zero = 0;
   uffd::RemoteIo io{ctid, &zero, sizeof(zero)};
   if (!uffd::RemoteMemory(pid_).Write({&io, 1}).ok()) return;
-  futexes_->WakeAll(ctid, ThreadOf(tid));
+  if (!futexes_->WakeAll(ctid, ThreadOf(tid)).ok()) return;
   regs.orig_rax = SYS_set_tid_address;
   regs.rdi = 0;
   ptrace(PTRACE_SETREGS, tid, 0, &regs);
