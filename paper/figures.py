@@ -142,7 +142,8 @@ def main():
     ax.axhline(1.0, color="gray", lw=0.8, ls="--")
     ax.set_xticks(xs, [SHORT[w] for w in APPS])
     ax.set_ylabel("speedup vs vanilla on 1 core")
-    ax.set_title("Measured speedup (4 threads; median of 3, bars = range)")
+    reps = max([len(times(sp, w, label)) for w in APPS for label, _, _ in bars] + [0])
+    ax.set_title(f"Measured speedup (4 threads; median of {reps}, bars = range)")
     ax.legend(fontsize=8)
     parts["fig_speedup_measured"] = save(fig, a.out, "speedup_measured.png")
     def cell(v, ranged=True):
@@ -207,7 +208,7 @@ def main():
     ax.set_yscale("log")
     ax.set_xticks(xs, [SHORT[w] for w in APPS])
     ax.set_ylabel("count per run (both nodes)")
-    ax.set_title("Where the DSM's work goes: Stretch, 2 nodes, tcp (median of 3)")
+    ax.set_title("Where the DSM's work goes: Stretch, 2 nodes, tcp (median over runs)")
     ax.legend(fontsize=7, ncol=2)
     parts["fig_faults"] = save(fig, a.out, "fault_breakdown.png")
     for w in APPS:
