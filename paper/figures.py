@@ -124,11 +124,11 @@ def main():
         ("stretch-2node-adaptive-history", "#6a6",
          "Stretch, adaptive with --placement_history", "Stretch adaptive with history (range)")]
         if any(r["config"] == label for r in sp)]
-    table = ["| application | vanilla CPUs 0-1 | Stretch 2 nodes tcp (range) | "
+    table = ["| application | vanilla CPUs 0-1 | Stretch 2 nodes tcp, static (range) | "
              + "".join(f"{e[3]} | " for e in extra) + "thesis |",
              "|---|---|---|" + "---|" * len(extra) + "---|"]
     bars = [("vanilla-cpu01", "#9ab", "vanilla on 2 cores (one machine)"),
-            ("stretch-2node-tcp", "#c53", "Stretch, 2 nodes x 1 core, tcp")]
+            ("stretch-2node-tcp", "#c53", "Stretch, 2 nodes x 1 core, tcp, static placement")]
     bars += [e[:3] for e in extra]
     width = 0.8 / len(bars)
     for i, (label, color, name) in enumerate(bars):
@@ -382,7 +382,7 @@ def main():
                             f"{c['read_faults']:.0f} |" if c else "- | - | - |"))
         fig, ax = plt.subplots(figsize=(6, 4))
         ax.plot(blocks, van, marker="o", color="#9ab", label="vanilla, 1 core")
-        ax.plot(blocks, st, marker="s", color="#c53", label="Stretch, 2 nodes x 1 core, tcp")
+        ax.plot(blocks, st, marker="s", color="#c53", label="Stretch, 2 nodes x 1 core, tcp, static placement")
         ax.axvline(512, color="gray", ls=":", lw=0.8)
         ax.annotate("block row = one page", (512, max(st + van)), fontsize=8, ha="right")
         ax.set_xscale("log", base=2)
