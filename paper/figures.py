@@ -55,20 +55,27 @@ def speedups(rows, w, base, label):
     return mb / statistics.median(t), mb / max(t), mb / min(t)
 
 
-def node_counts(folder, rows, w, label):
-    """Median over runs of the per-run totals (over nodes) of the engine's counters."""
-    keys = ["read_faults", "write_faults", "upgrades", "pages_read_ahead",
-            "invalidations_received", "forwards_served", "bytes_sent"]
-    per_run = []
+def run_stats(folder, rows, w, label):
+    """The stats JSON of each run of (w, label) that has one; None where it cannot be read."""
     for r in rows:
         if r["workload"] != w or r["config"] != label or not r["stats"]:
             continue
         try:
             with open(os.path.join(folder, "stats", r["stats"])) as f:
-                nodes = json.load(f)["nodes"]
-        except (OSError, ValueError, KeyError):
+                yield json.load(f)
+        except (OSError, ValueError):
+            yield None
+
+
+def node_counts(folder, rows, w, label):
+    """Median over runs of the per-run totals (over nodes) of the engine's counters."""
+    keys = ["read_faults", "write_faults", "upgrades", "pages_read_ahead",
+            "invalidations_received", "forwards_served", "bytes_sent"]
+    per_run = []
+    for stats in run_stats(folder, rows, w, label):
+        if not stats or "nodes" not in stats:
             continue
-        per_run.append({k: sum(n.get(k, 0) for n in nodes) for k in keys})
+        per_run.append({k: sum(n.get(k, 0) for n in stats["nodes"]) for k in keys})
     if not per_run:
         return None
     return {k: statistics.median(p[k] for p in per_run) for k in keys}
@@ -166,13 +173,10 @@ def main():
     label = "stretch-2node-adaptive-history"
     for w in APPS if any(r["config"] == label for r in sp) else []:
         where = []
-        for r in sp:
-            if r["workload"] != w or r["config"] != label or not r["stats"]:
-                continue
+        for stats in run_stats(sp_dir, sp, w, label):
             try:
-                with open(os.path.join(sp_dir, "stats", r["stats"])) as f:
-                    where.append(json.load(f)["placement"]["history"]["choice"])
-            except (OSError, ValueError, KeyError):
+                where.append(stats["placement"]["history"]["choice"])
+            except (TypeError, KeyError):
                 where.append("?")
         kinds = {"distributed": [], "node0": []}
         try:
