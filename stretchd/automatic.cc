@@ -532,16 +532,6 @@ static int RunLauncherOn(const LaunchOptions& o, const std::vector<ClusterNode>&
       }
     }
   };
-  // Whether every node but node 0 that still runs answers that it runs no thread.
-  auto only_node0_runs = [&]() {
-    for (int i = 1; i < o.nodes; ++i) {
-      if (agents[i].done) continue;
-      SendLine(agents[i].control.get(), "where");
-      auto r = await(i, {"here"}, absl::Seconds(5));
-      if (!r || !HereThreads(*r).empty()) return false;
-    }
-    return true;
-  };
   if (std::all_of(placement.begin() + 1, placement.end(),
                   [](const std::vector<int>& threads) { return threads.empty(); })) {
     set_exclusive(true);
@@ -697,13 +687,20 @@ static int RunLauncherOn(const LaunchOptions& o, const std::vector<ClusterNode>&
   // The last complete sharing graph (for assigning cores again after threads move), and where
   // threads run now (each node's "where").
   SharingGraph last_graph;
-  auto where_all = [&]() {
+  // `answered`, if given: whether every node still running answered (an empty list is then
+  // known to be empty).
+  auto where_all = [&](bool* answered = nullptr) {
     std::vector<std::vector<int>> now(o.nodes);
+    if (answered != nullptr) *answered = true;
     for (int i = 0; i < o.nodes; ++i) {
       if (agents[i].done) continue;
       SendLine(agents[i].control.get(), "where");
       auto w = await(i, {"here"}, absl::Seconds(2));
-      if (w) now[i] = HereThreads(*w);
+      if (w) {
+        now[i] = HereThreads(*w);
+      } else if (answered != nullptr) {
+        *answered = false;
+      }
     }
     return now;
   };
@@ -856,8 +853,15 @@ static int RunLauncherOn(const LaunchOptions& o, const std::vector<ClusterNode>&
     }
     decision("consolidate", cores, moved, failed, reason, predicted);
     if (moved > 0) {
-      assign_cores(where_all(), last_graph);
-      if (failed == 0 && only_node0_runs()) set_exclusive(true);
+      bool answered = false;
+      const auto now = where_all(&answered);
+      assign_cores(now, last_graph);
+      // Node 0's own futex table, once every other node is known to run nothing.
+      if (failed == 0 && answered &&
+          std::all_of(now.begin() + 1, now.end(),
+                      [](const std::vector<int>& threads) { return threads.empty(); })) {
+        set_exclusive(true);
+      }
     }
     LOG(INFO) << "stretchd run: placement: moved " << moved << " thread(s) to node 0"
               << (failed ? absl::StrCat(", ", failed, " could not move: ", failures) : "");

@@ -245,6 +245,9 @@ class FutexService::Impl {
         stats_.mismatch.Add();
         Cancel(seq, it->second, -EAGAIN);
       }
+    }
+    if (!checks.empty()) {
+      absl::MutexLock l(&mu_);
       Sweep();
     }
   }
