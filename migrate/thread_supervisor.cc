@@ -481,17 +481,33 @@ class ThreadSupervisor::Impl {
         OnStopped(tid, t);  // exiting threads always continue, parked or not
         break;
       }
-      case PTRACE_EVENT_EXEC:
-        if (options_.allow_first_exec && !exec_seen_) {
-          exec_seen_ = true;
+      case PTRACE_EVENT_EXEC: {
+        if (!options_.allow_exec) {
+          LOG(ERROR) << "replica " << pid_ << " called exec, which Stretch does not support; "
+                     << "killing it";
+          kill(pid_, SIGKILL);
           OnStopped(tid, t);
           break;
         }
-        LOG(ERROR) << "replica " << pid_ << " called exec, which Stretch does not support; "
-                   << "killing it";
-        kill(pid_, SIGKILL);
-        OnStopped(tid, t);
+        unsigned long former = 0;
+        ptrace(PTRACE_GETEVENTMSG, tid, 0, &former);
+        // The kernel ended every other thread before reporting the exec (a thread that called
+        // it took over the leader's tid): they will never report again.
+        for (auto other = threads_.begin(); other != threads_.end();) {
+          if (other->first == pid_) {
+            ++other;
+            continue;
+          }
+          for (auto& c : other->second.waiting) {
+            c->Complete(absl::NotFoundError(
+                absl::StrCat("thread ", other->first, " ended with its process's exec")));
+          }
+          threads_.erase(other++);
+        }
+        if (callbacks_.on_exec) callbacks_.on_exec(static_cast<pid_t>(former));
+        OnStopped(pid_, threads_[pid_]);
         break;
+      }
       case PTRACE_EVENT_STOP:
         // Interrupt, initial stop of a new thread, or group-stop: all just "stopped".
         OnStopped(tid, t);
@@ -607,7 +623,6 @@ class ThreadSupervisor::Impl {
   std::shared_ptr<Command> attach_ ABSL_GUARDED_BY(state_mu_);
   std::shared_ptr<Command> detach_ ABSL_GUARDED_BY(state_mu_);
   bool leader_gone_ ABSL_GUARDED_BY(state_mu_) = false;
-  bool exec_seen_ ABSL_GUARDED_BY(state_mu_) = false;
   int emulated_signal_ ABSL_GUARDED_BY(state_mu_) = 0;
 };
 

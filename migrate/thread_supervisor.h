@@ -16,7 +16,8 @@
 //
 // Policies: a thread created by clone() starts in the state of its creator (a running creator
 // runs here, so its child does too). A signal-delivery-stop of a running thread re-injects the
-// signal unchanged (callbacks may observe it). Exec is not supported: the replica is killed.
+// signal unchanged (callbacks may observe it). Exec kills the replica unless
+// SupervisorOptions::allow_exec (a program before its migration point).
 #ifndef STRETCH_MIGRATE_THREAD_SUPERVISOR_H_
 #define STRETCH_MIGRATE_THREAD_SUPERVISOR_H_
 
@@ -51,9 +52,10 @@ struct SupervisorOptions {
   // ends the process, arriving with no handler, kills the whole replica (SIGKILL), and
   // on_process_exit reports the original signal.
   bool emulate_init_signals = true;
-  // Let the first exec through (attaching to a launcher's child before it execs the program);
-  // any other exec kills the replica.
-  bool allow_first_exec = false;
+  // Let exec through (a program before its migration point, including the launcher's child
+  // exec'ing it and wrappers such as `env` or `sh -c` exec'ing the real program): the threads
+  // the exec ended are forgotten and on_exec is called. Otherwise an exec kills the replica.
+  bool allow_exec = false;
 };
 
 // What a syscall hook decides at a traced thread's syscall entry.
@@ -73,6 +75,9 @@ struct SupervisorCallbacks {
   std::function<bool(pid_t parent, pid_t child)> park_after_clone;
   // A thread is about to exit (its exit code or signal in `status`, as waitpid reports).
   std::function<void(pid_t tid, int status)> on_thread_exit;
+  // The process called exec (allow_exec): every thread but the leader is gone, and the one
+  // that called exec, `former_tid`, now has the leader's tid.
+  std::function<void(pid_t former_tid)> on_exec;
   // The whole replica is gone (every thread exited); `status` is the leader's wait status.
   std::function<void(int status)> on_process_exit;
   // A thread is in a PTRACE_EVENT_SECCOMP stop (its filter returned SECCOMP_RET_TRACE) at the
