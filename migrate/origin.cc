@@ -6,9 +6,11 @@
 #include <sys/syscall.h>
 
 #include <algorithm>
+#include <deque>
 #include <fstream>
 #include <sstream>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -56,6 +58,51 @@ struct Watch {
 // Main counts as waiting for its workers after this many consecutive samples in a futex.
 constexpr absl::Duration kStallSample = absl::Milliseconds(10);
 constexpr int kStallSamples = 5;
+
+// Two or more threads busy for this long, each at least kBusyShare of the time, is a
+// migration point too: there is parallel work to spread, whatever main does (OpenMP's master
+// computes inside each parallel region, a main thread may sleep or poll while workers run).
+constexpr absl::Duration kBusyWindow = absl::Milliseconds(100);
+constexpr double kBusyShare = 0.5;
+
+// How long thread `tid` has been busy: running, or runnable and waiting for a CPU (so that a
+// loaded machine does not hide work), from /proc/<tid>/schedstat. 0 if it is gone.
+uint64_t BusyNs(pid_t tid) {
+  std::ifstream in(absl::StrCat("/proc/", tid, "/schedstat"));
+  uint64_t on_cpu = 0, waiting = 0;
+  if (!(in >> on_cpu >> waiting)) return 0;
+  return on_cpu + waiting;
+}
+
+// Samples of every thread's busy time; says when at least two threads were busy for at least
+// kBusyShare of the last kBusyWindow.
+class BusyWatch {
+ public:
+  bool Sample(const std::vector<pid_t>& threads, absl::Time now) {
+    Point p{now, {}};
+    for (pid_t tid : threads) p.busy[tid] = BusyNs(tid);
+    points_.push_back(std::move(p));
+    while (points_.size() >= 2 && points_[1].time <= now - kBusyWindow) points_.pop_front();
+    const Point& first = points_.front();
+    const Point& last = points_.back();
+    const double span_ns = absl::ToDoubleNanoseconds(last.time - first.time);
+    if (last.time - first.time < kBusyWindow) return false;
+    int busy = 0;
+    for (const auto& [tid, ns] : last.busy) {
+      auto then = first.busy.find(tid);
+      if (then == first.busy.end() || then->second == 0 || ns < then->second) continue;
+      if (static_cast<double>(ns - then->second) >= kBusyShare * span_ns) ++busy;
+    }
+    return busy >= 2;
+  }
+
+ private:
+  struct Point {
+    absl::Time time;
+    absl::flat_hash_map<pid_t, uint64_t> busy;
+  };
+  std::deque<Point> points_;
+};
 
 // Whether the thread whose /proc/.../syscall this is sits in futex(2) right now.
 bool InFutex(const std::string& syscall_file) {
@@ -198,6 +245,13 @@ absl::StatusOr<OriginResult> RunOrigin(const OriginOptions& options) {
     watch.inner.erase(watch.inner.begin() + (it - watch.threads.begin()) - 1);
     watch.threads.erase(it);
   };
+  // A wrapper (`env`, `sh -c`, a script) exec'ing the real program: only its threads count.
+  cb.on_exec = [&watch](pid_t) {
+    absl::MutexLock l(&watch.mu);
+    watch.threads.resize(1);
+    watch.inner.clear();
+    watch.created = 1;
+  };
   cb.on_process_exit = [&watch](int status) {
     absl::MutexLock l(&watch.mu);
     watch.exited = true;
@@ -205,7 +259,7 @@ absl::StatusOr<OriginResult> RunOrigin(const OriginOptions& options) {
   };
   SupervisorOptions sopt;
   sopt.run_all_at_attach = false;
-  sopt.allow_first_exec = true;
+  sopt.allow_exec = true;
   STRETCH_ASSIGN_OR_RETURN(auto sup, ThreadSupervisor::Attach(app.pid(), sopt, cb, deadline));
 
   const int want_threads = options.migrate_at_threads;
@@ -236,6 +290,7 @@ absl::StatusOr<OriginResult> RunOrigin(const OriginOptions& options) {
   sigset_t forward;
   sigemptyset(&forward);
   for (int sig : options.forward_signals) sigaddset(&forward, sig);
+  BusyWatch busy;
   for (int blocked_samples = 0;;) {
     const struct timespec now = {0, 0};
     if (int sig = sigtimedwait(&forward, nullptr, &now); sig > 0) {
@@ -257,6 +312,10 @@ absl::StatusOr<OriginResult> RunOrigin(const OriginOptions& options) {
     if (want_threads > 0 || watch.threads.size() < 2) continue;
     blocked_samples = InFutex(main_syscall) ? blocked_samples + 1 : 0;
     if (blocked_samples >= kStallSamples) break;
+    if (busy.Sample(watch.threads, absl::Now())) {
+      VLOG(1) << "origin: two or more threads busy for " << kBusyWindow << ": migration point";
+      break;
+    }
   }
   OriginResult result;
   // Stop everything and hand the stopped process to CRIU, unless it ended first (also while

@@ -3,9 +3,14 @@
 // then checkpoints it with CRIU (which ends the origin). If the program exits first, that is
 // the result: it simply ran on one machine.
 //
-// Migration point: by default, once the main thread has created at least one thread and waits
-// for them: it calls pthread_join (a futex wait on a live thread's tid word), or it stays blocked
-// in a futex wait (a barrier, a condition, a semaphore) for 50 ms. With `migrate_at_threads` = N,
+// Migration point: by default, as soon as the program has two or more threads and either
+//   - the main thread waits for them: it calls pthread_join (a futex wait on a live thread's
+//     tid word), or it stays blocked in a futex wait (a barrier, a condition, a semaphore) for
+//     50 ms; or
+//   - two or more threads (main included) have each been busy, running or waiting for a CPU,
+//     for at least half of the last 100 ms: parallel work, whatever main does (an OpenMP
+//     master computing in a parallel region, a main thread that sleeps or polls).
+// With `migrate_at_threads` = N,
 // as soon as the program has started N threads (main included; some may have ended since).
 // The program is stopped entirely before the dump. If CRIU cannot dump it, it is resumed and
 // runs to its end here (nothing is lost), with the reason in `migration_error`.

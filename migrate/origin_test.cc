@@ -33,6 +33,13 @@ std::string Workload(const std::string& name) {
   return absl::StrCat(base, "experiments/workloads/", name);
 }
 
+std::string Program(const std::string& name) {
+  const char* srcdir = getenv("TEST_SRCDIR");
+  const char* ws = getenv("TEST_WORKSPACE");
+  std::string base = srcdir && ws ? absl::StrCat(srcdir, "/", ws, "/") : "";
+  return absl::StrCat(base, "testing/programs/", name);
+}
+
 std::string NativeOutput(const std::vector<std::string>& argv, const std::string& dir) {
   SubprocessOptions o;
   o.argv = argv;
@@ -162,6 +169,50 @@ TEST_F(OriginTest, StayingAtTheMigrationPointFinishesHere) {
   EXPECT_TRUE(rj->exited && rj->stayed);
   EXPECT_EQ(rj->status.code, 0) << testing::ReadFileOrEmpty(dir_.path() + "/err");
   EXPECT_THAT(testing::ReadFileOrEmpty(dir_.path() + "/out2"), HasSubstr("barrier: phases=20001"));
+}
+
+// Shapes of real programs that never block main in a futex while workers run: the default
+// policy migrates them because two threads are busy, and the restore finishes natively.
+TEST_F(OriginTest, DefaultPolicyMigratesWorkersThatComputeWhileMainSleeps) {
+  std::vector<std::string> argv = {Program("main_sleeps"), "400000000"};
+  std::string native = NativeOutput(argv, dir_.path());
+  auto r = RunOrigin(Options(argv));
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_FALSE(r->exited) << "ran to its end without a migration point";
+  EXPECT_EQ(r->threads.size(), 3u);
+  ExitStatus st = RestoreAndRun(r->images_dir, dir_.path() + "/work");
+  EXPECT_EQ(st.code, 0) << testing::ReadFileOrEmpty(dir_.path() + "/err");
+  EXPECT_EQ(testing::ReadFileOrEmpty(dir_.path() + "/out"), native);
+}
+
+TEST_F(OriginTest, DefaultPolicyMigratesAnOpenMpProgramWhoseMasterComputes) {
+  std::vector<std::string> argv = {Program("omp_master_computes"), "60"};
+  std::string native = NativeOutput(argv, dir_.path());
+  auto o = Options(argv);
+  o.program.env_add = {"OMP_NUM_THREADS=2"};
+  auto r = RunOrigin(o);
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_FALSE(r->exited) << "ran to its end without a migration point";
+  EXPECT_EQ(r->threads.size(), 2u);
+  ExitStatus st = RestoreAndRun(r->images_dir, dir_.path() + "/work");
+  EXPECT_EQ(st.code, 0) << testing::ReadFileOrEmpty(dir_.path() + "/err");
+  EXPECT_EQ(testing::ReadFileOrEmpty(dir_.path() + "/out"), native);
+}
+
+// A wrapper that execs the real program (`sh -c 'exec ...'`, `env`) is followed through its
+// exec: the program migrates as if started directly.
+TEST_F(OriginTest, FollowsTheProgramThroughAWrappersExec) {
+  const std::string prog = Program("main_sleeps");
+  std::string native = NativeOutput({prog, "400000000"}, dir_.path());
+  auto r = RunOrigin(Options(
+      {"/bin/sh", "-c", absl::StrCat("exec /usr/bin/env STRETCH_WRAPPED=1 ", prog, " 400000000")}));
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_FALSE(r->exited) << "status " << r->status.ToString() << ": "
+                          << testing::ReadFileOrEmpty(dir_.path() + "/err");
+  EXPECT_EQ(r->threads.size(), 3u);
+  ExitStatus st = RestoreAndRun(r->images_dir, dir_.path() + "/work");
+  EXPECT_EQ(st.code, 0) << testing::ReadFileOrEmpty(dir_.path() + "/err");
+  EXPECT_EQ(testing::ReadFileOrEmpty(dir_.path() + "/out"), native);
 }
 
 TEST_F(OriginTest, ProgramThatNeverCreatesThreadsJustRuns) {

@@ -1,0 +1,49 @@
+/* Reads its input file the way the original Phoenix programs do: mmap(MAP_PRIVATE) read-write
+ * with length st_size + 1 (one byte past the end: a whole page past it when the size is a
+ * multiple of the page size), then two threads sum alternate bytes many times over.
+ * Usage: map_input FILE [PASSES]. */
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+
+static const unsigned char* data;
+static long size, passes = 20000;
+static unsigned long sums[2];
+
+static void* worker(void* arg) {
+  const long k = (long)arg;
+  unsigned long s = 0;
+  for (long p = 0; p < passes; p++) {
+    for (long i = k; i < size; i += 2) s += data[i] * (unsigned long)(p + 1);
+  }
+  sums[k] = s;
+  return NULL;
+}
+
+int main(int argc, char** argv) {
+  if (argc < 2) {
+    fprintf(stderr, "usage: map_input FILE [PASSES]\n");
+    return 2;
+  }
+  if (argc > 2) passes = atol(argv[2]);
+  const int fd = open(argv[1], O_RDONLY);
+  struct stat st;
+  if (fd < 0 || fstat(fd, &st) != 0) {
+    perror(argv[1]);
+    return 1;
+  }
+  size = st.st_size;
+  data = mmap(NULL, size + 1, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, 0);
+  if (data == MAP_FAILED) {
+    perror("mmap");
+    return 1;
+  }
+  pthread_t t[2];
+  for (long i = 0; i < 2; i++) pthread_create(&t[i], NULL, worker, (void*)i);
+  for (long i = 0; i < 2; i++) pthread_join(t[i], NULL);
+  printf("%lu %lu\n", sums[0], sums[1]);
+  return 0;
+}
