@@ -110,6 +110,11 @@ absl::StatusOr<PendingRestore> Criu::StartRestore(const RestoreOptions& r) {
             absl::StrCat("-v", options_.log_level)};
   if (r.lazy_pages) o.argv.push_back("--lazy-pages");
   if (r.leave_stopped) o.argv.push_back("--leave-stopped");
+  if (r.stdin_fd >= 0 && !r.stdin_key.empty()) {
+    o.stdin_fd = r.stdin_fd;  // CRIU's own fd 0
+    o.argv.push_back("--inherit-fd");
+    o.argv.push_back(absl::StrCat("fd[0]:", r.stdin_key));
+  }
   o.argv.insert(o.argv.end(), r.extra_args.begin(), r.extra_args.end());
   if (!r.netns_path.empty()) {
     // nsenter is in util-linux; it joins the namespace before exec'ing CRIU.

@@ -60,6 +60,11 @@ struct RestoreOptions {
   // Makes CRIU enter this network namespace first (path like /var/run/netns/NAME), so the
   // replica belongs to that emulated node.
   std::string netns_path;
+  // The restored program's file named `stdin_key` in CRIU's terms (e.g. "pipe:[4242]", the
+  // pipe the launcher feeds its standard input into) is our descriptor `stdin_fd` instead of
+  // one CRIU makes (--inherit-fd): the replica reads what comes after the checkpoint.
+  int stdin_fd = -1;
+  std::string stdin_key;
   std::vector<std::string> extra_args;
 };
 

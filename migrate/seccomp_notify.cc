@@ -16,11 +16,12 @@
 namespace stretch {
 
 std::vector<sock_filter> BuildFilter(absl::Span<const int> notified, absl::Span<const int> traced,
-                                     uintptr_t exempt_page) {
+                                     uintptr_t exempt_page, absl::Span<const int> traced_on_fd0) {
   // [exempt: ld ip.hi; jne page.hi -> rest; ld ip.lo; jlt page.lo -> rest; jge page.lo+4K ->
   //  rest; allow]
-  // ld arch; jne x86_64 -> allow; ld nr; (jeq nr_i -> its return)*; allow; notify; trace.
-  const int n = static_cast<int>(notified.size() + traced.size());
+  // ld arch; jne x86_64 -> allow; ld nr; (jeq nr_i -> its return)*; allow; notify; trace;
+  // [fd0: ld args[0]; jne 0 -> allow; trace; allow].
+  const int n = static_cast<int>(notified.size() + traced.size() + traced_on_fd0.size());
   std::vector<sock_filter> prog;
   if (exempt_page != 0) {
     const uint32_t hi = static_cast<uint32_t>(exempt_page >> 32);
@@ -37,16 +38,35 @@ std::vector<sock_filter> BuildFilter(absl::Span<const int> notified, absl::Span<
   // Not x86_64: skip the nr load and the n comparisons, to "allow".
   prog.push_back(BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, AUDIT_ARCH_X86_64, 0, uint8_t(n + 1)));
   prog.push_back(BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)));
+  const int notifies = static_cast<int>(notified.size());
+  const int traces = static_cast<int>(traced.size());
   for (int i = 0; i < n; ++i) {
-    const bool notify = i < static_cast<int>(notified.size());
-    const int nr = notify ? notified[i] : traced[i - notified.size()];
-    // Jump over the remaining comparisons and "allow" to "notify" (or one further, "trace").
-    prog.push_back(BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, static_cast<uint32_t>(nr),
-                            uint8_t(n - i + (notify ? 0 : 1)), 0));
+    // From comparison i, "notify" is n - i instructions further, "trace" one more, the fd 0
+    // check two more.
+    int nr, skip;
+    if (i < notifies) {
+      nr = notified[i];
+      skip = n - i;
+    } else if (i < notifies + traces) {
+      nr = traced[i - notifies];
+      skip = n - i + 1;
+    } else {
+      nr = traced_on_fd0[i - notifies - traces];
+      skip = n - i + 2;
+    }
+    prog.push_back(
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, static_cast<uint32_t>(nr), uint8_t(skip), 0));
   }
   prog.push_back(BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW));
   prog.push_back(BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_USER_NOTIF));
   prog.push_back(BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_TRACE));
+  if (!traced_on_fd0.empty()) {
+    // A descriptor is an int: its low 32 bits.
+    prog.push_back(BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, args[0])));
+    prog.push_back(BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, 0, 0, 1));
+    prog.push_back(BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_TRACE));
+    prog.push_back(BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW));
+  }
   return prog;
 }
 

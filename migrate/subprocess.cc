@@ -131,10 +131,15 @@ absl::StatusOr<Subprocess> Subprocess::Start(const SubprocessOptions& o) {
     sigset_t all;
     sigemptyset(&all);
     sigprocmask(SIG_SETMASK, &all, nullptr);
-    int in = open(o.stdin_path.empty() ? "/dev/null" : o.stdin_path.c_str(), O_RDONLY);
-    if (in < 0) ChildFail(report, errno);
-    dup2(in, 0);
-    if (in != 0) close(in);
+    if (o.stdin_fd >= 0) {
+      if (o.stdin_fd != 0 && dup2(o.stdin_fd, 0) != 0) ChildFail(report, errno);
+      if (fcntl(0, F_SETFD, 0) != 0) ChildFail(report, errno);
+    } else {
+      int in = open(o.stdin_path.empty() ? "/dev/null" : o.stdin_path.c_str(), O_RDONLY);
+      if (in < 0) ChildFail(report, errno);
+      dup2(in, 0);
+      if (in != 0) close(in);
+    }
     const std::string* outs[2] = {&o.stdout_path, &o.stderr_path};
     for (int fd = 1; fd <= 2; ++fd) {
       if (outs[fd - 1]->empty()) continue;
