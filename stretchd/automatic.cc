@@ -40,6 +40,7 @@
 #include "stretchd/placement_history.h"
 #include "stretchd/remote.h"
 #include "stretchd/replica.h"
+#include "stretchd/standard_input.h"
 #include "stretchd/throughput_model.h"
 #include "testing/netns.h"
 #include "transport/fault_injecting_transport.h"
@@ -174,8 +175,14 @@ static int RunLauncherOn(const LaunchOptions& o, const std::vector<ClusterNode>&
   tail.Add(err, STDERR_FILENO);
   tail.Start();
 
+  auto input = StandardInput::Open();
+  if (!input.ok()) {
+    tail.Stop();
+    return Fail(std::string(input.status().message()));
+  }
   OriginOptions oo;
   oo.program.argv = o.argv;
+  oo.program.stdin_fd = (*input)->program_fd();
   if (o.one_malloc_arena) {
     const char* tunables = getenv("GLIBC_TUNABLES");
     std::string value = tunables != nullptr ? tunables : "";
@@ -371,6 +378,12 @@ static int RunLauncherOn(const LaunchOptions& o, const std::vector<ClusterNode>&
     if (!o.hold_checkpoint) a.argv.push_back("--nohold_checkpoint");
     // Regrouping needs to know who writes what (affinity.h).
     if (o.placement != "static") a.argv.push_back("--track_write_sharing");
+    // Standard input is node 0's (standard_input.h).
+    if (i == 0 && !(*input)->key().empty()) {
+      a.stdin_fd = (*input)->program_fd();
+      a.argv.push_back("--replica_stdin=" + (*input)->key());
+    }
+    if (i > 0 && (*input)->readable()) a.argv.push_back("--replica_stdin_elsewhere");
     a.argv.push_back(absl::StrCat("--read_ahead=", o.read_ahead));
     a.argv.push_back(absl::StrCat("--busy_poll_us=", absl::ToInt64Microseconds(o.busy_poll)));
     a.argv.push_back(
@@ -414,6 +427,7 @@ static int RunLauncherOn(const LaunchOptions& o, const std::vector<ClusterNode>&
       r.peer_timeout_ms = static_cast<int>(absl::ToInt64Milliseconds(o.peer_timeout));
       r.fault_timeout_ms = static_cast<int>(absl::ToInt64Milliseconds(o.fault_timeout));
       r.inject_faults = o.inject_faults;
+      r.stdin_elsewhere = (*input)->readable();
       for (const auto& [name, path] : {std::pair{"stdout", out}, std::pair{"stderr", err}}) {
         // The path CRIU recorded: resolved (a relative or symlinked --work_dir).
         char* real = realpath(path.c_str(), nullptr);
@@ -1279,6 +1293,8 @@ int RunReplicaAgent(const ReplicaAgentOptions& o) {
   ro.run_threads.assign(o.run_threads.begin(), o.run_threads.end());
   ro.manual = o.manual;
   ro.hold_checkpoint = o.hold_checkpoint;
+  ro.stdin_key = o.stdin_key;
+  ro.stdin_elsewhere = o.stdin_elsewhere;
   auto replica = Replica::Restore(agent->get(), ro);
   if (!replica.ok()) return report_error(std::string(replica.status().message()));
   SendLine(ctl, absl::StrCat("ready ", (*replica)->threads_run()));
@@ -1325,7 +1341,12 @@ int RunReplicaAgent(const ReplicaAgentOptions& o) {
     // Control lines (placement's "cpu", migrations) are answered within 10 ms.
     auto st = (*replica)->Wait(absl::Now() + absl::Milliseconds(10));
     if (st.ok()) {
-      // Killed by this agent because the cluster failed: say why, not "signal 9".
+      // Killed by this agent because the cluster failed or the program did what Stretch
+      // cannot carry out here: say why, not "signal 9".
+      if (absl::Status f = (*replica)->failure(); !f.ok() && st->signaled && st->code == SIGKILL) {
+        report_error(std::string(f.message()));
+        return finish(1);
+      }
       if (absl::Status h = (*agent)->health(); !h.ok() && st->signaled && st->code == SIGKILL) {
         report_error(std::string(h.message()));
         return finish(1);

@@ -120,6 +120,9 @@ struct ReplicaAgentOptions {
   absl::Duration peer_timeout = absl::Seconds(1);
   absl::Duration fault_timeout = absl::Seconds(2);
   std::string inject_faults;
+  // ReplicaOptions::stdin_key (the standard input is our fd 0) and stdin_elsewhere.
+  std::string stdin_key;
+  bool stdin_elsewhere = false;
 };
 
 // The replica side of a node agent in automatic mode; returns the process exit status.

@@ -152,6 +152,12 @@ DEFINE_string(out, "", "secret: the file to create (mode 0600; never replaced)")
 DEFINE_string(replica_images, "", "node (internal, used by run): restore a replica from here");
 DEFINE_string(replica_work, "", "node (internal, used by run): CRIU work directory");
 DEFINE_string(run_threads, "", "node (internal, used by run): thread ids this node runs");
+DEFINE_string(replica_stdin, "",
+              "node (internal, used by run): the program's standard input is this agent's fd 0, "
+              "which CRIU knows as this resource (e.g. pipe:[4242])");
+DEFINE_bool(replica_stdin_elsewhere, false,
+            "node (internal, used by run): the program's standard input is another node's; "
+            "reading it here stops the run with an error");
 
 namespace stretch {
 namespace {
@@ -216,6 +222,8 @@ const std::vector<Subcommand>& Subcommands() {
         "replica_images",
         "replica_work",
         "run_threads",
+        "replica_stdin",
+        "replica_stdin_elsewhere",
         "criu",
         "manual",
         "read_ahead",
@@ -598,6 +606,8 @@ int RunNode(const std::vector<std::string>& args) {
     r.read_ahead = FLAGS_read_ahead;
     r.busy_poll = absl::Microseconds(FLAGS_busy_poll_us);
     r.fault_trace = FLAGS_fault_trace;
+    r.stdin_key = FLAGS_replica_stdin;
+    r.stdin_elsewhere = FLAGS_replica_stdin_elsewhere;
     r.criu.binary = CriuPath();
     if (!ParseIntList(FLAGS_run_threads, &r.run_threads)) {
       std::fprintf(stderr, "stretchd node: bad --run_threads '%s'\n", FLAGS_run_threads.c_str());

@@ -167,6 +167,7 @@ std::string RemoteStart::Encode() const {
                   "peer_timeout_ms=", peer_timeout_ms, "\n", "fault_timeout_ms=", fault_timeout_ms,
                   "\n");
   if (!inject_faults.empty()) absl::StrAppend(&s, "inject_faults=", inject_faults, "\n");
+  if (stdin_elsewhere) absl::StrAppend(&s, "stdin_elsewhere=1\n");
   for (const Output& out : outputs) {
     absl::StrAppend(&s, "output=", out.name, ":", out.size, ":", absl::StrFormat("%o", out.mode),
                     ":", out.path, "\n");
@@ -212,6 +213,8 @@ absl::StatusOr<RemoteStart> RemoteStart::Parse(const std::string& text) {
       if (!flag(&r.hold_checkpoint)) return bad("0 or 1");
     } else if (key == "track_write_sharing") {
       if (!flag(&r.track_write_sharing)) return bad("0 or 1");
+    } else if (key == "stdin_elsewhere") {
+      if (!flag(&r.stdin_elsewhere)) return bad("0 or 1");
     } else if (key == "read_ahead") {
       if (!integer(0, 1024, &r.read_ahead)) return bad("0..1024");
     } else if (key == "busy_poll_us") {
@@ -814,6 +817,7 @@ class LaunchService::Impl {
     if (r.manual) a.argv.push_back("--manual");
     if (!r.hold_checkpoint) a.argv.push_back("--nohold_checkpoint");
     if (r.track_write_sharing) a.argv.push_back("--track_write_sharing");
+    if (r.stdin_elsewhere) a.argv.push_back("--replica_stdin_elsewhere");
     if (!r.inject_faults.empty()) a.argv.push_back("--inject_faults=" + r.inject_faults);
     a.control_fd = theirs.get();
     // Killed with this thread, which lives as long as the service.

@@ -69,6 +69,9 @@ struct RemoteStart {
   int peer_timeout_ms = 1000;
   int fault_timeout_ms = 2000;
   std::string inject_faults;
+  // The program's standard input is node 0's: reading it on this node stops the run with an
+  // error (ReplicaOptions::stdin_elsewhere).
+  bool stdin_elsewhere = false;
   // The program's output files as it has them open: "stdout" or "stderr", the absolute path,
   // and the size and permission bits at the checkpoint (CRIU checks both).
   struct Output {

@@ -132,9 +132,12 @@ int ProtOf(const std::string& perms) {
 // goes to our FutexService, exit() stops for our tracer (a thread's exit is published
 // cluster-wide before it happens), and the invalidation helper's own calls (from its code page)
 // pass untouched. The filter program is written into a page mapped for the purpose.
+// The calls that read a descriptor (the first argument), for reads of standard input.
+constexpr int kReadCalls[] = {SYS_read, SYS_readv, SYS_pread64, SYS_preadv, SYS_preadv2};
+
 absl::StatusOr<UniqueFd> InstallFilter(uffd::RemoteThread& thread, const uffd::Pidfd& pidfd,
                                        uintptr_t helper_code, uintptr_t helper_syscall,
-                                       bool address_space = true) {
+                                       bool address_space, bool stdin_reads) {
   uffd::RemoteMemory memory(pidfd.pid());
   std::vector<int> traced;
   if (address_space) traced = AddressSpaceService::TracedCalls();
@@ -142,7 +145,9 @@ absl::StatusOr<UniqueFd> InstallFilter(uffd::RemoteThread& thread, const uffd::P
   traced.push_back(SYS_tgkill);
   traced.push_back(SYS_tkill);
   traced.push_back(SYS_sched_setaffinity);
-  std::vector<sock_filter> prog = BuildFilter({SYS_futex}, traced, helper_code);
+  std::vector<int> traced_on_fd0;
+  if (stdin_reads) traced_on_fd0.assign(std::begin(kReadCalls), std::end(kReadCalls));
+  std::vector<sock_filter> prog = BuildFilter({SYS_futex}, traced, helper_code, traced_on_fd0);
   STRETCH_ASSIGN_OR_RETURN(
       uint64_t scratch,
       thread.SyscallOrError("mmap", SYS_mmap,
@@ -258,6 +263,7 @@ absl::StatusOr<std::vector<ReplicaMapping>> ReadMappings(pid_t pid) {
       if (!out.empty()) {
         for (absl::string_view flag : absl::StrSplit(line.substr(8), ' ', absl::SkipEmpty())) {
           if (flag == "um") out.back().uffd_missing = true;
+          if (flag == "gd") out.back().grows_down = true;
         }
       }
       continue;
@@ -276,11 +282,57 @@ absl::StatusOr<std::vector<ReplicaMapping>> ReadMappings(pid_t pid) {
       continue;
     }
     m.perms = f[1];
+    if (!absl::SimpleHexAtoi(f[2], &m.offset)) m.offset = 0;
     if (f.size() >= 6) m.path = f[5];
     out.push_back(m);
   }
   return out;
 }
+
+StackReserve StackGrowthReserve(const std::vector<ReplicaMapping>& maps, uint64_t limit) {
+  constexpr uint64_t kGuardGap = uint64_t{1} << 20;  // the kernel's stack_guard_gap default
+  const ReplicaMapping* stack = nullptr;
+  uintptr_t below = 0;  // end of the highest mapping under the stack
+  for (const ReplicaMapping& m : maps) {
+    if (m.path == "[stack]") stack = &m;
+  }
+  if (stack == nullptr) return {};
+  for (const ReplicaMapping& m : maps) {
+    if (m.end <= stack->start) below = std::max<uintptr_t>(below, m.end);
+  }
+  const uint64_t size = std::min(limit, kMaxStackReserve);
+  const uint64_t extent = stack->end - stack->start;
+  if (size <= extent) return {};
+  uintptr_t low = (stack->end - size) & ~static_cast<uintptr_t>(kPageSize - 1);
+  if (stack->end < size) low = 0;
+  low = std::max<uintptr_t>(low, below + kGuardGap);
+  if (low >= stack->start) return {};
+  return {low, stack->start};
+}
+
+uintptr_t FileBackedEnd(const ReplicaMapping& m, uint64_t file_size) {
+  if (file_size <= m.offset) return m.start;
+  const uint64_t backed = (file_size - m.offset + kPageSize - 1) & ~uint64_t{kPageSize - 1};
+  return backed >= m.end - m.start ? m.end : m.start + backed;
+}
+
+namespace {
+
+// The soft RLIMIT_STACK of `pid` (bytes), from /proc/<pid>/limits; kMaxStackReserve when it
+// is unlimited or unreadable.
+uint64_t StackLimit(pid_t pid) {
+  std::ifstream in(absl::StrCat("/proc/", pid, "/limits"));
+  std::string line;
+  while (std::getline(in, line)) {
+    if (!absl::StartsWith(line, "Max stack size")) continue;
+    std::vector<std::string> f = absl::StrSplit(line.substr(14), ' ', absl::SkipEmpty());
+    uint64_t soft = 0;
+    if (!f.empty() && absl::SimpleAtoi(f[0], &soft)) return soft;
+  }
+  return kMaxStackReserve;
+}
+
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<Replica>> Replica::Restore(engine::NodeAgent* agent,
                                                           const ReplicaOptions& options) {
@@ -304,6 +356,10 @@ absl::StatusOr<std::unique_ptr<Replica>> Replica::Restore(engine::NodeAgent* age
   ro.work_dir = options.work_dir;
   ro.lazy_pages = true;
   ro.leave_stopped = true;
+  if (!options.stdin_key.empty()) {
+    ro.stdin_fd = STDIN_FILENO;
+    ro.stdin_key = options.stdin_key;
+  }
   STRETCH_ASSIGN_OR_RETURN(PendingRestore pending, criu.StartRestore(ro));
   // CRIU's helpers die with this agent (they would wait forever for its lazy pages), and with
   // a restore that fails here.
@@ -355,6 +411,12 @@ absl::StatusOr<std::unique_ptr<Replica>> Replica::Restore(engine::NodeAgent* age
   STRETCH_RETURN_IF_ERROR(agent->Guard(r->pid_, uffd.get()));
   criu_group.done = true;  // CRIU has exited; the replica is guarded on its own
   STRETCH_RETURN_IF_ERROR(GiveThreadIdsTheirOwnRange(r->pid_, agent->node()));
+  {
+    char link[256];
+    const ssize_t n =
+        readlink(absl::StrCat("/proc/", r->pid_, "/fd/0").c_str(), link, sizeof(link) - 1);
+    if (n > 0) r->stdin_link_.assign(link, n);
+  }
 
   r->agent_ = agent;
   SupervisorCallbacks cb;
@@ -382,6 +444,32 @@ absl::StatusOr<std::unique_ptr<Replica>> Replica::Restore(engine::NodeAgent* age
 
   // Memory: make every private writable mapping coherent and start it empty.
   STRETCH_ASSIGN_OR_RETURN(std::vector<ReplicaMapping> maps, ReadMappings(r->pid_));
+  // The main thread's stack grows on demand, one node at a time, behind the directory's back:
+  // map the room it may grow into now, identically on every node, as ordinary coherent memory.
+  StackReserve stack_reserve;
+  if (!options.manual) stack_reserve = StackGrowthReserve(maps, StackLimit(r->pid_));
+  if (stack_reserve.low < stack_reserve.high) {
+    STRETCH_RETURN_IF_ERROR(r->supervisor_->RunStopped(
+        r->pid_,
+        [&](pid_t t) -> absl::Status {
+          STRETCH_ASSIGN_OR_RETURN(auto thread, uffd::RemoteThread::Adopt(t));
+          const uint64_t len = stack_reserve.high - stack_reserve.low;
+          STRETCH_ASSIGN_OR_RETURN(
+              uint64_t at,
+              thread->SyscallOrError("mmap of the stack's room to grow", SYS_mmap,
+                                     {stack_reserve.low, len, PROT_READ | PROT_WRITE,
+                                      MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE,
+                                      static_cast<uint64_t>(-1), 0}));
+          if (at != stack_reserve.low) {
+            return absl::InternalError(
+                absl::StrFormat("mmap of the stack's room to grow landed at 0x%x, not 0x%x", at,
+                                stack_reserve.low));
+          }
+          return absl::OkStatus();
+        },
+        deadline));
+    STRETCH_ASSIGN_OR_RETURN(maps, ReadMappings(r->pid_));
+  }
   std::vector<engine::NodeAgent::Range> ranges;
   std::vector<std::pair<uintptr_t, std::vector<uint8_t>>> seeds;
   const pid_t pid = r->pid_;
@@ -501,10 +589,29 @@ absl::StatusOr<std::unique_ptr<Replica>> Replica::Restore(engine::NodeAgent* age
         uffd::RemoteMemory memory(pid);
         for (const ReplicaMapping& m : maps) {
           if (IsSpecial(m.path)) continue;
-          const size_t len = m.end - m.start;
+          size_t len = m.end - m.start;
           const bool writable_private =
               m.perms.size() >= 4 && m.perms[1] == 'w' && m.perms[3] == 'p';
           if (!m.uffd_missing && !writable_private) continue;
+          if (m.start == stack_reserve.low && m.end == stack_reserve.high) {
+            // Never touched: its pages are zeros at the server too.
+            ranges.push_back({RegionId(0), m.start, len});
+            continue;
+          }
+          if (!m.uffd_missing && !m.path.empty() && m.path[0] == '/') {
+            // A private file mapping may be longer than its file (Phoenix maps its input with
+            // st_size + 1): past the file's last page every access is SIGBUS, natively and
+            // here, so only the part the file backs becomes coherent memory.
+            struct stat st;
+            uintptr_t backed = m.end;
+            const std::string file =
+                absl::StrFormat("/proc/%d/map_files/%x-%x", pid, m.start, m.end);
+            if (stat(file.c_str(), &st) == 0 && S_ISREG(st.st_mode)) {
+              backed = FileBackedEnd(m, static_cast<uint64_t>(st.st_size));
+            }
+            if (backed == m.start) continue;
+            len = backed - m.start;
+          }
           if (!m.uffd_missing) {
             // Current contents become the pages' initial contents at the server.
             std::vector<uint8_t> bytes(len);
@@ -602,7 +709,8 @@ absl::Status Replica::Serve(std::vector<engine::NodeAgent::Range> ranges, Unique
         STRETCH_ASSIGN_OR_RETURN(auto thread, uffd::RemoteThread::Adopt(tid));
         STRETCH_ASSIGN_OR_RETURN(seccomp_listener,
                                  InstallFilter(*thread, pidfd, helper_code, helper_syscall,
-                                               /*address_space=*/!options_.manual));
+                                               /*address_space=*/!options_.manual,
+                                               /*stdin_reads=*/options_.stdin_elsewhere));
         return absl::OkStatus();
       },
       deadline));
@@ -835,6 +943,11 @@ bool Replica::OnSeccomp(pid_t tid) {
     EmulateSetAffinity(tid, regs);
     return false;
   }
+  if (std::find(std::begin(kReadCalls), std::end(kReadCalls), regs.orig_rax) !=
+      std::end(kReadCalls)) {
+    OnStdinRead(tid);
+    return false;
+  }
   if (regs.orig_rax == SYS_tgkill || regs.orig_rax == SYS_tkill) {
     // A thread-directed signal for a thread another node runs goes there (here that thread
     // is parked and would never see it, or does not exist).
@@ -860,6 +973,41 @@ bool Replica::OnSeccomp(pid_t tid) {
   // Under mu_: the destructor takes the service away under it too.
   absl::MutexLock l(&mu_);
   return address_space_ != nullptr && address_space_->OnSyscall(tid, regs);
+}
+
+void Replica::OnStdinRead(pid_t tid) {
+  char link[256];
+  const ssize_t n = readlink(absl::StrCat("/proc/", pid_, "/fd/0").c_str(), link, sizeof(link) - 1);
+  // The program has made fd 0 something else since (closed it, opened another file): its own.
+  if (n <= 0 || std::string(link, n) != stdin_link_) return;
+  pid_t inner = 0;
+  {
+    absl::MutexLock l(&mu_);
+    if (auto it = inner_tid_.find(tid); it != inner_tid_.end()) inner = it->second;
+  }
+  if (inner == 0) {
+    auto in = InnermostTid(tid);
+    inner = in.ok() ? *in : tid;
+  }
+  FailAndKill(absl::FailedPreconditionError(absl::StrCat(
+      "thread ", inner, " read the program's standard input on node ", agent_->node().value(),
+      "; only node 0's threads can read it (Stretch passes it to node 0's replica): run the "
+      "program with its input in a file it opens itself, or with --placement=static "
+      "--migrate_threads excluding that thread")));
+}
+
+void Replica::FailAndKill(absl::Status why) {
+  {
+    absl::MutexLock l(&mu_);
+    if (failure_.ok()) failure_ = why;
+  }
+  LOG(ERROR) << "replica pid " << pid_ << ": " << why.message() << "; killing it";
+  kill(pid_, SIGKILL);
+}
+
+absl::Status Replica::failure() {
+  absl::MutexLock l(&mu_);
+  return failure_;
 }
 
 // Tracer thread, `tid` stopped at the entry of exit(). A joiner on another node

@@ -51,18 +51,43 @@ struct ReplicaOptions {
   bool manual = false;
   // Automatic mode: start holding the checkpoint's pages read-only, as a sharer (see Serve).
   bool hold_checkpoint = true;
+  // Standard input. On the node that has it (node 0): the program's fd 0 was, at the
+  // checkpoint, the file CRIU calls `stdin_key` (the pipe the launcher relays its own standard
+  // input into), and the replica gets our fd 0 in its place, so it reads on from where the
+  // program stopped. On the others (`stdin_elsewhere`): a read of fd 0 (read, readv, pread64,
+  // preadv, preadv2) while it is still that file stops the run with an error saying so,
+  // rather than reading a stale copy or an early end of file.
+  std::string stdin_key;
+  bool stdin_elsewhere = false;
 };
 
 // A private writable mapping of the replica.
 struct ReplicaMapping {
   uintptr_t start = 0, end = 0;
   std::string perms;          // "rw-p"
+  uint64_t offset = 0;        // into the file
   std::string path;           // file, "[heap]", "[stack]", or empty
   bool uffd_missing = false;  // CRIU registered it (VmFlags "um")
+  bool grows_down = false;    // a stack the kernel extends on demand (VmFlags "gd")
 };
 
 // The mappings of `pid` from /proc/<pid>/smaps.
 absl::StatusOr<std::vector<ReplicaMapping>> ReadMappings(pid_t pid);
+
+// Where the main thread's stack may grow to after the migration point: [low, high) below the
+// "[stack]" mapping of `maps`, down to the stack size limit `limit` (bytes; capped at
+// kMaxStackReserve) but no closer than the kernel's 1 MiB guard gap to the mapping below it.
+// Empty (low == high) when there is no room or no such mapping. Every replica maps it
+// (identical address spaces), so memory the stack grows into is coherent like the rest.
+struct StackReserve {
+  uintptr_t low = 0, high = 0;
+};
+inline constexpr uint64_t kMaxStackReserve = uint64_t{256} << 20;
+StackReserve StackGrowthReserve(const std::vector<ReplicaMapping>& maps, uint64_t limit);
+
+// The part of private file mapping `m` backed by its file of `file_size` bytes: [m.start,
+// returned end). Beyond it (a mapping longer than its file) every access is SIGBUS natively.
+uintptr_t FileBackedEnd(const ReplicaMapping& m, uint64_t file_size);
 
 class Replica {
  public:
@@ -101,6 +126,10 @@ class Replica {
   // replica so far.
   uint64_t CpuTimeNs();
 
+  // Why this node killed the replica, if it did (e.g. it read a standard input that is
+  // another node's); OK otherwise.
+  absl::Status failure();
+
   // Threads created here since the replica started (they run here).
   int threads_created();
   // {"threads_run":..,"threads_created":..,"address_space":{"changes":..,...}}, without the
@@ -114,6 +143,11 @@ class Replica {
   bool OnSeccomp(pid_t tid);
   // A thread is at the entry of exit(): publish its exit cluster-wide (see replica.cc).
   void OnThreadExitCall(pid_t tid);
+  // Tracer thread: `tid` is at the entry of a read of fd 0 on a node that does not have the
+  // standard input (ReplicaOptions::stdin_elsewhere).
+  void OnStdinRead(pid_t tid);
+  // Kills the replica; failure() says why.
+  void FailAndKill(absl::Status why);
   // The end of a restore, both modes: attaches `ranges` to the agent through `uffd`, sends
   // the seeds, places the seccomp filter (the last call injected into a program thread:
   // each makes the kernel write the thread's rseq area, in its TLS), drops every page, and
@@ -156,6 +190,9 @@ class Replica {
   absl::flat_hash_map<pid_t, uint64_t> ctid_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<pid_t, bool> exit_published_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<pid_t, pid_t> inner_tid_ ABSL_GUARDED_BY(mu_);
+  absl::Status failure_ ABSL_GUARDED_BY(mu_);
+  // What the program's fd 0 was at restore (/proc/PID/fd/0), for OnStdinRead.
+  std::string stdin_link_;
   bool attached_ ABSL_GUARDED_BY(mu_) = false;  // memory is coherent: exits may be published
   int created_ ABSL_GUARDED_BY(mu_) = 0;        // threads created since attached_
   // Threads this node runs: tid in the program's namespace -> ours.

@@ -1,0 +1,142 @@
+// `stretchd run --nodes=2` with the default migration point on programs in shapes the
+// project's own workloads do not have but real programs do: an OpenMP master that computes,
+// a main thread that sleeps, a wrapper that execs the program, a stack that grows after the
+// migration point, an input file mapped past its end. Each must migrate (threads ran on both
+// nodes) and print exactly its native output. Needs root and CRIU, as CI has.
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "stretchd/run_fixture.h"
+
+namespace stretch {
+namespace {
+
+using testing::Outcome;
+using testing::RunCommand;
+using testing::Runfile;
+using ProgramShapesTest = testing::RunFixture;
+
+std::string Program(const std::string& name) { return Runfile("testing/programs/" + name); }
+
+// Native and Stretch outputs and statuses are equal, and both nodes ran threads.
+#define EXPECT_NATIVE_AND_DISTRIBUTED(native, stretch)                                    \
+  do {                                                                                    \
+    EXPECT_EQ((stretch).status.ToString(), (native).status.ToString()) << (stretch).err;  \
+    EXPECT_EQ((stretch).out, (native).out) << (stretch).err;                              \
+    EXPECT_FALSE((native).out.empty());                                                   \
+    EXPECT_THAT(last_stats_, ::testing::HasSubstr("\"migrated\":true")) << (stretch).err; \
+    std::vector<int> threads = ThreadsRun();                                              \
+    ASSERT_EQ(threads.size(), 2u) << last_stats_;                                         \
+    EXPECT_GT(threads[0], 0) << last_stats_;                                              \
+    EXPECT_GT(threads[1], 0) << last_stats_;                                              \
+  } while (0)
+
+// libgomp's master works in every parallel region and nobody joins: the busy threads are the
+// migration point. Started through `env`, which execs it.
+TEST_F(ProgramShapesTest, AnOpenMpProgramWhoseMasterComputesMigrates) {
+  auto [native, stretch] =
+      Both({"/usr/bin/env", "OMP_NUM_THREADS=2", Program("omp_master_computes"), "80"});
+  EXPECT_NATIVE_AND_DISTRIBUTED(native, stretch);
+}
+
+TEST_F(ProgramShapesTest, WorkersComputingWhileMainSleepsMigrate) {
+  auto [native, stretch] = Both({Program("main_sleeps"), "600000000"});
+  EXPECT_NATIVE_AND_DISTRIBUTED(native, stretch);
+}
+
+TEST_F(ProgramShapesTest, AShellThatExecsTheProgramIsFollowed) {
+  auto [native, stretch] =
+      Both({"/bin/sh", "-c", absl::StrCat("exec ", Program("main_sleeps"), " 600000000")});
+  EXPECT_NATIVE_AND_DISTRIBUTED(native, stretch);
+}
+
+// main joins its workers (the migration point), then puts megabytes of locals on its stack,
+// far below the stack's extent at the checkpoint.
+TEST_F(ProgramShapesTest, TheMainStackGrowsAfterTheMigrationPoint) {
+  for (const char* kib : {"192", "1024", "6144"}) {
+    auto [native, stretch] = Both({Program("stack_growth"), kib});
+    SCOPED_TRACE(absl::StrCat(kib, " KiB"));
+    EXPECT_NATIVE_AND_DISTRIBUTED(native, stretch);
+  }
+}
+
+// Phoenix maps its input read-write with length st_size + 1: a whole page past the end of a
+// file whose size is a multiple of the page size.
+TEST_F(ProgramShapesTest, AnInputFileMappedPastItsEndIsReadAsNatively) {
+  for (const int size : {4096, 4097, 3 * 4096}) {
+    const std::string path = absl::StrCat(dir_.path(), "/input-", size);
+    std::string bytes(size, '\0');
+    for (int i = 0; i < size; ++i) bytes[i] = static_cast<char>((i * 131) ^ (i >> 5));
+    int fd = open(path.c_str(), O_CREAT | O_WRONLY | O_TRUNC, 0644);
+    ASSERT_GE(fd, 0);
+    ASSERT_EQ(write(fd, bytes.data(), bytes.size()), size);
+    close(fd);
+    auto [native, stretch] = Both({Program("map_input"), path, "300000"});
+    SCOPED_TRACE(absl::StrCat(size, " bytes"));
+    EXPECT_NATIVE_AND_DISTRIBUTED(native, stretch);
+  }
+}
+
+// Lines "1".."n", as a file.
+std::string NumbersFile(const std::string& dir, int n) {
+  const std::string path = absl::StrCat(dir, "/numbers-", n);
+  std::ofstream out(path);
+  for (int i = 1; i <= n; ++i) out << i << "\n";
+  return path;
+}
+
+// `PROG < input`: main reads the first line before the migration point and the rest after it.
+TEST_F(ProgramShapesTest, StandardInputFromAFileReachesTheProgram) {
+  stdin_path_ = NumbersFile(dir_.path(), 200000);
+  auto [native, stretch] = Both({Program("read_stdin")});
+  EXPECT_THAT(native.out, ::testing::HasSubstr("200000 lines"));
+  EXPECT_NATIVE_AND_DISTRIBUTED(native, stretch);
+}
+
+// `producer | PROG`: the pipe reaches the program before and after the migration point, every
+// byte once, also what the producer writes after the migration.
+TEST_F(ProgramShapesTest, StandardInputFromAPipeReachesTheProgram) {
+  const std::string numbers = NumbersFile(dir_.path(), 200000);
+  const std::string json = dir_.path() + "/pipe.json";
+  for (const std::string producer :
+       {absl::StrCat("cat ", numbers),
+        absl::StrCat("(head -n 1 ", numbers, "; sleep 1; tail -n +2 ", numbers, ")")}) {
+    Outcome native =
+        RunCommand({"/bin/sh", "-c", absl::StrCat(producer, " | ", Program("read_stdin"))},
+                   dir_.path(), "pipe-native");
+    Outcome stretch =
+        RunCommand({"/bin/sh", "-c",
+                    absl::StrCat(producer, " | ", Runfile("stretchd/stretchd"),
+                                 " run --nodes=2 --placement=static --stats_json=", json, " -- ",
+                                 Program("read_stdin"))},
+                   dir_.path(), "pipe-stretch");
+    last_stats_ = ::stretch::testing::ReadFileOrEmpty(json);
+    SCOPED_TRACE(producer);
+    EXPECT_THAT(native.out, ::testing::HasSubstr("200000 lines"));
+    EXPECT_NATIVE_AND_DISTRIBUTED(native, stretch);
+  }
+}
+
+// Standard input is node 0's: a thread on node 1 reading it stops the run, saying so, rather
+// than reading a stale copy or an early end of file. /dev/null reads as empty everywhere.
+TEST_F(ProgramShapesTest, StandardInputReadOnAnotherNodeStopsTheRunClearly) {
+  auto [native_null, stretch_null] = Both({Program("read_stdin"), "--worker_reads"});
+  EXPECT_EQ(native_null.out, "workers read 0 bytes\n");
+  EXPECT_NATIVE_AND_DISTRIBUTED(native_null, stretch_null);
+
+  stdin_path_ = NumbersFile(dir_.path(), 1000);
+  auto [native, stretch] = Both({Program("read_stdin"), "--worker_reads"});
+  EXPECT_EQ(native.status.ToString(), "exit status 0");
+  EXPECT_EQ(stretch.status.ToString(), "exit status 1") << stretch.err;
+  EXPECT_THAT(stretch.err, ::testing::HasSubstr("read the program's standard input on node 1"));
+}
+
+}  // namespace
+}  // namespace stretch
