@@ -12,6 +12,8 @@
 #include <algorithm>
 #include <cstring>
 #include <deque>
+#include <fstream>
+#include <iterator>
 #include <map>
 #include <thread>
 #include <vector>
@@ -19,8 +21,10 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/container/node_hash_map.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "coherence/node.h"
 #include "core/json.h"
@@ -972,7 +976,10 @@ class NodeAgent::Impl {
           VLOG(2) << "node " << self_.value() << " " << page.ToString() << ": stash first word "
                   << *reinterpret_cast<const uint64_t*>(copy->bytes);
           if (!s.ok()) {
-            // The only copy of the page went with the process: nobody may get it.
+            // The only copy of the page went with the process: nobody may get it. Unless the
+            // program is ending (another node asked for the page as it exited): then nobody
+            // needs it, and the program's own exit status is the outcome.
+            if (Ending(*att.target)) return;
             LosePage(page, Annotate(s, absl::StrCat("reading ", page.ToString(), " of pid ",
                                                     att.target->pid)));
             return;
@@ -1523,8 +1530,33 @@ class NodeAgent::Impl {
     Fail(absl::DataLossError(msg), /*tell_server=*/false);
   }
 
+  // Whether `t`'s process is ending by itself (exit_group, a fatal signal, somebody's kill):
+  // then a failure to read, write-protect or drop its pages loses nothing it can still use,
+  // and its exit status is the outcome. It is when its main thread is exiting and the whole
+  // process is gone within a second (a main thread that only called pthread_exit is not an
+  // ending process). May wait that second: only on a failure path.
+  static bool Ending(const Target& t) {
+    if (t.pidfd.Exited()) return true;
+    std::ifstream in(absl::StrCat("/proc/", t.pid, "/stat"));
+    std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const size_t paren = stat.rfind(')');
+    if (paren != std::string::npos) {
+      // After "pid (comm)": state ppid pgrp session tty_nr tpgid flags ...
+      std::vector<std::string> f = absl::StrSplit(stat.substr(paren + 1), ' ', absl::SkipEmpty());
+      uint64_t flags = 0;
+      constexpr uint64_t kPfExiting = 0x4;  // PF_EXITING
+      if (f.size() < 7 || !absl::SimpleAtoi(f[6], &flags) || (flags & kPfExiting) == 0) {
+        return false;
+      }
+    }
+    const bool gone = t.pidfd.WaitForExit(absl::Now() + absl::Seconds(1)).ok();
+    if (gone) LOG(INFO) << "pid " << t.pid << " is exiting: its pages are no longer needed";
+    return gone;
+  }
+
   void KillTarget(Attachment& att, const absl::Status& why) {
     Target& t = *att.target;
+    if (Ending(t)) return;
     LOG(ERROR) << "node " << self_.value() << ": stopping pid " << t.pid << ": " << why;
     (void)t.pidfd.Signal(SIGKILL);
     // Accesses blocked on pages that will never come (also our own reads of its memory, e.g.

@@ -84,6 +84,18 @@ TEST_F(ProgramShapesTest, AnInputFileMappedPastItsEndIsReadAsNatively) {
   }
 }
 
+// main returns while two threads write-share pages of a 256 MiB heap: pages are moving
+// between the nodes as the process exits. Nothing the program can still use is lost, so its
+// own exit status is the run's (before, a node's read of a page of its exiting replica
+// failed with ESRCH and the run failed after a correct output).
+TEST_F(ProgramShapesTest, ExitingWhilePagesMoveIsANormalExit) {
+  for (int run = 0; run < 3; ++run) {
+    auto [native, stretch] = Both({Program("exit_while_sharing"), "256"});
+    SCOPED_TRACE(absl::StrCat("run ", run));
+    EXPECT_NATIVE_AND_DISTRIBUTED(native, stretch);
+  }
+}
+
 // Lines "1".."n", as a file.
 std::string NumbersFile(const std::string& dir, int n) {
   const std::string path = absl::StrCat(dir, "/numbers-", n);
