@@ -218,8 +218,8 @@ class DirectoryServer::Impl {
     // A node that never asked for a page nor held one (a cluster node that only ever ran
     // replicas for launchers, whose runs have directories of their own) takes nothing with it:
     // its loss stops nothing, and it may connect again.
-    const bool held_pages = node.stats.read_requests > 0 || node.stats.write_requests > 0 ||
-                            node.stats.pages_held > 0;
+    const bool held_pages =
+        node.stats.read_requests > 0 || node.stats.write_requests > 0 || node.stats.pages_held > 0;
     if (!held_pages) {
       LOG(INFO) << "server: node " << id->value() << (node.left ? " left" : " disconnected")
                 << "; it held no pages, so nothing is lost and it may connect again";
@@ -777,6 +777,9 @@ absl::StatusOr<std::unique_ptr<DirectoryServer>> DirectoryServer::Start(
     LOG(INFO) << "server: initial memory from " << options.checkpoint_images << " ("
               << mem.present_pages() << " pages)";
     home = HomeStore(std::move(mem));
+  }
+  for (const FileBacking& f : options.file_backings) {
+    STRETCH_RETURN_IF_ERROR(Annotate(home.AddFile(f), "server: initial contents from a file"));
   }
   transport::TransportOptions topts = options.transport_options;
   if (topts.name.empty()) topts.name = "server";

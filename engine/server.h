@@ -22,10 +22,12 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "core/stats.h"
+#include "engine/home_store.h"
 #include "transport/transport.h"
 
 namespace stretch::engine {
@@ -40,6 +42,9 @@ struct ServerOptions {
   // pages start zero-filled.
   std::string checkpoint_images;
   int checkpoint_pid = 1;
+  // Initial contents of the program's private file mappings that the checkpoint leaves to
+  // their files (pages not written before it): read from the files here, never uploaded.
+  std::vector<FileBacking> file_backings;
   // Most pages the directory tracks (one entry per page any node ever held or asked for, about
   // 100 bytes each, plus a home copy for pages written back). A request for one more stops the
   // program with an error naming the limit. Default: 16 Mi pages (64 GiB of shared memory).

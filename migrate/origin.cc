@@ -3,6 +3,7 @@
 #include <dirent.h>
 #include <linux/futex.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 
 #include <algorithm>
@@ -12,6 +13,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
@@ -167,6 +169,37 @@ absl::Status CheckMigratable(pid_t pid, bool manual) {
   closedir(d);
   if (why.empty()) return absl::OkStatus();
   return absl::FailedPreconditionError(why);
+}
+
+// The private writable file mappings of `pid` (stopped), each up to its file's end.
+std::vector<PrivateFileMapping> PrivateFileMappings(pid_t pid) {
+  std::vector<PrivateFileMapping> out;
+  std::ifstream maps(absl::StrCat("/proc/", pid, "/maps"));
+  std::string line;
+  while (std::getline(maps, line)) {
+    // "start-end perms offset dev inode path"
+    std::vector<std::string> f = absl::StrSplit(line, ' ', absl::SkipEmpty());
+    if (f.size() != 6 || f[1].size() != 4 || f[1][1] != 'w' || f[1][3] != 'p' || f[5].empty() ||
+        f[5][0] != '/') {
+      continue;  // also "/path (deleted)": seven fields
+    }
+    PrivateFileMapping m;
+    std::pair<std::string, std::string> range = absl::StrSplit(f[0], '-');
+    if (!absl::SimpleHexAtoi(range.first, &m.start) || !absl::SimpleHexAtoi(range.second, &m.end) ||
+        !absl::SimpleHexAtoi(f[2], &m.offset)) {
+      continue;
+    }
+    struct stat st;
+    const std::string file = absl::StrCat("/proc/", pid, "/map_files/", f[0]);
+    if (stat(file.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) continue;
+    const uint64_t size = static_cast<uint64_t>(st.st_size);
+    if (size <= m.offset) continue;
+    const uint64_t backed = (size - m.offset + 4095) / 4096 * 4096;
+    if (backed < m.end - m.start) m.end = m.start + backed;
+    m.path = f[5];
+    out.push_back(std::move(m));
+  }
+  return out;
 }
 
 // CRIU could not dump the (stopped, untraced) program and left it as it was: let it go on and
@@ -361,6 +394,7 @@ absl::StatusOr<OriginResult> RunOrigin(const OriginOptions& options) {
   if (absl::Status movable = CheckMigratable(app.pid(), options.manual); !movable.ok()) {
     return FinishHere(app, forward, deadline, std::move(movable));
   }
+  result.file_mappings = PrivateFileMappings(app.pid());
   Criu criu(options.criu);
   const absl::Time dump_start = absl::Now();
   result.stop_time = dump_start - stop_start;

@@ -53,6 +53,14 @@ struct OriginOptions {
   absl::Duration timeout = absl::Hours(24 * 365);
 };
 
+// A private writable file mapping of the program at its checkpoint, up to its file's end:
+// pages it had not written there are the file's (CRIU does not dump them).
+struct PrivateFileMapping {
+  uintptr_t start = 0, end = 0;
+  uint64_t offset = 0;  // into the file
+  std::string path;
+};
+
 struct OriginResult {
   // The program exited before the migration point.
   bool exited = false;
@@ -61,6 +69,7 @@ struct OriginResult {
   // (identical in every replica), main thread (1) first, then in creation order.
   std::vector<pid_t> threads;
   std::string images_dir;
+  std::vector<PrivateFileMapping> file_mappings;
   // How long stopping the program and `criu dump` took.
   absl::Duration stop_time, dump_time;
   // It reached its migration point and ran to its end here because of OriginOptions::stay;

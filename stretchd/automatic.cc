@@ -327,6 +327,9 @@ static int RunLauncherOn(const LaunchOptions& o, const std::vector<ClusterNode>&
   so.transport = o.transport;
   so.listen = o.transport == "loopback" ? "loop:" : absl::StrCat(node_ip(0), ":0");
   so.checkpoint_images = oo.images_dir;
+  for (const PrivateFileMapping& m : origin->file_mappings) {
+    so.file_backings.push_back({m.start, m.end - m.start, m.path, m.offset});
+  }
   so.transport_options.heartbeat_interval = o.heartbeat_interval;
   so.transport_options.peer_timeout = o.peer_timeout;
   so.max_pages = o.max_pages;

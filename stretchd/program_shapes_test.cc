@@ -84,6 +84,29 @@ TEST_F(ProgramShapesTest, AnInputFileMappedPastItsEndIsReadAsNatively) {
   }
 }
 
+// A large input mapped MAP_PRIVATE: every node reads the pages nobody wrote from its own copy
+// of the file (so does the server), nothing is uploaded, and the pages main wrote before the
+// migration point keep main's bytes on every node.
+TEST_F(ProgramShapesTest, ALargeMappedInputIsNotUploaded) {
+  const std::string path = absl::StrCat(dir_.path(), "/large-input");
+  {
+    std::ofstream out(path, std::ios::binary);
+    std::string block(1 << 20, '\0');
+    for (int mib = 0; mib < 96; ++mib) {
+      for (size_t i = 0; i < block.size(); ++i) block[i] = static_cast<char>((i * 7 + mib) >> 3);
+      out.write(block.data(), block.size());
+    }
+  }
+  for (const char* mode : {"read", "write"}) {
+    auto [native, stretch] = Both({Program("map_input"), path, "6", mode});
+    SCOPED_TRACE(mode);
+    EXPECT_NATIVE_AND_DISTRIBUTED(native, stretch);
+    // 96 MiB would be 24576 pages; what a node sends is a few hundred.
+    for (int64_t sent : Numbers("bytes_sent")) EXPECT_LT(sent, 8 << 20) << last_stats_;
+    for (int64_t held : Numbers("pages_held")) EXPECT_GT(held, 24000) << last_stats_;
+  }
+}
+
 // main returns while two threads write-share pages of a 256 MiB heap: pages are moving
 // between the nodes as the process exits. Nothing the program can still use is lost, so its
 // own exit status is the run's (before, a node's read of a page of its exiting replica

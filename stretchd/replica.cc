@@ -225,9 +225,11 @@ absl::Status GiveThreadIdsTheirOwnRange(pid_t pid, NodeId node) {
 }
 
 // The pages of `ranges` ([start, end) pairs) present in process `pid`'s memory now
-// (/proc/PID/pagemap, bit 63).
+// (/proc/PID/pagemap, bit 63); with `private_only`, only those that are not a file's page (bit
+// 61 clear: in a private file mapping, the pages the program wrote).
 absl::StatusOr<std::vector<uintptr_t>> PresentPages(
-    pid_t pid, const std::vector<std::pair<uintptr_t, uintptr_t>>& ranges) {
+    pid_t pid, const std::vector<std::pair<uintptr_t, uintptr_t>>& ranges,
+    bool private_only = false) {
   const std::string path = absl::StrCat("/proc/", pid, "/pagemap");
   UniqueFd fd(open(path.c_str(), O_RDONLY | O_CLOEXEC));
   if (!fd.valid()) return ErrnoStatus(errno, absl::StrCat("open ", path));
@@ -243,7 +245,10 @@ absl::StatusOr<std::vector<uintptr_t>> PresentPages(
       if (got == 0) break;
       const size_t read = static_cast<size_t>(got) / sizeof(uint64_t);
       for (size_t i = 0; i < read; ++i) {
-        if (entries[i] & (uint64_t{1} << 63)) present.push_back(at + i * kPageSize);
+        const bool file_page = (entries[i] & (uint64_t{1} << 61)) != 0;
+        if ((entries[i] & (uint64_t{1} << 63)) && !(private_only && file_page)) {
+          present.push_back(at + i * kPageSize);
+        }
       }
       at += read * kPageSize;
     }
@@ -317,6 +322,39 @@ uintptr_t FileBackedEnd(const ReplicaMapping& m, uint64_t file_size) {
 }
 
 namespace {
+
+// A read-only view of the file behind a mapping of the replica, at the mapping's offset.
+class FileView {
+ public:
+  static absl::StatusOr<FileView> Map(pid_t pid, const ReplicaMapping& m, size_t len) {
+    const std::string path = absl::StrFormat("/proc/%d/map_files/%x-%x", pid, m.start, m.end);
+    UniqueFd fd(open(path.c_str(), O_RDONLY | O_CLOEXEC));
+    if (!fd.valid()) return ErrnoStatus(errno, absl::StrCat("open ", m.path, " (", path, ")"));
+    void* p = mmap(nullptr, len, PROT_READ, MAP_PRIVATE, fd.get(), static_cast<off_t>(m.offset));
+    if (p == MAP_FAILED) return ErrnoStatus(errno, absl::StrCat("mmap ", m.path));
+    FileView v;
+    v.base_ = m.start;
+    v.data_ = static_cast<const uint8_t*>(p);
+    v.len_ = len;
+    return v;
+  }
+  FileView(FileView&& o) noexcept : base_(o.base_), data_(o.data_), len_(o.len_) {
+    o.data_ = nullptr;
+  }
+  ~FileView() {
+    if (data_ != nullptr) munmap(const_cast<uint8_t*>(data_), len_);
+  }
+  // The page at `addr` of the mapping, as the file has it.
+  absl::Span<const uint8_t> Page(uintptr_t addr) const {
+    return absl::Span<const uint8_t>(data_ + (addr - base_), kPageSize);
+  }
+
+ private:
+  FileView() = default;
+  uintptr_t base_ = 0;
+  const uint8_t* data_ = nullptr;
+  size_t len_ = 0;
+};
 
 // The soft RLIMIT_STACK of `pid` (bytes), from /proc/<pid>/limits; kMaxStackReserve when it
 // is unlimited or unreadable.
@@ -472,6 +510,10 @@ absl::StatusOr<std::unique_ptr<Replica>> Replica::Restore(engine::NodeAgent* age
   }
   std::vector<engine::NodeAgent::Range> ranges;
   std::vector<std::pair<uintptr_t, std::vector<uint8_t>>> seeds;
+  // Pages of private file mappings still as their files have them (automatic mode), held from
+  // this node's own view of the files.
+  std::vector<FileView> file_views;
+  std::vector<std::pair<uintptr_t, absl::Span<const uint8_t>>> file_held;
   const pid_t pid = r->pid_;
   // Where each thread's kernel clears its tid at exit (pthread_join waits on it).
   for (pid_t tid : r->supervisor_->Threads()) {
@@ -557,7 +599,7 @@ absl::StatusOr<std::unique_ptr<Replica>> Replica::Restore(engine::NodeAgent* age
           "mmap(MAP_SHARED | MAP_ANONYMOUS) before creating the threads, or use automatic mode)");
     }
     STRETCH_RETURN_IF_ERROR(
-        r->Serve(std::move(ranges), std::move(shared_uffd), seeds, nullptr, {}, deadline));
+        r->Serve(std::move(ranges), std::move(shared_uffd), seeds, nullptr, {}, {}, deadline));
     return r;
   }
 
@@ -612,6 +654,40 @@ absl::StatusOr<std::unique_ptr<Replica>> Replica::Restore(engine::NodeAgent* age
             if (backed == m.start) continue;
             len = backed - m.start;
           }
+          if (!m.uffd_missing && !m.path.empty() && m.path[0] == '/' && options.hold_checkpoint) {
+            // Pages the program wrote are its own: they go to the server as seeds. The others
+            // are the file's, which every node (and the server, FileBacking) reads itself:
+            // this node holds them read-only from its own copy of the file, nothing crosses
+            // the network.
+            STRETCH_ASSIGN_OR_RETURN(
+                std::vector<uintptr_t> written,
+                PresentPages(pid, {{m.start, m.start + len}}, /*private_only=*/true));
+            STRETCH_ASSIGN_OR_RETURN(FileView view, FileView::Map(pid, m, len));
+            std::sort(written.begin(), written.end());
+            for (uintptr_t page = m.start; page < m.start + len; page += kPageSize) {
+              if (std::binary_search(written.begin(), written.end(), page)) {
+                std::vector<uint8_t> bytes(kPageSize);
+                uffd::RemoteIo io{page, bytes.data(), kPageSize};
+                STRETCH_RETURN_IF_ERROR(memory.Read({&io, 1}));
+                seeds.emplace_back(page, std::move(bytes));
+              } else {
+                file_held.emplace_back(page, view.Page(page));
+              }
+            }
+            file_views.push_back(std::move(view));
+            STRETCH_ASSIGN_OR_RETURN(
+                uint64_t at,
+                thread->SyscallOrError(
+                    absl::StrCat("mmap over ", m.path), SYS_mmap,
+                    {m.start, len, static_cast<uint64_t>(ProtOf(m.perms)),
+                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, static_cast<uint64_t>(-1), 0}));
+            if (at != m.start) {
+              return absl::InternalError(
+                  absl::StrFormat("mmap over %s landed at 0x%x, not 0x%x", m.path, at, m.start));
+            }
+            ranges.push_back({RegionId(0), m.start, len});
+            continue;
+          }
           if (!m.uffd_missing) {
             // Current contents become the pages' initial contents at the server.
             std::vector<uint8_t> bytes(len);
@@ -663,15 +739,16 @@ absl::StatusOr<std::unique_ptr<Replica>> Replica::Restore(engine::NodeAgent* age
     }
   }
   STRETCH_RETURN_IF_ERROR(
-      r->Serve(std::move(ranges), std::move(own_uffd), seeds, &mem, lazy, deadline));
+      r->Serve(std::move(ranges), std::move(own_uffd), seeds, &mem, lazy, file_held, deadline));
   return r;
 }
 
-absl::Status Replica::Serve(std::vector<engine::NodeAgent::Range> ranges, UniqueFd uffd,
-                            const std::vector<std::pair<uintptr_t, std::vector<uint8_t>>>& seeds,
-                            const CheckpointMemory* checkpoint,
-                            const std::vector<std::pair<uintptr_t, uintptr_t>>& lazy,
-                            absl::Time deadline) {
+absl::Status Replica::Serve(
+    std::vector<engine::NodeAgent::Range> ranges, UniqueFd uffd,
+    const std::vector<std::pair<uintptr_t, std::vector<uint8_t>>>& seeds,
+    const CheckpointMemory* checkpoint, const std::vector<std::pair<uintptr_t, uintptr_t>>& lazy,
+    const std::vector<std::pair<uintptr_t, absl::Span<const uint8_t>>>& file_held,
+    absl::Time deadline) {
   const pid_t pid = pid_;
   engine::NodeAgent* const agent = agent_;
   Replica* const self = this;
@@ -729,6 +806,7 @@ absl::Status Replica::Serve(std::vector<engine::NodeAgent::Range> ranges, Unique
       }
     }
   }
+  held.insert(held.end(), file_held.begin(), file_held.end());
   for (const auto& range : ranges) {
     STRETCH_RETURN_IF_ERROR(agent->DropRange(pid, range.base, range.length));
   }

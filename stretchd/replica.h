@@ -11,8 +11,11 @@
 //
 // Memory: CRIU registers every private anonymous VMA with its uffd (MISSING). Writable private
 // file-backed VMAs (the program's and the libraries' .data: glibc's stdio and malloc state live
-// there) are turned into anonymous memory at the same address, their current contents sent to
-// the server as the pages' initial contents (wire::PageSeed), so they are coherent too. Pages
+// there; an input file mapped MAP_PRIVATE) are turned into anonymous memory at the same address,
+// up to their file's end, so they are coherent too: the pages the program wrote go to the
+// server as initial contents (wire::PageSeed); the others are the file's, which the server
+// (engine::FileBacking) and every node read from their own copy of the file, so nothing of them
+// crosses the network and each node holds them read-only from the start. Pages
 // the restore itself touched (the restorer writes signal frames on every stack) are dropped, so
 // every page starts missing and comes from the directory.
 //
@@ -155,11 +158,13 @@ class Replica {
   // left to be filled from the checkpoint) that nothing touched during the restore are then
   // installed read-only with the checkpoint's contents and held as a sharer (every replica
   // is restored from the same checkpoint), so that reading data no node has written since
-  // never faults.
+  // never faults; so are `file_held`, pages of private file mappings as their files have them.
   absl::Status Serve(std::vector<engine::NodeAgent::Range> ranges, UniqueFd uffd,
                      const std::vector<std::pair<uintptr_t, std::vector<uint8_t>>>& seeds,
                      const CheckpointMemory* checkpoint,
-                     const std::vector<std::pair<uintptr_t, uintptr_t>>& lazy, absl::Time deadline);
+                     const std::vector<std::pair<uintptr_t, uintptr_t>>& lazy,
+                     const std::vector<std::pair<uintptr_t, absl::Span<const uint8_t>>>& file_held,
+                     absl::Time deadline);
   // Tracer thread: sched_setaffinity(pid, len, mask) made by `tid`, emulated on this node's
   // CPUs.
   void EmulateSetAffinity(pid_t tid, struct user_regs_struct& regs);

@@ -1,15 +1,17 @@
 /* Reads its input file the way the original Phoenix programs do: mmap(MAP_PRIVATE) read-write
  * with length st_size + 1 (one byte past the end: a whole page past it when the size is a
- * multiple of the page size), then two threads sum alternate bytes many times over.
- * Usage: map_input FILE [PASSES]. */
+ * multiple of the page size), then two threads sum alternate bytes many times over. With a
+ * third argument "write", main first changes a few bytes of the mapping (its private copy).
+ * Usage: map_input FILE [PASSES [write]]. */
 #include <fcntl.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 
-static const unsigned char* data;
+static unsigned char* data;
 static long size, passes = 20000;
 static unsigned long sums[2];
 
@@ -40,6 +42,9 @@ int main(int argc, char** argv) {
   if (data == MAP_FAILED) {
     perror("mmap");
     return 1;
+  }
+  if (argc > 3 && strcmp(argv[3], "write") == 0) {
+    for (long i = 0; i < size; i += size / 7 + 1) data[i] ^= 0x5a;
   }
   pthread_t t[2];
   for (long i = 0; i < 2; i++) pthread_create(&t[i], NULL, worker, (void*)i);
