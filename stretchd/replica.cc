@@ -330,7 +330,9 @@ class FileView {
     const std::string path = absl::StrFormat("/proc/%d/map_files/%x-%x", pid, m.start, m.end);
     UniqueFd fd(open(path.c_str(), O_RDONLY | O_CLOEXEC));
     if (!fd.valid()) return ErrnoStatus(errno, absl::StrCat("open ", m.path, " (", path, ")"));
-    void* p = mmap(nullptr, len, PROT_READ, MAP_PRIVATE, fd.get(), static_cast<off_t>(m.offset));
+    // Populated at once: the holds read every page, a fault apiece would cost more.
+    void* p = mmap(nullptr, len, PROT_READ, MAP_PRIVATE | MAP_POPULATE, fd.get(),
+                   static_cast<off_t>(m.offset));
     if (p == MAP_FAILED) return ErrnoStatus(errno, absl::StrCat("mmap ", m.path));
     FileView v;
     v.base_ = m.start;
