@@ -577,12 +577,13 @@ class NodeAgent::Impl {
         return absl::NotFoundError(
             absl::StrFormat("hold: 0x%x is not memory of pid %d served here", addr, pid));
       }
+      // One UFFDIO_COPY stays inside one mapping (range): the kernel wants a single VMA.
+      const uintptr_t range_end = RangeEnd(addr);
       size_t n = 1;
       while (i + n < pages.size() && n < kMaxBatchPages &&
-             pages[i + n].first == addr + n * kPageSize &&
+             pages[i + n].first == addr + n * kPageSize && pages[i + n].first < range_end &&
              pages[i + n].second.size() == kPageSize &&
-             pages[i + n].second.data() == bytes.data() + n * kPageSize &&
-             FindAttachment(pages[i + n].first) == att) {
+             pages[i + n].second.data() == bytes.data() + n * kPageSize) {
         ++n;
       }
       {
@@ -908,6 +909,15 @@ class NodeAgent::Impl {
   }
 
   // ---------------------------------------------------------------- the engine
+
+  // The end of the attached range holding `addr` (0 if none).
+  uintptr_t RangeEnd(uintptr_t addr) {
+    absl::ReaderMutexLock l(&attach_mu_);
+    auto it = ranges_.upper_bound(addr);
+    if (it == ranges_.begin()) return 0;
+    --it;
+    return addr < it->second.first ? it->second.first : 0;
+  }
 
   Attachment* FindAttachment(uintptr_t addr) {
     absl::ReaderMutexLock l(&attach_mu_);
