@@ -258,6 +258,8 @@ void Fields(V& v, M& m) requires std::is_same_v<std::remove_const_t<M>, AddressS
   v(m.new_length, "new_length");
   v(m.prot, "prot");
   v(m.flags, "flags");
+  v(m.offset, "offset");
+  v(m.path, "path");
 }
 template <typename V, typename M>
 void Fields(V& v, M& m) requires std::is_same_v<std::remove_const_t<M>, StatsRequest> {
@@ -629,6 +631,15 @@ absl::Status Validate(const AddressSpace& m) {
   }
   if (!ValidUserRange(m.address, m.length) || !ValidUserRange(m.new_address, m.new_length)) {
     return Invalid("AddressSpace", "range exceeds the user address space");
+  }
+  if (m.path.size() > kMaxPathLength) {
+    return Invalid("AddressSpace", absl::StrFormat("path of %u bytes", m.path.size()));
+  }
+  if (!m.path.empty() && (m.op != AddressSpaceOp::kMmap || m.path[0] != '/' ||
+                          m.path.find('\0') != std::string::npos || !IsPageAligned(m.offset))) {
+    return Invalid("AddressSpace",
+                   "a path only for an mmap of a file: absolute, no NUL, "
+                   "page-aligned offset");
   }
   return absl::OkStatus();
 }

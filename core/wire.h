@@ -38,7 +38,7 @@ namespace stretch::wire {
 inline constexpr uint32_t kMagic = 0x57525453;  // "STRW" as little-endian bytes
 // 2: Hello lost its unused `nonce` and AuthProof (type 3) is gone: peers authenticate in the
 // transport's handshake (TransportOptions::cluster_secret), before any wire message.
-inline constexpr uint8_t kVersion = 2;
+inline constexpr uint8_t kVersion = 3;
 inline constexpr size_t kHeaderSize = 12;
 // Largest payload a peer may send; larger frames are rejected before anything is allocated.
 inline constexpr uint32_t kMaxPayload = 16u << 20;
@@ -238,7 +238,12 @@ struct AddressSpace {
   uint64_t new_length = 0;
   uint32_t prot = 0;
   uint32_t flags = 0;
+  // kMmap of a file (flags without MAP_ANONYMOUS; only read-only private mappings are sent
+  // so): every node maps `path` from byte `offset`. Empty otherwise.
+  uint64_t offset = 0;
+  std::string path;  // absolute, at most kMaxPathLength bytes
 };
+inline constexpr size_t kMaxPathLength = 4096;
 
 struct StatsRequest {
   uint64_t seq = 0;

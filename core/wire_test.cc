@@ -1,5 +1,6 @@
 #include "core/wire.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "gmock/gmock.h"
@@ -378,6 +379,38 @@ TEST(WireTest, LaunchRoundTripAndLimits) {
   EXPECT_FALSE(Decode(frame).ok());
   frame[kHeaderSize] = 8;
   EXPECT_FALSE(Decode(frame).ok());
+}
+
+TEST(WireTest, AddressSpaceCarriesAFilesPathOnlyForAnMmap) {
+  AddressSpace m;
+  m.op = AddressSpaceOp::kMmap;
+  m.address = 0x7f0000000000;
+  m.length = 0x3000;
+  m.prot = 5;
+  m.flags = 2;
+  m.offset = 0x2000;
+  m.path = "/usr/lib/x86_64-linux-gnu/libz.so.1";
+  auto out = Decode(Encode(m));
+  ASSERT_TRUE(out.ok()) << out.status();
+  const auto& a = std::get<AddressSpace>(*out);
+  EXPECT_EQ(a.path, m.path);
+  EXPECT_EQ(a.offset, 0x2000u);
+  // Patched frames (Encode refuses invalid messages): a relative path, a NUL in it, a path
+  // on a munmap.
+  auto patched = [&](char at_start, size_t nul_at, AddressSpaceOp op) {
+    std::vector<uint8_t> frame = Encode(m);
+    auto it = std::search(frame.begin(), frame.end(), m.path.begin(), m.path.end());
+    EXPECT_NE(it, frame.end());
+    it[0] = static_cast<uint8_t>(at_start);
+    if (nul_at != 0) it[nul_at] = 0;
+    frame[kHeaderSize] = static_cast<uint8_t>(op);  // the op is the payload's first byte
+    return frame;
+  };
+  EXPECT_TRUE(Decode(patched('/', 0, AddressSpaceOp::kMmap)).ok());
+  EXPECT_THAT(DecodeStatus(patched('u', 0, AddressSpaceOp::kMmap)).message(),
+              HasSubstr("a path only for an mmap"));
+  EXPECT_FALSE(Decode(patched('/', 4, AddressSpaceOp::kMmap)).ok());
+  EXPECT_FALSE(Decode(patched('/', 0, AddressSpaceOp::kMunmap)).ok());
 }
 
 }  // namespace

@@ -10,10 +10,11 @@ AddressSpaceEffect EffectOf(const wire::AddressSpace& a) {
   AddressSpaceEffect e;
   switch (a.op) {
     case wire::AddressSpaceOp::kMmap:
-      // A new mapping replaces whatever was there (MAP_FIXED) and starts as zeros.
+      // A new mapping replaces whatever was there (MAP_FIXED) and starts as zeros; a
+      // read-only mapping of a file (a path) is the file's on every node, not coherent memory.
       e.forgotten.push_back({a.address, a.length});
       e.removed.push_back({a.address, a.length});
-      e.added.push_back({a.address, a.length});
+      if (a.path.empty()) e.added.push_back({a.address, a.length});
       break;
     case wire::AddressSpaceOp::kMunmap:
       e.forgotten.push_back({a.address, a.length});

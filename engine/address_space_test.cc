@@ -29,6 +29,15 @@ TEST(EffectOfTest, MmapReplacesAndStartsEmpty) {
   EXPECT_THAT(e.added, ElementsAre(Span{0x10000, 4 * P}));
 }
 
+TEST(EffectOfTest, AReadOnlyFileMappingIsNotCoherent) {
+  auto c = Change(wire::AddressSpaceOp::kMmap, 0x10000, 4 * P);
+  c.path = "/usr/lib/x86_64-linux-gnu/libz.so.1";
+  auto e = EffectOf(c);
+  EXPECT_THAT(e.forgotten, ElementsAre(Span{0x10000, 4 * P}));
+  EXPECT_THAT(e.removed, ElementsAre(Span{0x10000, 4 * P}));
+  EXPECT_TRUE(e.added.empty());
+}
+
 TEST(EffectOfTest, MunmapForgetsAndRemoves) {
   auto e = EffectOf(Change(wire::AddressSpaceOp::kMunmap, 0x10000, 2 * P));
   EXPECT_THAT(e.forgotten, ElementsAre(Span{0x10000, 2 * P}));

@@ -1,9 +1,12 @@
 #include "stretchd/address_space_service.h"
 
+#include <fcntl.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/ptrace.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -11,12 +14,15 @@
 #include <thread>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
 #include "core/page.h"
 #include "core/status.h"
+#include "core/unique_fd.h"
 #include "glog/logging.h"
+#include "uffd/process.h"
 
 namespace stretch {
 namespace {
@@ -73,13 +79,27 @@ class AddressSpaceService::Impl {
       }
       case SYS_mmap: {
         const uint64_t flags = c.args[3];
-        if (!(flags & MAP_ANONYMOUS) || (flags & MAP_TYPE) != MAP_PRIVATE) {
+        const bool shared = (flags & MAP_TYPE) != MAP_PRIVATE;
+        const bool writable = (c.args[2] & PROT_WRITE) != 0;
+        std::string why;
+        if (flags & MAP_ANONYMOUS) {
+          if (shared) why = "a shared anonymous mmap";
+        } else if (shared && writable) {
+          why = "a writable shared mmap of a file";
+        } else if (auto path = MappablePath(static_cast<int>(c.args[4])); !path.ok()) {
+          why = std::string(path.status().message());
+        } else {
+          // Read-only (text, rodata, an input read through a mapping): every node maps the
+          // file itself. Writable and private (a library's data): coherent memory whose
+          // initial contents are the file's.
+          c.path = *path;
+        }
+        if (!why.empty()) {
           stats_.refused.Add();
           LOG_FIRST_N(WARNING, 5)
-              << "pid " << pid_ << " thread " << tid << ": a "
-              << ((flags & MAP_ANONYMOUS) ? "shared" : "file-backed")
-              << " mmap after migration fails with ENODEV: Stretch replicates only anonymous "
-                 "private memory in automatic mode";
+              << "pid " << pid_ << " thread " << tid << ": " << why
+              << " after migration fails with ENODEV: Stretch replicates anonymous private "
+                 "memory and private (or read-only) mappings of regular files in automatic mode";
           Skip(tid, regs, -ENODEV);
           return false;
         }
@@ -117,7 +137,27 @@ class AddressSpaceService::Impl {
     int nr = 0;
     std::array<uint64_t, 6> args{};
     int64_t start_ns = 0;
+    std::string path;  // mmap of a file: the file
   };
+
+  // Tracer thread: the file behind the replica's descriptor `fd`, if every node can map it
+  // by that path: a regular file that still has its name.
+  absl::StatusOr<std::string> MappablePath(int fd) const {
+    const std::string link = absl::StrCat("/proc/", pid_, "/fd/", fd);
+    char target[kMaxPath];
+    const ssize_t n = readlink(link.c_str(), target, sizeof(target) - 1);
+    if (n <= 0) return absl::InvalidArgumentError(absl::StrCat("an mmap of descriptor ", fd));
+    const std::string path(target, static_cast<size_t>(n));
+    struct stat st;
+    if (path[0] != '/' || absl::EndsWith(path, " (deleted)") || stat(link.c_str(), &st) != 0 ||
+        !S_ISREG(st.st_mode)) {
+      return absl::InvalidArgumentError(absl::StrCat("an mmap of ", path,
+                                                     " (not a regular file "
+                                                     "other nodes can open by name)"));
+    }
+    return path;
+  }
+  static constexpr size_t kMaxPath = 4096;
 
   // Tracer thread: the call is skipped and returns `value`.
   static void Skip(pid_t tid, const struct user_regs_struct& regs, int64_t value) {
@@ -195,7 +235,17 @@ class AddressSpaceService::Impl {
       if (!b.ok()) return Annotate(b.status(), "brk(0) in the replica");
       old_brk = static_cast<uint64_t>(*b);
     }
-    auto made = agent_->HelperSyscall(pid_, c.nr, c.args);
+    // A private writable mapping of a file becomes anonymous (coherent) memory here and on
+    // every node; its initial contents, the file's, go to the directory as seeds below.
+    const bool file_mmap = c.nr == SYS_mmap && !c.path.empty();
+    const bool file_data = file_mmap && (c.args[2] & PROT_WRITE) != 0;
+    std::array<uint64_t, 6> args = c.args;
+    if (file_data) {
+      args[3] |= MAP_ANONYMOUS;
+      args[4] = static_cast<uint64_t>(-1);
+      args[5] = 0;
+    }
+    auto made = agent_->HelperSyscall(pid_, c.nr, args);
     if (!made.ok()) return Annotate(made.status(), "making an address-space change");
     const uint64_t result = static_cast<uint64_t>(*made);
     const int64_t made_ns = NowNs();
@@ -209,7 +259,11 @@ class AddressSpaceService::Impl {
         change.address = result;
         change.length = PageUp(c.args[1]);
         change.prot = static_cast<uint32_t>(c.args[2]);
-        change.flags = static_cast<uint32_t>(c.args[3]);
+        change.flags = static_cast<uint32_t>(args[3]);
+        if (file_mmap && !file_data) {
+          change.path = c.path;
+          change.offset = c.args[5];
+        }
         break;
       case SYS_munmap:
         change.op = wire::AddressSpaceOp::kMunmap;
@@ -248,6 +302,10 @@ class AddressSpaceService::Impl {
     STRETCH_RETURN_IF_ERROR(agent_->ApplyAddressSpace(pid_, change));
     const int64_t applied_ns = NowNs();
     STRETCH_RETURN_IF_ERROR(Send(change));
+    if (file_data) {
+      // After the change (the directory knows the range) and before the thread goes on.
+      STRETCH_RETURN_IF_ERROR(SeedFromFile(c, result, change.length));
+    }
     STRETCH_RETURN_IF_ERROR(AwaitReply(seq, wire::AddressSpaceOp::kDone));
     VLOG(1) << absl::StrFormat("%s: lock %d us, call %d us, apply %d us, replay %d us",
                                wire::Name(change.op), (locked_ns - c.start_ns) / 1000,
@@ -256,6 +314,27 @@ class AddressSpaceService::Impl {
     stats_.changes.Add();
     stats_.change_latency.Record(static_cast<uint64_t>(NowNs() - c.start_ns));
     return Release(c.tid, result);
+  }
+
+  // The initial contents of [base, +length), mapped from the file behind descriptor
+  // c.args[4] at offset c.args[5]: its pages that are not all zeros, as seeds (past the file's
+  // end: zeros).
+  absl::Status SeedFromFile(const Call& c, uint64_t base, uint64_t length) {
+    const std::string link = absl::StrCat("/proc/", pid_, "/fd/", static_cast<int>(c.args[4]));
+    UniqueFd fd(open(link.c_str(), O_RDONLY | O_CLOEXEC));
+    if (!fd.valid()) return ErrnoStatus(errno, absl::StrCat("open ", c.path, " to seed it"));
+    std::vector<uint8_t> page(kPageSize);
+    for (uint64_t off = 0; off < length; off += kPageSize) {
+      const ssize_t n =
+          pread(fd.get(), page.data(), kPageSize, static_cast<off_t>(c.args[5] + off));
+      if (n < 0) return ErrnoStatus(errno, absl::StrCat("read ", c.path));
+      if (n == 0) break;
+      std::fill(page.begin() + n, page.end(), 0);
+      if (std::all_of(page.begin(), page.end(), [](uint8_t b) { return b == 0; })) continue;
+      STRETCH_RETURN_IF_ERROR(agent_->SeedPages(base + off, page));
+    }
+    stats_.file_mappings.Add();
+    return absl::OkStatus();
   }
 
   absl::Status Release(pid_t tid, uint64_t result) {
@@ -290,6 +369,44 @@ class AddressSpaceService::Impl {
     }
   }
 
+  // Another node mapped a file read-only: the helper opens it by name here (the path goes
+  // through a scratch page of its own) and maps it at the same address.
+  absl::Status ReplayFileMmap(const wire::AddressSpace& m, uint64_t flags) {
+    auto call = [this](int nr, std::array<uint64_t, 6> a) -> absl::StatusOr<int64_t> {
+      return agent_->HelperSyscall(pid_, nr, a);
+    };
+    STRETCH_ASSIGN_OR_RETURN(int64_t scratch, call(SYS_mmap, {0, kPageSize, PROT_READ | PROT_WRITE,
+                                                              MAP_PRIVATE | MAP_ANONYMOUS,
+                                                              static_cast<uint64_t>(-1), 0}));
+    if (IsError(static_cast<uint64_t>(scratch))) {
+      return ErrnoStatus(static_cast<int>(-scratch), "mmap of a scratch page in the replica");
+    }
+    const uint64_t page = static_cast<uint64_t>(scratch);
+    absl::Status s = [&]() -> absl::Status {
+      std::string path = m.path;
+      path.push_back('\0');
+      uffd::RemoteIo io{page, path.data(), path.size()};
+      STRETCH_RETURN_IF_ERROR(uffd::RemoteMemory(pid_).Write({&io, 1}));
+      STRETCH_ASSIGN_OR_RETURN(
+          int64_t fd, call(SYS_openat, {static_cast<uint64_t>(AT_FDCWD), page,
+                                        static_cast<uint64_t>(O_RDONLY | O_CLOEXEC), 0, 0, 0}));
+      if (fd < 0) return ErrnoStatus(static_cast<int>(-fd), absl::StrCat("open ", m.path));
+      auto mapped =
+          call(SYS_mmap, {m.address, m.length, m.prot, flags, static_cast<uint64_t>(fd), m.offset});
+      (void)call(SYS_close, {static_cast<uint64_t>(fd), 0, 0, 0, 0, 0});
+      if (!mapped.ok()) return mapped.status();
+      if (static_cast<uint64_t>(*mapped) != m.address) {
+        return absl::FailedPreconditionError(absl::StrFormat(
+            "replaying another node's mmap of %s at 0x%x gave %d: the address spaces diverged",
+            m.path, m.address, *mapped));
+      }
+      return absl::OkStatus();
+    }();
+    (void)call(SYS_munmap, {page, kPageSize, 0, 0, 0, 0});
+    STRETCH_RETURN_IF_ERROR(s);
+    return agent_->ApplyAddressSpace(pid_, m);
+  }
+
   absl::Status Replay(const wire::AddressSpace& m) {
     int nr = 0;
     std::array<uint64_t, 6> a{};
@@ -300,6 +417,7 @@ class AddressSpaceService::Impl {
         // Where the original asked for MAP_FIXED it replaced a mapping; anywhere else the
         // range must be free here too.
         flags |= (m.flags & MAP_FIXED) ? MAP_FIXED : MAP_FIXED_NOREPLACE;
+        if (!m.path.empty()) return ReplayFileMmap(m, flags);
         nr = SYS_mmap;
         a = {m.address, m.length, m.prot, flags, static_cast<uint64_t>(-1), 0};
         expect = m.address;

@@ -16,9 +16,14 @@
 //
 // madvise(MADV_DONTNEED / MADV_FREE) on the program's memory does nothing (returns 0): its
 // pages are the DSM's, and dropping them locally would lose them (glibc calls it on the stacks
-// of exited threads and to trim heaps; neither relies on the zeros). File-backed and shared
-// mappings made after migration fail with ENODEV and a warning: only anonymous private memory
-// is replicated.
+// of exited threads and to trim heaps; neither relies on the zeros). Mappings of regular files
+// (a library dlopen'ed after migration: glibc loads libgcc_s at the first pthread_exit): a
+// read-only one is made by every node from the file by its name (the change carries the
+// path), not coherent memory; a private writable one (a library's data) becomes anonymous
+// coherent memory whose initial contents, the file's, the calling node sends the directory as
+// seeds before the thread goes on. Shared anonymous mappings, writable shared mappings of
+// files and files other nodes cannot open by name (deleted, memfd, devices) fail with ENODEV
+// and a warning.
 //
 // Thread-safe; two threads of its own (own changes, replays).
 #ifndef STRETCH_STRETCHD_ADDRESS_SPACE_SERVICE_H_
@@ -44,7 +49,8 @@ struct AddressSpaceStats {
   Counter replays;                  // other nodes' changes replayed here
   Counter failed_calls;             // calls that failed here (nothing replayed)
   Counter skipped_advice;           // madvise calls that did nothing
-  Counter refused;                  // file-backed or shared mappings refused (ENODEV)
+  Counter refused;                  // shared or unnameable mappings refused (ENODEV)
+  Counter file_mappings;            // private writable file mappings made coherent (seeded)
   LatencyHistogram change_latency;  // a change's call until every node replayed it
 };
 

@@ -119,6 +119,18 @@ TEST_F(ProgramShapesTest, ExitingWhilePagesMoveIsANormalExit) {
   }
 }
 
+// Libraries loaded after the migration point: their text and rodata are read-only file
+// mappings every node makes from the file, their data coherent memory that starts as the
+// file's (was: ENODEV, and dlopen failed).
+TEST_F(ProgramShapesTest, ALibraryLoadedAfterTheMigrationPointWorks) {
+  auto [native, stretch] = Both({Program("dlopen_after")});
+  EXPECT_THAT(native.out, ::testing::HasSubstr("zlib"));
+  EXPECT_NATIVE_AND_DISTRIBUTED(native, stretch);
+  int64_t made = 0;
+  for (int64_t n : Numbers("file_mappings")) made += n;
+  EXPECT_GT(made, 0) << last_stats_;
+}
+
 // Lines "1".."n", as a file.
 std::string NumbersFile(const std::string& dir, int n) {
   const std::string path = absl::StrCat(dir, "/numbers-", n);

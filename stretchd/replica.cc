@@ -1000,7 +1000,7 @@ std::string Replica::StatsJsonFields() {
     absl::StrAppend(&out, ",\"address_space\":{\"changes\":", s.changes.Get(),
                     ",\"replays\":", s.replays.Get(), ",\"failed_calls\":", s.failed_calls.Get(),
                     ",\"skipped_advice\":", s.skipped_advice.Get(),
-                    ",\"refused\":", s.refused.Get(),
+                    ",\"refused\":", s.refused.Get(), ",\"file_mappings\":", s.file_mappings.Get(),
                     ",\"change_mean_us\":", static_cast<uint64_t>(lat.MeanNs() / 1000), "}");
   }
   if (futexes_) {
