@@ -10,6 +10,9 @@
 #include <sys/mman.h>
 #include <time.h>
 #include <unistd.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 static int g_manual; /* --manual: wl_alloc maps shared memory */
 
@@ -59,6 +62,17 @@ void wl_parse(int argc, char** argv, wl_args* a, long default_size, int default_
     fprintf(stderr, "--threads must be 1..1024, --size and --iterations positive\n");
     exit(2);
   }
+#ifdef _OPENMP
+  /* libgomp owns the threads and their synchronization: it keeps one team between parallel
+   * regions (no fresh threads per phase) and its barriers live in malloc'd memory, which manual
+   * mode does not keep coherent. */
+  if (a->per_phase || a->manual) {
+    fprintf(stderr, "%s is not available in the OpenMP build (libgomp keeps its own team of "
+            "threads and their synchronization); use the pthread build\n",
+            a->per_phase ? "--per_phase" : "--manual");
+    exit(2);
+  }
+#endif
   if (a->manual && a->per_phase) {
     fprintf(stderr, "--manual works with the worker pool, not --per_phase\n");
     exit(2);
@@ -136,6 +150,43 @@ static void pin_worker(int i) {
   }
 }
 
+#ifdef _OPENMP
+/* The OpenMP build: every phase is one `#pragma omp parallel` region of `threads` threads, the
+ * main thread working in it as thread 0 (libgomp's master), the others libgomp's team, which
+ * spins and then futex-waits between regions (OMP_WAIT_POLICY, GOMP_SPINCOUNT). */
+struct wl_pool {
+  const wl_args* args;
+};
+
+wl_pool* wl_pool_start(const wl_args* a) {
+  wl_pool* p = wl_alloc(sizeof(*p));
+  p->args = a;
+  omp_set_dynamic(0);
+  return p;
+}
+
+void wl_pool_run(wl_pool* p, wl_task task, void* arg) {
+  const wl_args* a = p->args;
+#pragma omp parallel num_threads(a->threads)
+  {
+    /* omp_set_dynamic(0): the team has a->threads threads unless the system refuses them;
+     * slices follow the team's real size, so the result is the same either way. */
+    int n = omp_get_num_threads();
+    int i = omp_get_thread_num();
+    if (a->pin) pin_worker(i);
+    task(i, n, arg);
+  }
+}
+
+void wl_pool_stop(wl_pool* p) {
+  if (p != NULL) wl_free(p);
+}
+
+void wl_phase(const wl_args* a, wl_pool* p, wl_task task, void* arg) {
+  (void)a;
+  wl_pool_run(p, task, arg);
+}
+#else
 /* Each synchronization object on a page of its own (manual mode's rule; it also keeps the
  * workers' condition variable off the page main's counters are written on). */
 struct wl_pool {
@@ -269,3 +320,4 @@ void wl_phase(const wl_args* a, wl_pool* p, wl_task task, void* arg) {
   free(t);
   free(c);
 }
+#endif

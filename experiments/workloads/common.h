@@ -11,7 +11,12 @@
  * Phoenix's runtime does), --per_phase, --manual (for `stretchd run --manual`: wl_alloc maps
  * MAP_SHARED anonymous memory, the only kind shared between nodes in manual mode, and the
  * pool's mutex and condition variables each get a page of their own; k-means and matrix
- * multiply support it). */
+ * multiply support it).
+ *
+ * Built with -fopenmp (the `<name>_omp` targets), the pool is libgomp's: each phase is a
+ * `#pragma omp parallel num_threads(threads)` region in which the main thread works as thread
+ * 0, and --per_phase and --manual are refused (exit 2). Output is the same as the pthread
+ * build's. */
 #ifndef STRETCH_EXPERIMENTS_WORKLOADS_COMMON_H_
 #define STRETCH_EXPERIMENTS_WORKLOADS_COMMON_H_
 

@@ -24,6 +24,21 @@ for w in "${!size[@]}"; do
   "$bin" --threads=0 >/dev/null 2>&1; rc=$?
   [ "$rc" = 2 ] || { echo "FAIL: $w --threads=0 exited $rc, want 2"; fail=1; }
 done
+# The OpenMP builds (libgomp's pool) print what the pthread builds print; they refuse
+# --per_phase and --manual with exit 2.
+for w in histogram kmeans linear_regression matrix_multiply pca string_match word_count; do
+  ref=$("$dir/$w" --size=${size[$w]} --threads=2 2>/dev/null)
+  for variant in "--threads=1" "--threads=2" "--threads=3 --pin"; do
+    out=$("$dir/${w}_omp" --size=${size[$w]} $variant 2>/dev/null) || { echo "FAIL: ${w}_omp $variant exited $?"; fail=1; continue; }
+    if [ "$out" != "$ref" ]; then
+      echo "FAIL: ${w}_omp $variant differs from $w --threads=2:"; diff <(echo "$ref") <(echo "$out") | head -5; fail=1
+    fi
+  done
+  for refused in --per_phase --manual; do
+    "$dir/${w}_omp" --size=${size[$w]} $refused >/dev/null 2>&1; rc=$?
+    [ "$rc" = 2 ] || { echo "FAIL: ${w}_omp $refused exited $rc, want 2"; fail=1; }
+  done
+done
 # Sanity of the results themselves.
 out=$("$dir/linear_regression" --size=300000 --threads=2 2>/dev/null)
 b=$(echo "$out" | sed -n 's/.* b=\([0-9.]*\).*/\1/p')
