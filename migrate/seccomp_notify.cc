@@ -16,12 +16,14 @@
 namespace stretch {
 
 std::vector<sock_filter> BuildFilter(absl::Span<const int> notified, absl::Span<const int> traced,
-                                     uintptr_t exempt_page, absl::Span<const int> traced_on_fd0) {
+                                     uintptr_t exempt_page, absl::Span<const int> traced_on_fds,
+                                     absl::Span<const int> fds) {
+  if (fds.empty() || fds.size() > 64) traced_on_fds = {};
   // [exempt: ld ip.hi; jne page.hi -> rest; ld ip.lo; jlt page.lo -> rest; jge page.lo+4K ->
   //  rest; allow]
   // ld arch; jne x86_64 -> allow; ld nr; (jeq nr_i -> its return)*; allow; notify; trace;
-  // [fd0: ld args[0]; jne 0 -> allow; trace; allow].
-  const int n = static_cast<int>(notified.size() + traced.size() + traced_on_fd0.size());
+  // [fds: ld args[0]; (jeq fd_j -> trace2)*; allow; trace2].
+  const int n = static_cast<int>(notified.size() + traced.size() + traced_on_fds.size());
   std::vector<sock_filter> prog;
   if (exempt_page != 0) {
     const uint32_t hi = static_cast<uint32_t>(exempt_page >> 32);
@@ -51,7 +53,7 @@ std::vector<sock_filter> BuildFilter(absl::Span<const int> notified, absl::Span<
       nr = traced[i - notifies];
       skip = n - i + 1;
     } else {
-      nr = traced_on_fd0[i - notifies - traces];
+      nr = traced_on_fds[i - notifies - traces];
       skip = n - i + 2;
     }
     prog.push_back(
@@ -60,12 +62,17 @@ std::vector<sock_filter> BuildFilter(absl::Span<const int> notified, absl::Span<
   prog.push_back(BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW));
   prog.push_back(BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_USER_NOTIF));
   prog.push_back(BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_TRACE));
-  if (!traced_on_fd0.empty()) {
+  if (!traced_on_fds.empty()) {
     // A descriptor is an int: its low 32 bits.
     prog.push_back(BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, args[0])));
-    prog.push_back(BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, 0, 0, 1));
-    prog.push_back(BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_TRACE));
+    const int m = static_cast<int>(fds.size());
+    for (int j = 0; j < m; ++j) {
+      // Over the remaining comparisons and "allow" to "trace".
+      prog.push_back(
+          BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, static_cast<uint32_t>(fds[j]), uint8_t(m - j), 0));
+    }
     prog.push_back(BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW));
+    prog.push_back(BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_TRACE));
   }
   return prog;
 }

@@ -44,10 +44,12 @@ std::vector<sock_filter> BuildNotifyFilter(absl::Span<const int> syscalls);
 // (SECCOMP_RET_TRACE: a PTRACE_EVENT_SECCOMP stop; with no tracer the call fails with ENOSYS).
 // Calls made from code in the page at `exempt_page` (if not 0) are always allowed: Stretch's
 // own helper thread inside the target.
-// `traced_on_fd0` calls are traced only when their first argument (a descriptor) is 0.
+// `traced_on_fds` calls are traced only when their first argument (a descriptor) is one of
+// `fds` (at most 64).
 std::vector<sock_filter> BuildFilter(absl::Span<const int> notified, absl::Span<const int> traced,
                                      uintptr_t exempt_page = 0,
-                                     absl::Span<const int> traced_on_fd0 = {});
+                                     absl::Span<const int> traced_on_fds = {},
+                                     absl::Span<const int> fds = {});
 
 // Installs the filter on the calling process (all threads) and returns the listener. Sets
 // no_new_privs when the caller lacks CAP_SYS_ADMIN.

@@ -182,14 +182,14 @@ TEST(SeccompNotifyTest, TracedCallsStopForTheTracer) {
   EXPECT_EQ(prog[7].k, SECCOMP_RET_TRACE);
 }
 
-// Calls traced only on descriptor 0: read(0) stops for the tracer (ENOSYS without one),
-// read of another descriptor and the other calls run as usual.
-TEST(SeccompNotifyTest, CallsTracedOnlyOnDescriptorZero) {
+// Calls traced only on some descriptors: read(0) and read(5) stop for the tracer (ENOSYS
+// without one), a read of another descriptor and the other calls run as usual.
+TEST(SeccompNotifyTest, CallsTracedOnlyOnSomeDescriptors) {
   pid_t pid = fork();
   if (pid == 0) {
     int p[2];
     if (pipe(p) != 0 || write(p[1], "ab", 2) != 2) _exit(4);
-    auto prog = BuildFilter({}, {SYS_getppid}, 0, {SYS_read, SYS_readv});
+    auto prog = BuildFilter({}, {SYS_getppid}, 0, {SYS_read, SYS_readv}, {0, 5});
     struct sock_fprog fprog = {static_cast<unsigned short>(prog.size()), prog.data()};
     prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0);
     if (syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, 0, &fprog) != 0) _exit(3);
@@ -197,14 +197,19 @@ TEST(SeccompNotifyTest, CallsTracedOnlyOnDescriptorZero) {
     const long other = syscall(SYS_read, p[0], &c, 1);  // not fd 0: runs
     const long zero = syscall(SYS_read, 0, &c, 1);      // fd 0: traced, no tracer -> ENOSYS
     const int zero_errno = errno;
+    const long five = syscall(SYS_read, 5, &c, 1);
+    const int five_errno = errno;
     const long ppid = syscall(SYS_getppid);  // traced as before
-    _exit(other == 1 && zero == -1 && zero_errno == ENOSYS && ppid == -1 ? 0 : 1);
+    _exit(other == 1 && zero == -1 && zero_errno == ENOSYS && five == -1 && five_errno == ENOSYS &&
+                  ppid == -1
+              ? 0
+              : 1);
   }
   int status;
   ASSERT_EQ(waitpid(pid, &status, 0), pid);
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
   // Without descriptor-0 calls the filter is as before.
-  EXPECT_EQ(BuildFilter({SYS_futex}, {SYS_exit}, 0, {}).size(), 8u);
+  EXPECT_EQ(BuildFilter({SYS_futex}, {SYS_exit}, 0, {SYS_read}, {}).size(), 8u);
 }
 
 __attribute__((noinline, aligned(4096))) long ExemptGetppid() {

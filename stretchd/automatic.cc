@@ -1113,7 +1113,8 @@ static int RunLauncherOn(const LaunchOptions& o, const std::vector<ClusterNode>&
       // Late answers to a migration that gave up waiting for them.
       if (!closed && (absl::StartsWith(*line, "here") || absl::StartsWith(*line, "migrat") ||
                       absl::StartsWith(*line, "notmine") || absl::StartsWith(*line, "cpu ") ||
-                      absl::StartsWith(*line, "sharing") || absl::StartsWith(*line, "exclusive"))) {
+                      absl::StartsWith(*line, "cores ") || absl::StartsWith(*line, "sharing") ||
+                      absl::StartsWith(*line, "exclusive"))) {
         continue;
       }
       agents[i].done = true;

@@ -185,5 +185,20 @@ TEST_F(ProgramShapesTest, StandardInputReadOnAnotherNodeStopsTheRunClearly) {
   EXPECT_THAT(stretch.err, ::testing::HasSubstr("read the program's standard input on node 1"));
 }
 
+// A descriptor main opened before the migration point has one file offset natively, but a
+// copy of it on every node: pread() (its own offset) works from any node, read() through the
+// shared offset on node 1 stops the run naming the file, never reads what node 0 already read.
+TEST_F(ProgramShapesTest, AFileOffsetSharedAcrossNodesIsNodeZeros) {
+  const std::string path = NumbersFile(dir_.path(), 1000);
+  auto [native_p, stretch_p] = Both({Program("shared_fd"), path, "pread"});
+  EXPECT_THAT(native_p.out, ::testing::HasSubstr("128 bytes"));
+  EXPECT_NATIVE_AND_DISTRIBUTED(native_p, stretch_p);
+
+  auto [native, stretch] = Both({Program("shared_fd"), path, "read"});
+  EXPECT_THAT(native.out, ::testing::HasSubstr("128 bytes"));
+  EXPECT_EQ(stretch.status.ToString(), "exit status 1") << stretch.err;
+  EXPECT_THAT(stretch.err, ::testing::HasSubstr(absl::StrCat("used ", path, " (fd 3) on node 1")));
+}
+
 }  // namespace
 }  // namespace stretch

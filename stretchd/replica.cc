@@ -1,5 +1,6 @@
 #include "stretchd/replica.h"
 
+#include <dirent.h>
 #include <elf.h>
 #include <fcntl.h>
 #include <linux/futex.h>
@@ -24,6 +25,7 @@
 #include <sstream>
 #include <thread>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -132,12 +134,14 @@ int ProtOf(const std::string& perms) {
 // goes to our FutexService, exit() stops for our tracer (a thread's exit is published
 // cluster-wide before it happens), and the invalidation helper's own calls (from its code page)
 // pass untouched. The filter program is written into a page mapped for the purpose.
-// The calls that read a descriptor (the first argument), for reads of standard input.
-constexpr int kReadCalls[] = {SYS_read, SYS_readv, SYS_pread64, SYS_preadv, SYS_preadv2};
+// Calls on a descriptor (the first argument) that only node 0 makes: reads of standard input,
+// and reads, writes and seeks through a file offset every replica has a copy of.
+constexpr int kNodeZeroCalls[] = {SYS_read,    SYS_readv, SYS_pread64, SYS_preadv,
+                                  SYS_preadv2, SYS_write, SYS_writev,  SYS_lseek};
 
 absl::StatusOr<UniqueFd> InstallFilter(uffd::RemoteThread& thread, const uffd::Pidfd& pidfd,
                                        uintptr_t helper_code, uintptr_t helper_syscall,
-                                       bool address_space, bool stdin_reads) {
+                                       bool address_space, const std::vector<int>& node_zero_fds) {
   uffd::RemoteMemory memory(pidfd.pid());
   std::vector<int> traced;
   if (address_space) traced = AddressSpaceService::TracedCalls();
@@ -145,9 +149,8 @@ absl::StatusOr<UniqueFd> InstallFilter(uffd::RemoteThread& thread, const uffd::P
   traced.push_back(SYS_tgkill);
   traced.push_back(SYS_tkill);
   traced.push_back(SYS_sched_setaffinity);
-  std::vector<int> traced_on_fd0;
-  if (stdin_reads) traced_on_fd0.assign(std::begin(kReadCalls), std::end(kReadCalls));
-  std::vector<sock_filter> prog = BuildFilter({SYS_futex}, traced, helper_code, traced_on_fd0);
+  std::vector<sock_filter> prog =
+      BuildFilter({SYS_futex}, traced, helper_code, kNodeZeroCalls, node_zero_fds);
   STRETCH_ASSIGN_OR_RETURN(
       uint64_t scratch,
       thread.SyscallOrError("mmap", SYS_mmap,
@@ -373,6 +376,38 @@ uint64_t StackLimit(pid_t pid) {
 }
 
 }  // namespace
+
+// The program's descriptors that share one file offset between the threads of all nodes,
+// each node holding its own copy of it: regular files not opened O_APPEND (a write through
+// O_APPEND lands at the end whatever the offset), with what /proc/PID/fd/N says they are.
+absl::flat_hash_map<int, std::string> SharedOffsetFiles(pid_t pid) {
+  absl::flat_hash_map<int, std::string> out;
+  const std::string dir = absl::StrCat("/proc/", pid, "/fd");
+  DIR* d = opendir(dir.c_str());
+  if (d == nullptr) return out;
+  while (struct dirent* e = readdir(d)) {
+    int fd = 0;
+    if (!absl::SimpleAtoi(e->d_name, &fd)) continue;
+    const std::string link = absl::StrCat(dir, "/", fd);
+    struct stat st;
+    char target[4096];
+    const ssize_t n = readlink(link.c_str(), target, sizeof(target) - 1);
+    if (n <= 0 || stat(link.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) continue;
+    std::ifstream info(absl::StrCat("/proc/", pid, "/fdinfo/", fd));
+    std::string line;
+    unsigned flags = 0;
+    while (std::getline(info, line)) {
+      if (absl::StartsWith(line, "flags:")) {
+        std::string octal(absl::StripAsciiWhitespace(line.substr(6)));
+        flags = static_cast<unsigned>(std::strtoul(octal.c_str(), nullptr, 8));
+      }
+    }
+    if (flags & O_APPEND) continue;
+    out[fd] = std::string(target, static_cast<size_t>(n));
+  }
+  closedir(d);
+  return out;
+}
 
 absl::StatusOr<std::unique_ptr<Replica>> Replica::Restore(engine::NodeAgent* agent,
                                                           const ReplicaOptions& options) {
@@ -781,6 +816,15 @@ absl::Status Replica::Serve(
   STRETCH_ASSIGN_OR_RETURN(uintptr_t helper_code, agent->HelperCodePage(pid));
   STRETCH_ASSIGN_OR_RETURN(uintptr_t helper_syscall, agent->HelperSyscallSite(pid));
   STRETCH_ASSIGN_OR_RETURN(uffd::Pidfd pidfd, uffd::Pidfd::Open(pid));
+  // Descriptors only node 0 may use (see node_zero_fds_), traced on the other nodes.
+  std::vector<int> node_zero_fds;
+  if (agent->node().value() != 0) {
+    node_zero_fds_ = SharedOffsetFiles(pid);
+    if (options_.stdin_elsewhere && !node_zero_fds_.contains(0)) node_zero_fds_[0] = stdin_link_;
+    for (const auto& [fd, link] : node_zero_fds_) node_zero_fds.push_back(fd);
+    std::sort(node_zero_fds.begin(), node_zero_fds.end());
+    if (node_zero_fds.size() > 64) node_zero_fds.resize(64);
+  }
   UniqueFd seccomp_listener;
   STRETCH_RETURN_IF_ERROR(supervisor_->RunStopped(
       pid,
@@ -788,8 +832,7 @@ absl::Status Replica::Serve(
         STRETCH_ASSIGN_OR_RETURN(auto thread, uffd::RemoteThread::Adopt(tid));
         STRETCH_ASSIGN_OR_RETURN(seccomp_listener,
                                  InstallFilter(*thread, pidfd, helper_code, helper_syscall,
-                                               /*address_space=*/!options_.manual,
-                                               /*stdin_reads=*/options_.stdin_elsewhere));
+                                               /*address_space=*/!options_.manual, node_zero_fds));
         return absl::OkStatus();
       },
       deadline));
@@ -1023,9 +1066,9 @@ bool Replica::OnSeccomp(pid_t tid) {
     EmulateSetAffinity(tid, regs);
     return false;
   }
-  if (std::find(std::begin(kReadCalls), std::end(kReadCalls), regs.orig_rax) !=
-      std::end(kReadCalls)) {
-    OnStdinRead(tid);
+  if (std::find(std::begin(kNodeZeroCalls), std::end(kNodeZeroCalls), regs.orig_rax) !=
+      std::end(kNodeZeroCalls)) {
+    OnNodeZeroCall(tid, regs);
     return false;
   }
   if (regs.orig_rax == SYS_tgkill || regs.orig_rax == SYS_tkill) {
@@ -1055,25 +1098,48 @@ bool Replica::OnSeccomp(pid_t tid) {
   return address_space_ != nullptr && address_space_->OnSyscall(tid, regs);
 }
 
-void Replica::OnStdinRead(pid_t tid) {
-  char link[256];
-  const ssize_t n = readlink(absl::StrCat("/proc/", pid_, "/fd/0").c_str(), link, sizeof(link) - 1);
-  // The program has made fd 0 something else since (closed it, opened another file): its own.
-  if (n <= 0 || std::string(link, n) != stdin_link_) return;
+void Replica::OnNodeZeroCall(pid_t tid, const struct user_regs_struct& regs) {
+  const int fd = static_cast<int>(regs.rdi);
+  auto it = node_zero_fds_.find(fd);
+  if (it == node_zero_fds_.end()) return;
+  char link[4096];
+  const ssize_t n =
+      readlink(absl::StrCat("/proc/", pid_, "/fd/", fd).c_str(), link, sizeof(link) - 1);
+  // The program has made the descriptor something else since (closed it, opened another
+  // file): that one is this node's own.
+  if (n <= 0 || std::string(link, n) != it->second) return;
+  const bool stdin_read = fd == 0 && options_.stdin_elsewhere && regs.orig_rax != SYS_write &&
+                          regs.orig_rax != SYS_writev && regs.orig_rax != SYS_lseek;
+  // pread and preadv name their offset: a file's (not standard input's) is no shared state.
+  const bool positioned =
+      regs.orig_rax == SYS_pread64 || regs.orig_rax == SYS_preadv || regs.orig_rax == SYS_preadv2;
+  if (!stdin_read && (fd == 0 || positioned)) return;
   pid_t inner = 0;
   {
     absl::MutexLock l(&mu_);
-    if (auto it = inner_tid_.find(tid); it != inner_tid_.end()) inner = it->second;
+    if (auto t = inner_tid_.find(tid); t != inner_tid_.end()) inner = t->second;
   }
   if (inner == 0) {
     auto in = InnermostTid(tid);
     inner = in.ok() ? *in : tid;
   }
+  const unsigned node = agent_->node().value();
+  if (stdin_read) {
+    FailAndKill(absl::FailedPreconditionError(absl::StrCat(
+        "thread ", inner, " read the program's standard input on node ", node,
+        "; only node 0's threads can read it (Stretch passes it to node 0's replica): run the "
+        "program with its input in a file it opens itself, or with --placement=static "
+        "--migrate_threads excluding that thread")));
+    return;
+  }
   FailAndKill(absl::FailedPreconditionError(absl::StrCat(
-      "thread ", inner, " read the program's standard input on node ", agent_->node().value(),
-      "; only node 0's threads can read it (Stretch passes it to node 0's replica): run the "
-      "program with its input in a file it opens itself, or with --placement=static "
+      "thread ", inner, " ", regs.orig_rax == SYS_lseek ? "moved the offset of" : "used", " ",
+      it->second, " (fd ", fd, ") on node ", node,
+      "; the program opened it before its migration point and every node has its own copy of "
+      "its file offset, so only node 0's threads may read, write or seek it (Stretch stopped "
+      "the run rather than let the nodes' offsets diverge): use --placement=static "
       "--migrate_threads excluding that thread")));
+  return;
 }
 
 void Replica::FailAndKill(absl::Status why) {

@@ -24,6 +24,7 @@
 #define STRETCH_STRETCHD_REPLICA_H_
 
 #include <sys/types.h>
+#include <sys/user.h>
 
 #include <memory>
 #include <string>
@@ -146,9 +147,9 @@ class Replica {
   bool OnSeccomp(pid_t tid);
   // A thread is at the entry of exit(): publish its exit cluster-wide (see replica.cc).
   void OnThreadExitCall(pid_t tid);
-  // Tracer thread: `tid` is at the entry of a read of fd 0 on a node that does not have the
-  // standard input (ReplicaOptions::stdin_elsewhere).
-  void OnStdinRead(pid_t tid);
+  // Tracer thread: `tid` is at the entry of a call on one of node_zero_fds_ on a node other
+  // than 0 (a read of standard input, a read, write or seek through a shared file offset).
+  void OnNodeZeroCall(pid_t tid, const struct user_regs_struct& regs);
   // Kills the replica; failure() says why.
   void FailAndKill(absl::Status why);
   // The end of a restore, both modes: attaches `ranges` to the agent through `uffd`, sends
@@ -196,8 +197,12 @@ class Replica {
   absl::flat_hash_map<pid_t, bool> exit_published_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<pid_t, pid_t> inner_tid_ ABSL_GUARDED_BY(mu_);
   absl::Status failure_ ABSL_GUARDED_BY(mu_);
-  // What the program's fd 0 was at restore (/proc/PID/fd/0), for OnStdinRead.
+  // What the program's fd 0 was at restore (/proc/PID/fd/0).
   std::string stdin_link_;
+  // Descriptors only node 0 may use, with what they were at restore: standard input (when it
+  // is node 0's) and regular files opened before the migration point without O_APPEND, whose
+  // file offset every replica has its own copy of. Set before the filter; read-only after.
+  absl::flat_hash_map<int, std::string> node_zero_fds_;
   bool attached_ ABSL_GUARDED_BY(mu_) = false;  // memory is coherent: exits may be published
   int created_ ABSL_GUARDED_BY(mu_) = 0;        // threads created since attached_
   // Threads this node runs: tid in the program's namespace -> ours.
