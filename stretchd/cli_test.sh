@@ -24,7 +24,7 @@ expect 0 "subcommands:" out --help
 for sc in check server node run stats secret version; do expect 0 "  $sc" out --help; done
 expect 0 "--json" out check --help
 expect 0 "usage: stretchd run" out help run
-expect 0 "wire protocol 2" out version
+expect 0 "wire protocol 3" out version
 expect 2 "--node must be 0..63" err node
 expect 2 "no program given" err run
 expect 2 "--nodes must be 1..64" err run --nodes=0 -- /bin/true

@@ -666,6 +666,22 @@ absl::StatusOr<std::unique_ptr<Replica>> Replica::Restore(engine::NodeAgent* age
       [&](pid_t tid) -> absl::Status {
         STRETCH_ASSIGN_OR_RETURN(auto thread, uffd::RemoteThread::Adopt(tid));
         uffd::RemoteMemory memory(pid);
+        // The first `len` bytes of file mapping `m` become anonymous memory at the same
+        // address (contents from the directory from now on), a coherent range.
+        auto make_anonymous = [&](const ReplicaMapping& m, size_t len) -> absl::Status {
+          STRETCH_ASSIGN_OR_RETURN(
+              uint64_t at,
+              thread->SyscallOrError(
+                  absl::StrCat("mmap over ", m.path), SYS_mmap,
+                  {m.start, len, static_cast<uint64_t>(ProtOf(m.perms)),
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, static_cast<uint64_t>(-1), 0}));
+          if (at != m.start) {
+            return absl::InternalError(
+                absl::StrFormat("mmap over %s landed at 0x%x, not 0x%x", m.path, at, m.start));
+          }
+          ranges.push_back({RegionId(0), m.start, len});
+          return absl::OkStatus();
+        };
         for (const ReplicaMapping& m : maps) {
           if (IsSpecial(m.path)) continue;
           size_t len = m.end - m.start;
@@ -712,17 +728,7 @@ absl::StatusOr<std::unique_ptr<Replica>> Replica::Restore(engine::NodeAgent* age
               }
             }
             file_views.push_back(std::move(view));
-            STRETCH_ASSIGN_OR_RETURN(
-                uint64_t at,
-                thread->SyscallOrError(
-                    absl::StrCat("mmap over ", m.path), SYS_mmap,
-                    {m.start, len, static_cast<uint64_t>(ProtOf(m.perms)),
-                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, static_cast<uint64_t>(-1), 0}));
-            if (at != m.start) {
-              return absl::InternalError(
-                  absl::StrFormat("mmap over %s landed at 0x%x, not 0x%x", m.path, at, m.start));
-            }
-            ranges.push_back({RegionId(0), m.start, len});
+            STRETCH_RETURN_IF_ERROR(make_anonymous(m, len));
             continue;
           }
           if (!m.uffd_missing) {
@@ -732,17 +738,7 @@ absl::StatusOr<std::unique_ptr<Replica>> Replica::Restore(engine::NodeAgent* age
             STRETCH_RETURN_IF_ERROR(memory.Read({&io, 1}));
             seeds.emplace_back(m.start, std::move(bytes));
             if (!m.path.empty() && m.path[0] == '/') {
-              STRETCH_ASSIGN_OR_RETURN(
-                  uint64_t at,
-                  thread->SyscallOrError(
-                      absl::StrCat("mmap over ", m.path), SYS_mmap,
-                      {m.start, len, static_cast<uint64_t>(ProtOf(m.perms)),
-                       MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, static_cast<uint64_t>(-1), 0}));
-              if (at != m.start) {
-                return absl::InternalError(
-                    absl::StrFormat("mmap over %s landed at 0x%x, not 0x%x", m.path, at, m.start));
-              }
-              ranges.push_back({RegionId(0), m.start, len});
+              STRETCH_RETURN_IF_ERROR(make_anonymous(m, len));
               continue;
             }
           }
