@@ -12,8 +12,6 @@
 #include <algorithm>
 #include <cstring>
 #include <deque>
-#include <fstream>
-#include <iterator>
 #include <map>
 #include <thread>
 #include <vector>
@@ -21,10 +19,8 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/container/node_hash_map.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "coherence/node.h"
 #include "core/json.h"
@@ -1563,24 +1559,12 @@ class NodeAgent::Impl {
 
   // Whether `t`'s process is ending by itself (exit_group, a fatal signal, somebody's kill):
   // then a failure to read, write-protect or drop its pages loses nothing it can still use,
-  // and its exit status is the outcome. It is when its main thread is exiting and the whole
-  // process is gone within a second (a main thread that only called pthread_exit is not an
-  // ending process). May wait that second: only on a failure path.
+  // and its exit status is the outcome. It is when the process is gone within two seconds:
+  // an exit_group kills the other threads (the invalidation helper among them) before the
+  // caller itself is seen exiting, so nothing short of the end itself tells. Waits: only on
+  // a failure path (a real failure is reported that much later).
   static bool Ending(const Target& t) {
-    if (t.pidfd.Exited()) return true;
-    std::ifstream in(absl::StrCat("/proc/", t.pid, "/stat"));
-    std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    const size_t paren = stat.rfind(')');
-    if (paren != std::string::npos) {
-      // After "pid (comm)": state ppid pgrp session tty_nr tpgid flags ...
-      std::vector<std::string> f = absl::StrSplit(stat.substr(paren + 1), ' ', absl::SkipEmpty());
-      uint64_t flags = 0;
-      constexpr uint64_t kPfExiting = 0x4;  // PF_EXITING
-      if (f.size() < 7 || !absl::SimpleAtoi(f[6], &flags) || (flags & kPfExiting) == 0) {
-        return false;
-      }
-    }
-    const bool gone = t.pidfd.WaitForExit(absl::Now() + absl::Seconds(1)).ok();
+    const bool gone = t.pidfd.Exited() || t.pidfd.WaitForExit(absl::Now() + absl::Seconds(2)).ok();
     if (gone) LOG(INFO) << "pid " << t.pid << " is exiting: its pages are no longer needed";
     return gone;
   }
