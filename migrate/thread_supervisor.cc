@@ -492,7 +492,8 @@ class ThreadSupervisor::Impl {
         unsigned long former = 0;
         ptrace(PTRACE_GETEVENTMSG, tid, 0, &former);
         // The kernel ended every other thread before reporting the exec (a thread that called
-        // it took over the leader's tid): they will never report again.
+        // it took over the leader's tid); exits they reported first were handled already, any
+        // entry left is of a thread that is gone.
         for (auto other = threads_.begin(); other != threads_.end();) {
           if (other->first == pid_) {
             ++other;
@@ -505,7 +506,10 @@ class ThreadSupervisor::Impl {
           threads_.erase(other++);
         }
         if (callbacks_.on_exec) callbacks_.on_exec(static_cast<pid_t>(former));
-        OnStopped(pid_, threads_[pid_]);
+        // The leader's tid is now the exec'ing thread's: nothing of the old leader's end.
+        Thread& leader = threads_[pid_];
+        leader.exiting = false;
+        OnStopped(pid_, leader);
         break;
       }
       case PTRACE_EVENT_STOP:

@@ -228,8 +228,9 @@ absl::Status GiveThreadIdsTheirOwnRange(pid_t pid, NodeId node) {
 }
 
 // The pages of `ranges` ([start, end) pairs) present in process `pid`'s memory now
-// (/proc/PID/pagemap, bit 63); with `private_only`, only those that are not a file's page (bit
-// 61 clear: in a private file mapping, the pages the program wrote).
+// (/proc/PID/pagemap, bit 63); with `private_only`, the pages that are the process's own, not a
+// file's: present with bit 61 clear, or in swap (bit 62) — in a private file mapping, the
+// pages the program wrote.
 absl::StatusOr<std::vector<uintptr_t>> PresentPages(
     pid_t pid, const std::vector<std::pair<uintptr_t, uintptr_t>>& ranges,
     bool private_only = false) {
@@ -249,7 +250,9 @@ absl::StatusOr<std::vector<uintptr_t>> PresentPages(
       const size_t read = static_cast<size_t>(got) / sizeof(uint64_t);
       for (size_t i = 0; i < read; ++i) {
         const bool file_page = (entries[i] & (uint64_t{1} << 61)) != 0;
-        if ((entries[i] & (uint64_t{1} << 63)) && !(private_only && file_page)) {
+        const bool present_page = (entries[i] & (uint64_t{1} << 63)) != 0;
+        const bool swapped = (entries[i] & (uint64_t{1} << 62)) != 0;  // private, in swap
+        if (private_only ? (present_page && !file_page) || swapped : present_page) {
           present.push_back(at + i * kPageSize);
         }
       }
@@ -292,6 +295,8 @@ absl::StatusOr<std::vector<ReplicaMapping>> ReadMappings(pid_t pid) {
     m.perms = f[1];
     if (!absl::SimpleHexAtoi(f[2], &m.offset)) m.offset = 0;
     if (f.size() >= 6) m.path = f[5];
+    // A path with a space, or "/file (deleted)": not one every node can open by that name.
+    m.nameable = f.size() == 6;
     out.push_back(m);
   }
   return out;
@@ -707,7 +712,8 @@ absl::StatusOr<std::unique_ptr<Replica>> Replica::Restore(engine::NodeAgent* age
             if (backed == m.start) continue;
             len = backed - m.start;
           }
-          if (!m.uffd_missing && !m.path.empty() && m.path[0] == '/' && options.hold_checkpoint) {
+          if (!m.uffd_missing && !m.path.empty() && m.path[0] == '/' && m.nameable &&
+              options.hold_checkpoint) {
             // Pages the program wrote are its own: they go to the server as seeds. The others
             // are the file's, which every node (and the server, FileBacking) reads itself:
             // this node holds them read-only from its own copy of the file, nothing crosses
@@ -816,10 +822,16 @@ absl::Status Replica::Serve(
   std::vector<int> node_zero_fds;
   if (agent->node().value() != 0) {
     node_zero_fds_ = SharedOffsetFiles(pid);
-    if (options_.stdin_elsewhere && !node_zero_fds_.contains(0)) node_zero_fds_[0] = stdin_link_;
+    stdin_shares_offset_ = node_zero_fds_.contains(0);
+    if (options_.stdin_elsewhere && !stdin_shares_offset_) node_zero_fds_[0] = stdin_link_;
     for (const auto& [fd, link] : node_zero_fds_) node_zero_fds.push_back(fd);
     std::sort(node_zero_fds.begin(), node_zero_fds.end());
-    if (node_zero_fds.size() > 64) node_zero_fds.resize(64);
+    if (node_zero_fds.size() > 64) {
+      LOG(WARNING) << "replica pid " << pid << ": " << node_zero_fds.size()
+                   << " files open with a shared offset; only the first 64 descriptors are "
+                      "kept to node 0, the others' offsets may differ between nodes";
+      node_zero_fds.resize(64);
+    }
   }
   UniqueFd seccomp_listener;
   STRETCH_RETURN_IF_ERROR(supervisor_->RunStopped(
@@ -1109,7 +1121,8 @@ void Replica::OnNodeZeroCall(pid_t tid, const struct user_regs_struct& regs) {
   // pread and preadv name their offset: a file's (not standard input's) is no shared state.
   const bool positioned =
       regs.orig_rax == SYS_pread64 || regs.orig_rax == SYS_preadv || regs.orig_rax == SYS_preadv2;
-  if (!stdin_read && (fd == 0 || positioned)) return;
+  // Standard input that is not a file with an offset (a pipe): only its reads matter.
+  if (!stdin_read && ((fd == 0 && !stdin_shares_offset_) || positioned)) return;
   pid_t inner = 0;
   {
     absl::MutexLock l(&mu_);

@@ -73,6 +73,7 @@ struct ReplicaMapping {
   std::string path;           // file, "[heap]", "[stack]", or empty
   bool uffd_missing = false;  // CRIU registered it (VmFlags "um")
   bool grows_down = false;    // a stack the kernel extends on demand (VmFlags "gd")
+  bool nameable = true;       // `path` is the whole name and the file still has it
 };
 
 // The mappings of `pid` from /proc/<pid>/smaps.
@@ -203,6 +204,7 @@ class Replica {
   // is node 0's) and regular files opened before the migration point without O_APPEND, whose
   // file offset every replica has its own copy of. Set before the filter; read-only after.
   absl::flat_hash_map<int, std::string> node_zero_fds_;
+  bool stdin_shares_offset_ = false;            // fd 0 is one of SharedOffsetFiles
   bool attached_ ABSL_GUARDED_BY(mu_) = false;  // memory is coherent: exits may be published
   int created_ ABSL_GUARDED_BY(mu_) = 0;        // threads created since attached_
   // Threads this node runs: tid in the program's namespace -> ours.

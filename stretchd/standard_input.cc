@@ -20,6 +20,13 @@ absl::StatusOr<std::unique_ptr<StandardInput>> StandardInput::Open(int fd) {
   struct stat st;
   if (fstat(fd, &st) != 0) return in;                                 // closed: /dev/null
   if (S_ISCHR(st.st_mode) && st.st_rdev == makedev(1, 3)) return in;  // /dev/null
+  // A terminal of which we are not in the foreground: natively the program would be stopped
+  // (SIGTTIN) only if it read it; a relay would stop us at once. It gets /dev/null instead.
+  if (isatty(fd) && tcgetpgrp(fd) != getpgrp()) {
+    LOG(WARNING) << "stretchd run: standard input is a terminal this job does not own (it runs "
+                    "in the background); the program gets /dev/null";
+    return in;
+  }
   if (S_ISREG(st.st_mode)) {
     in->program_.reset(fcntl(fd, F_DUPFD_CLOEXEC, 3));
     if (!in->program_.valid()) return ErrnoStatus(errno, "dup of standard input");
@@ -65,7 +72,8 @@ void StandardInput::Relay() {
     const ssize_t got = read(source_, buf, sizeof(buf));
     if (got < 0 && (errno == EINTR || errno == EAGAIN)) continue;
     if (got <= 0) {
-      if (got < 0) PLOG(WARNING) << "stretchd run: reading standard input";
+      // EIO: a terminal that went away (hung up, or we left its foreground).
+      if (got < 0 && errno != EIO) PLOG(WARNING) << "stretchd run: reading standard input";
       break;  // end of file: the program sees it too
     }
     for (ssize_t off = 0; off < got;) {

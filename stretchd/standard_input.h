@@ -9,7 +9,9 @@
 //     checkpoint CRIU records the pipe by name ("pipe:[N]", key()); node 0's replica takes the
 //     same pipe over (its agent gets program_fd() as fd 0 and restores with --inherit-fd), so
 //     it reads on exactly where the program stopped, and the relay goes on feeding it. A
-//     terminal therefore reaches the program as a pipe (isatty(0) is false).
+//     terminal therefore reaches the program as a pipe (isatty(0) is false); one this job is
+//     not in the foreground of (`stretchd run ... &`) gives /dev/null. The relay reads ahead
+//     (up to a pipe's buffer) whether or not the program reads.
 //
 // Only node 0 has it: on the other nodes a read of fd 0 stops the run with an error
 // (ReplicaOptions::stdin_elsewhere) instead of reading a stale copy.
