@@ -152,7 +152,7 @@ TEST_F(ProgramShapesTest, StandardInputFromAFileReachesTheProgram) {
 TEST_F(ProgramShapesTest, StandardInputFromAPipeReachesTheProgram) {
   const std::string numbers = NumbersFile(dir_.path(), 200000);
   const std::string json = dir_.path() + "/pipe.json";
-  for (const std::string producer :
+  for (const std::string& producer :
        {absl::StrCat("cat ", numbers),
         absl::StrCat("(head -n 1 ", numbers, "; sleep 1; tail -n +2 ", numbers, ")")}) {
     Outcome native =

@@ -5,9 +5,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+static volatile unsigned long spin;
+
 static void* worker(void* arg) {
-  volatile unsigned long s = 0;
-  for (long i = 0; i < 200000000L; i++) s += (unsigned long)i;
+  for (long i = 0; i < 200000000L; i++) spin += (unsigned long)i;
   return NULL;
 }
 
