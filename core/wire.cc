@@ -53,6 +53,22 @@ const char* Name(MessageType t) {
       return "PagesHeldReply";
     case MessageType::kLaunch:
       return "Launch";
+    case MessageType::kFileOffset:
+      return "FileOffset";
+    case MessageType::kFileOffsetReply:
+      return "FileOffsetReply";
+  }
+  return nullptr;
+}
+
+const char* Name(FileOffsetOp op) {
+  switch (op) {
+    case FileOffsetOp::kRead:
+      return "read";
+    case FileOffsetOp::kWrite:
+      return "write";
+    case FileOffsetOp::kSeek:
+      return "seek";
   }
   return nullptr;
 }
@@ -326,6 +342,24 @@ void Fields(V& v, M& m) requires std::is_same_v<std::remove_const_t<M>, Launch> 
   v(m.data, "data");
 }
 
+template <typename V, typename M>
+void Fields(V& v, M& m) requires std::is_same_v<std::remove_const_t<M>, FileOffset> {
+  v(m.op, "op");
+  v(m.thread, "thread");
+  v(m.seq, "seq");
+  v(m.fd, "fd");
+  v(m.initial, "initial");
+  v(m.length, "length");
+  v(m.offset, "offset");
+  v(m.whence, "whence");
+  v(m.size, "size");
+}
+template <typename V, typename M>
+void Fields(V& v, M& m) requires std::is_same_v<std::remove_const_t<M>, FileOffsetReply> {
+  v(m.seq, "seq");
+  v(m.position, "position");
+}
+
 template <typename T>
 constexpr MessageType kTypeOf = [] {
   if constexpr (std::is_same_v<T, Hello>) return MessageType::kHello;
@@ -348,6 +382,8 @@ constexpr MessageType kTypeOf = [] {
   if constexpr (std::is_same_v<T, PagesHeld>) return MessageType::kPagesHeld;
   if constexpr (std::is_same_v<T, PagesHeldReply>) return MessageType::kPagesHeldReply;
   if constexpr (std::is_same_v<T, Launch>) return MessageType::kLaunch;
+  if constexpr (std::is_same_v<T, FileOffset>) return MessageType::kFileOffset;
+  if constexpr (std::is_same_v<T, FileOffsetReply>) return MessageType::kFileOffsetReply;
 }();
 
 // Counts payload bytes.
@@ -651,6 +687,18 @@ absl::Status Validate(const Launch& m) {
   }
   return absl::OkStatus();
 }
+absl::Status Validate(const FileOffset& m) {
+  // File sizes and offsets are loff_t: at most INT64_MAX.
+  constexpr uint64_t kMax = static_cast<uint64_t>(INT64_MAX);
+  if (m.initial > kMax || m.length > kMax || m.size > kMax) {
+    return Invalid("FileOffset", "an offset, length or size beyond INT64_MAX");
+  }
+  if (m.op == FileOffsetOp::kSeek && m.whence > 4) {  // SEEK_HOLE
+    return Invalid("FileOffset", absl::StrFormat("whence %u", m.whence));
+  }
+  return absl::OkStatus();
+}
+absl::Status Validate(const FileOffsetReply&) { return absl::OkStatus(); }
 absl::Status Validate(const Heartbeat&) { return absl::OkStatus(); }
 absl::Status Validate(const Error& m) {
   if (m.code > static_cast<uint32_t>(absl::StatusCode::kUnauthenticated)) {
@@ -844,6 +892,10 @@ absl::StatusOr<Message> Decode(absl::Span<const uint8_t> frame) {
       return DecodeAs<PagesHeldReply>(payload);
     case MessageType::kLaunch:
       return DecodeAs<Launch>(payload);
+    case MessageType::kFileOffset:
+      return DecodeAs<FileOffset>(payload);
+    case MessageType::kFileOffsetReply:
+      return DecodeAs<FileOffsetReply>(payload);
   }
   return absl::InvalidArgumentError(
       absl::StrFormat("wire: unknown message type %d", static_cast<int>(frame[5])));

@@ -72,6 +72,8 @@ enum class MessageType : uint8_t {
   kPagesHeld = 19,
   kPagesHeldReply = 20,
   kLaunch = 21,
+  kFileOffset = 22,
+  kFileOffsetReply = 23,
 };
 // Name of a value, or nullptr if it is not a MessageType (used to validate input).
 const char* Name(MessageType t);
@@ -327,10 +329,40 @@ struct Launch {
   std::string data;  // at most kMaxString bytes
 };
 
+// The program's file offsets that every replica has a copy of: a regular file it opened
+// before its migration point, shared by its threads wherever they run. The server keeps the
+// one true offset of each such descriptor; a node sends each call that uses or moves it
+// (read, write, lseek and their vector forms) as a FileOffset, and makes the call itself at
+// the position the FileOffsetReply gives (a read as pread at that position, and so on). So
+// the calls of all nodes happen in one order on one offset, as natively.
+enum class FileOffsetOp : uint8_t {
+  kRead = 1,   // reads up to `length` bytes: the offset moves past what the file has of them
+  kWrite = 2,  // writes `length` bytes: the offset moves past them
+  kSeek = 3,   // lseek(`offset`, `whence`)
+};
+const char* Name(FileOffsetOp op);
+struct FileOffset {
+  FileOffsetOp op = FileOffsetOp::kRead;
+  ThreadId thread;
+  uint64_t seq = 0;      // matches the FileOffsetReply
+  uint32_t fd = 0;       // the descriptor (the same in every replica)
+  uint64_t initial = 0;  // the node's copy of the offset: the checkpoint's, used the first time
+  uint64_t length = 0;   // kRead, kWrite
+  int64_t offset = 0;    // kSeek
+  uint32_t whence = 0;   // kSeek: SEEK_SET .. SEEK_HOLE
+  uint64_t size = 0;     // the file's size as the node sees it
+};
+struct FileOffsetReply {
+  uint64_t seq = 0;
+  // kRead, kWrite: the position the call starts at; kSeek: the new offset, or -errno.
+  int64_t position = 0;
+};
+
 using Message =
     std::variant<Hello, HelloReply, CoherenceMsg, RegionAttach, RegionAttachReply, RegionAnnounce,
                  ThreadControl, Futex, FutexReply, AddressSpace, StatsRequest, StatsReply,
-                 Heartbeat, Error, Exit, Peers, PageSeed, PagesHeld, PagesHeldReply, Launch>;
+                 Heartbeat, Error, Exit, Peers, PageSeed, PagesHeld, PagesHeldReply, Launch,
+                 FileOffset, FileOffsetReply>;
 
 MessageType TypeOf(const Message& m);
 // The type a frame's header claims (nullopt if the frame is shorter than a header or its

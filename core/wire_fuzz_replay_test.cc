@@ -50,7 +50,10 @@ std::vector<std::vector<uint8_t>> Seeds() {
                                PageSeed{PageId(3), page},
                                PagesHeld{7, {{PageId(0x100), 3}, {PageId(0x200), 1}}},
                                PagesHeldReply{7, 4},
-                               Launch{LaunchOp::kFile, 4096, "core-1.img", "abc"}};
+                               Launch{LaunchOp::kFile, 4096, "core-1.img", "abc"},
+                               FileOffset{FileOffsetOp::kRead, ThreadId(2), 1, 3, 16, 64, 0, 0,
+                                          4096},
+                               FileOffsetReply{1, 16}};
   std::vector<std::vector<uint8_t>> out;
   for (const auto& m : msgs) out.push_back(Encode(m));
   return out;

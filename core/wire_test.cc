@@ -345,7 +345,7 @@ TEST(WireTest, EveryTruncationIsRejected) {
 }
 
 TEST(WireTest, NamesCoverEveryValue) {
-  for (int i = 1; i <= 21; ++i) {
+  for (int i = 1; i <= 23; ++i) {
     if (i == 3) continue;  // retired (was AuthProof)
     EXPECT_NE(Name(static_cast<MessageType>(i)), nullptr) << i;
   }
@@ -353,7 +353,9 @@ TEST(WireTest, NamesCoverEveryValue) {
   std::vector<uint8_t> retired = Encode(Hello{});
   retired[5] = 3;  // the type byte: AuthProof's old number is an unknown type now
   EXPECT_EQ(DecodeStatus(retired).code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(Name(static_cast<MessageType>(22)), nullptr);
+  EXPECT_EQ(Name(static_cast<MessageType>(24)), nullptr);
+  for (int i = 1; i <= 3; ++i) EXPECT_NE(Name(static_cast<FileOffsetOp>(i)), nullptr) << i;
+  EXPECT_EQ(Name(static_cast<FileOffsetOp>(4)), nullptr);
   for (int i = 1; i <= 13; ++i) EXPECT_NE(Name(static_cast<CohOp>(i)), nullptr) << i;
   EXPECT_EQ(Name(static_cast<CohOp>(0)), nullptr);
 }
@@ -379,6 +381,40 @@ TEST(WireTest, LaunchRoundTripAndLimits) {
   EXPECT_FALSE(Decode(frame).ok());
   frame[kHeaderSize] = 8;
   EXPECT_FALSE(Decode(frame).ok());
+}
+
+TEST(WireTest, FileOffsetRoundTripAndLimits) {
+  FileOffset m;
+  m.op = FileOffsetOp::kSeek;
+  m.thread = ThreadId(9);
+  m.seq = 5;
+  m.fd = 3;
+  m.initial = 16;
+  m.offset = -64;
+  m.whence = 1;
+  m.size = 1 << 20;
+  auto out = Decode(Encode(m));
+  ASSERT_TRUE(out.ok()) << out.status();
+  const auto& f = std::get<FileOffset>(*out);
+  EXPECT_EQ(f.op, FileOffsetOp::kSeek);
+  EXPECT_EQ(f.thread, ThreadId(9));
+  EXPECT_EQ(f.fd, 3u);
+  EXPECT_EQ(f.initial, 16u);
+  EXPECT_EQ(f.offset, -64);
+  EXPECT_EQ(f.whence, 1u);
+  EXPECT_EQ(f.size, uint64_t{1} << 20);
+  auto reply = Decode(Encode(FileOffsetReply{5, -22}));
+  ASSERT_TRUE(reply.ok()) << reply.status();
+  EXPECT_EQ(std::get<FileOffsetReply>(*reply).position, -22);
+  // Patched frames (Encode refuses invalid messages): whence past SEEK_HOLE, a size past
+  // INT64_MAX (payload: op 1, thread 4, seq 8, fd 4, initial 8, length 8, offset 8, whence 4,
+  // size 8).
+  auto frame = Encode(m);
+  frame[kHeaderSize + 41] = 5;
+  EXPECT_THAT(DecodeStatus(frame).message(), HasSubstr("whence 5"));
+  frame = Encode(m);
+  frame[kHeaderSize + 52] = 0x80;
+  EXPECT_THAT(DecodeStatus(frame).message(), HasSubstr("beyond INT64_MAX"));
 }
 
 TEST(WireTest, AddressSpaceCarriesAFilesPathOnlyForAnMmap) {

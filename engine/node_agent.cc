@@ -527,6 +527,11 @@ class NodeAgent::Impl {
     handlers_.futex = std::move(handler);
   }
 
+  void SetFileOffsetReplyHandler(std::function<void(const wire::FileOffsetReply&)> handler) {
+    absl::MutexLock l(&handlers_mu_);
+    handlers_.file_offset = std::move(handler);
+  }
+
   void SetLaunchHandler(std::function<void(PeerId, const wire::Launch&)> on_message,
                         std::function<void(PeerId, const absl::Status&)> on_gone) {
     absl::MutexLock l(&handlers_mu_);
@@ -1449,6 +1454,11 @@ class NodeAgent::Impl {
       if (auto handler = handlers().futex) handler(*reply);
       return;
     }
+    if (auto* reply = std::get_if<wire::FileOffsetReply>(&*decoded)) {
+      if (peer != server_) return;
+      if (auto handler = handlers().file_offset) handler(*reply);
+      return;
+    }
     if (auto* held = std::get_if<wire::PagesHeldReply>(&*decoded)) {
       if (peer != server_) return;
       absl::MutexLock l(&held_mu_);
@@ -1746,6 +1756,7 @@ class NodeAgent::Impl {
   // Where server messages for the replica's services go; copied out to be called unlocked.
   struct Handlers {
     std::function<void(const wire::FutexReply&)> futex;
+    std::function<void(const wire::FileOffsetReply&)> file_offset;
     std::function<void(const wire::ThreadControl&)> thread;
     std::function<void(const wire::AddressSpace&)> address_space;
     std::function<void(PeerId, const wire::Launch&)> launch;
@@ -1831,6 +1842,9 @@ void NodeAgent::SetAddressSpaceHandler(std::function<void(const wire::AddressSpa
 }
 void NodeAgent::SetFutexReplyHandler(std::function<void(const wire::FutexReply&)> h) {
   impl_->SetFutexReplyHandler(std::move(h));
+}
+void NodeAgent::SetFileOffsetReplyHandler(std::function<void(const wire::FileOffsetReply&)> h) {
+  impl_->SetFileOffsetReplyHandler(std::move(h));
 }
 void NodeAgent::SetLaunchHandler(
     std::function<void(transport::PeerId, const wire::Launch&)> on_message,

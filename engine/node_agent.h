@@ -194,6 +194,8 @@ class NodeAgent {
   // Where FutexReply messages from the server go (called on the network thread; must not
   // block). Set it before any futex message is sent.
   void SetFutexReplyHandler(std::function<void(const wire::FutexReply&)> handler);
+  // Where FileOffsetReply messages go (the same rules).
+  void SetFileOffsetReplyHandler(std::function<void(const wire::FileOffsetReply&)> handler);
 
   // Bound node-to-node address.
   const std::string& address() const;

@@ -15,6 +15,7 @@
 #include "core/status.h"
 #include "core/wire.h"
 #include "engine/address_space.h"
+#include "engine/file_offsets.h"
 #include "engine/futex_table.h"
 #include "engine/home_store.h"
 #include "glog/logging.h"
@@ -112,6 +113,7 @@ class DirectoryServer::Impl {
     w.Field("futex_waits", futex_waits_);
     w.Field("futex_wakes", futex_wakes_);
     w.Field("address_space_changes", address_space_changes_);
+    w.Field("file_offset_calls", file_offset_calls_);
     w.EndObject();
     return w.str();
   }
@@ -294,6 +296,9 @@ class DirectoryServer::Impl {
       SendTo(peer, wire::StatsReply{req->seq, StatsJsonLocked()});
     } else if (auto* f = std::get_if<wire::Futex>(&m)) {
       OnFutex(peer, *id, *f);
+    } else if (auto* fo = std::get_if<wire::FileOffset>(&m)) {
+      ++file_offset_calls_;
+      SendTo(peer, wire::FileOffsetReply{fo->seq, file_offsets_.Apply(*fo)});
     } else if (auto* seed = std::get_if<wire::PageSeed>(&m)) {
       OnSeed(peer, *id, *seed);
     } else if (auto* held = std::get_if<wire::PagesHeld>(&m)) {
@@ -749,6 +754,8 @@ class DirectoryServer::Impl {
   FutexTable futexes_ ABSL_GUARDED_BY(mu_);
   uint64_t futex_waits_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t futex_wakes_ ABSL_GUARDED_BY(mu_) = 0;
+  FileOffsets file_offsets_ ABSL_GUARDED_BY(mu_);
+  uint64_t file_offset_calls_ ABSL_GUARDED_BY(mu_) = 0;
   std::map<uint32_t, Region> regions_ ABSL_GUARDED_BY(mu_);  // as announced
   RangeSet coherent_ ABSL_GUARDED_BY(mu_);  // announced regions with later changes applied
   std::optional<AsRequest> as_holder_ ABSL_GUARDED_BY(mu_);

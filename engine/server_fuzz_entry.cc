@@ -77,6 +77,16 @@ std::vector<std::vector<uint8_t>> Templates() {
   wake.op = wire::FutexOp::kWake;
   wake.value = 1;
   msgs.push_back(wake);
+  wire::FileOffset read;
+  read.fd = 3;
+  read.length = 64;
+  read.size = 100;
+  msgs.push_back(read);
+  wire::FileOffset seek = read;
+  seek.op = wire::FileOffsetOp::kSeek;
+  seek.offset = -8;
+  seek.whence = SEEK_END;
+  msgs.push_back(seek);
   wire::AddressSpace lock;
   lock.op = wire::AddressSpaceOp::kLock;
   lock.seq = 1;
