@@ -18,7 +18,7 @@ namespace stretch {
 std::vector<sock_filter> BuildFilter(absl::Span<const int> notified, absl::Span<const int> traced,
                                      uintptr_t exempt_page, absl::Span<const int> traced_on_fds,
                                      absl::Span<const int> fds) {
-  if (fds.empty() || fds.size() > 64) traced_on_fds = {};
+  if (fds.empty() || fds.size() > kMaxFilterFds) traced_on_fds = {};
   // [exempt: ld ip.hi; jne page.hi -> rest; ld ip.lo; jlt page.lo -> rest; jge page.lo+4K ->
   //  rest; allow]
   // ld arch; jne x86_64 -> allow; ld nr; (jeq nr_i -> its return)*; allow; notify; trace;

@@ -45,7 +45,8 @@ std::vector<sock_filter> BuildNotifyFilter(absl::Span<const int> syscalls);
 // Calls made from code in the page at `exempt_page` (if not 0) are always allowed: Stretch's
 // own helper thread inside the target.
 // `traced_on_fds` calls are traced only when their first argument (a descriptor) is one of
-// `fds` (at most 64).
+// `fds` (at most kMaxFilterFds; with more, none are traced).
+inline constexpr size_t kMaxFilterFds = 64;
 std::vector<sock_filter> BuildFilter(absl::Span<const int> notified, absl::Span<const int> traced,
                                      uintptr_t exempt_page = 0,
                                      absl::Span<const int> traced_on_fds = {},

@@ -134,14 +134,12 @@ int ProtOf(const std::string& perms) {
 // goes to our FutexService, exit() stops for our tracer (a thread's exit is published
 // cluster-wide before it happens), and the invalidation helper's own calls (from its code page)
 // pass untouched. The filter program is written into a page mapped for the purpose.
-// Calls on a descriptor (the first argument) that only node 0 makes: reads of standard input,
-// and reads, writes and seeks through a file offset every replica has a copy of.
-constexpr int kNodeZeroCalls[] = {SYS_read,    SYS_readv, SYS_pread64, SYS_preadv,
-                                  SYS_preadv2, SYS_write, SYS_writev,  SYS_lseek};
+// Calls traced on some descriptors (the first argument): those through a file offset every
+// replica has a copy of (FileOffsetService), and reads of a standard input that is node 0's.
 
 absl::StatusOr<UniqueFd> InstallFilter(uffd::RemoteThread& thread, const uffd::Pidfd& pidfd,
                                        uintptr_t helper_code, uintptr_t helper_syscall,
-                                       bool address_space, const std::vector<int>& node_zero_fds) {
+                                       bool address_space, const std::vector<int>& traced_fds) {
   uffd::RemoteMemory memory(pidfd.pid());
   std::vector<int> traced;
   if (address_space) traced = AddressSpaceService::TracedCalls();
@@ -149,8 +147,8 @@ absl::StatusOr<UniqueFd> InstallFilter(uffd::RemoteThread& thread, const uffd::P
   traced.push_back(SYS_tgkill);
   traced.push_back(SYS_tkill);
   traced.push_back(SYS_sched_setaffinity);
-  std::vector<sock_filter> prog =
-      BuildFilter({SYS_futex}, traced, helper_code, kNodeZeroCalls, node_zero_fds);
+  std::vector<sock_filter> prog = BuildFilter({SYS_futex}, traced, helper_code,
+                                              FileOffsetService::TracedCalls(), traced_fds);
   STRETCH_ASSIGN_OR_RETURN(
       uint64_t scratch,
       thread.SyscallOrError("mmap", SYS_mmap,
@@ -818,21 +816,32 @@ absl::Status Replica::Serve(
   STRETCH_ASSIGN_OR_RETURN(uintptr_t helper_code, agent->HelperCodePage(pid));
   STRETCH_ASSIGN_OR_RETURN(uintptr_t helper_syscall, agent->HelperSyscallSite(pid));
   STRETCH_ASSIGN_OR_RETURN(uffd::Pidfd pidfd, uffd::Pidfd::Open(pid));
-  // Descriptors only node 0 may use (see node_zero_fds_), traced on the other nodes.
-  std::vector<int> node_zero_fds;
-  if (agent->node().value() != 0) {
-    node_zero_fds_ = SharedOffsetFiles(pid);
-    stdin_shares_offset_ = node_zero_fds_.contains(0);
-    if (options_.stdin_elsewhere && !stdin_shares_offset_) node_zero_fds_[0] = stdin_link_;
-    for (const auto& [fd, link] : node_zero_fds_) node_zero_fds.push_back(fd);
-    std::sort(node_zero_fds.begin(), node_zero_fds.end());
-    if (node_zero_fds.size() > 64) {
-      LOG(WARNING) << "replica pid " << pid << ": " << node_zero_fds.size()
-                   << " files open with a shared offset; only the first 64 descriptors are "
-                      "kept to node 0, the others' offsets may differ between nodes";
-      node_zero_fds.resize(64);
+  // Descriptors whose calls are traced: files with a shared offset (every node, see
+  // FileOffsetService) and a standard input only node 0 can read (the others).
+  absl::flat_hash_map<int, std::string> offset_files = SharedOffsetFiles(pid);
+  std::vector<int> traced_fds;
+  for (const auto& [fd, link] : offset_files) traced_fds.push_back(fd);
+  if (agent->node().value() != 0 && options_.stdin_elsewhere && !offset_files.contains(0)) {
+    stdin_elsewhere_ = true;
+    traced_fds.push_back(STDIN_FILENO);
+  }
+  std::sort(traced_fds.begin(), traced_fds.end());
+  if (traced_fds.size() > kMaxFilterFds) {
+    LOG(WARNING) << "replica pid " << pid << ": " << traced_fds.size()
+                 << " files open with a shared offset; only the first " << kMaxFilterFds
+                 << " descriptors keep one offset for the cluster, the others' offsets may "
+                    "differ between nodes";
+    traced_fds.resize(kMaxFilterFds);
+    for (auto it = offset_files.begin(); it != offset_files.end();) {
+      auto next = std::next(it);
+      if (!std::binary_search(traced_fds.begin(), traced_fds.end(), it->first)) {
+        offset_files.erase(it);
+      }
+      it = next;
     }
   }
+  STRETCH_ASSIGN_OR_RETURN(file_offsets_, FileOffsetService::Start(agent, supervisor_.get(), pid,
+                                                                   std::move(offset_files)));
   UniqueFd seccomp_listener;
   STRETCH_RETURN_IF_ERROR(supervisor_->RunStopped(
       pid,
@@ -840,7 +849,7 @@ absl::Status Replica::Serve(
         STRETCH_ASSIGN_OR_RETURN(auto thread, uffd::RemoteThread::Adopt(tid));
         STRETCH_ASSIGN_OR_RETURN(seccomp_listener,
                                  InstallFilter(*thread, pidfd, helper_code, helper_syscall,
-                                               /*address_space=*/!options_.manual, node_zero_fds));
+                                               /*address_space=*/!options_.manual, traced_fds));
         return absl::OkStatus();
       },
       deadline));
@@ -901,7 +910,9 @@ Replica::~Replica() {
     address_space = std::move(address_space_);
   }
   address_space.reset();
+  if (file_offsets_) file_offsets_->Stop();  // it releases threads through the supervisor
   supervisor_.reset();
+  file_offsets_.reset();
   futexes_.reset();
 }
 
@@ -1054,6 +1065,7 @@ std::string Replica::StatsJsonFields() {
                     ",\"refused\":", s.refused.Get(), ",\"file_mappings\":", s.file_mappings.Get(),
                     ",\"change_mean_us\":", static_cast<uint64_t>(lat.MeanNs() / 1000), "}");
   }
+  if (file_offsets_) absl::StrAppend(&out, ",\"file_offset_calls\":", file_offsets_->calls());
   if (futexes_) {
     const FutexStats& f = futexes_->stats();
     absl::StrAppend(&out, ",\"futex\":{\"waits\":", f.waits.Get(), ",\"wakes\":", f.wakes.Get(),
@@ -1074,9 +1086,11 @@ bool Replica::OnSeccomp(pid_t tid) {
     EmulateSetAffinity(tid, regs);
     return false;
   }
-  if (std::find(std::begin(kNodeZeroCalls), std::end(kNodeZeroCalls), regs.orig_rax) !=
-      std::end(kNodeZeroCalls)) {
-    OnNodeZeroCall(tid, regs);
+  const std::vector<int> file_calls = FileOffsetService::TracedCalls();
+  if (std::find(file_calls.begin(), file_calls.end(), static_cast<int>(regs.orig_rax)) !=
+      file_calls.end()) {
+    if (file_offsets_->OnSyscall(tid, ThreadOf(tid), regs)) return true;
+    if (stdin_elsewhere_ && regs.rdi == STDIN_FILENO) OnStdinRead(tid, regs);
     return false;
   }
   if (regs.orig_rax == SYS_tgkill || regs.orig_rax == SYS_tkill) {
@@ -1106,49 +1120,21 @@ bool Replica::OnSeccomp(pid_t tid) {
   return address_space_ != nullptr && address_space_->OnSyscall(tid, regs);
 }
 
-void Replica::OnNodeZeroCall(pid_t tid, const struct user_regs_struct& regs) {
-  const int fd = static_cast<int>(regs.rdi);
-  auto it = node_zero_fds_.find(fd);
-  if (it == node_zero_fds_.end()) return;
-  char link[4096];
-  const ssize_t n =
-      readlink(absl::StrCat("/proc/", pid_, "/fd/", fd).c_str(), link, sizeof(link) - 1);
-  // The program has made the descriptor something else since (closed it, opened another
-  // file): that one is this node's own.
-  if (n <= 0 || std::string(link, n) != it->second) return;
-  const bool stdin_read = fd == 0 && options_.stdin_elsewhere && regs.orig_rax != SYS_write &&
-                          regs.orig_rax != SYS_writev && regs.orig_rax != SYS_lseek;
-  // pread and preadv name their offset: a file's (not standard input's) is no shared state.
-  const bool positioned =
-      regs.orig_rax == SYS_pread64 || regs.orig_rax == SYS_preadv || regs.orig_rax == SYS_preadv2;
-  // Standard input that is not a file with an offset (a pipe): only its reads matter.
-  if (!stdin_read && ((fd == 0 && !stdin_shares_offset_) || positioned)) return;
-  pid_t inner = 0;
-  {
-    absl::MutexLock l(&mu_);
-    if (auto t = inner_tid_.find(tid); t != inner_tid_.end()) inner = t->second;
-  }
-  if (inner == 0) {
-    auto in = InnermostTid(tid);
-    inner = in.ok() ? *in : tid;
-  }
-  const unsigned node = agent_->node().value();
-  if (stdin_read) {
-    FailAndKill(absl::FailedPreconditionError(absl::StrCat(
-        "thread ", inner, " read the program's standard input on node ", node,
-        "; only node 0's threads can read it (Stretch passes it to node 0's replica): run the "
-        "program with its input in a file it opens itself, or with --placement=static "
-        "--migrate_threads excluding that thread")));
+void Replica::OnStdinRead(pid_t tid, const struct user_regs_struct& regs) {
+  if (regs.orig_rax != SYS_read && regs.orig_rax != SYS_readv && regs.orig_rax != SYS_preadv2) {
     return;
   }
+  char link[4096];
+  const ssize_t n = readlink(absl::StrCat("/proc/", pid_, "/fd/0").c_str(), link, sizeof(link) - 1);
+  // The program has made fd 0 something else since (closed it, opened another file): that
+  // one is this node's own.
+  if (n <= 0 || std::string(link, n) != stdin_link_) return;
   FailAndKill(absl::FailedPreconditionError(absl::StrCat(
-      "thread ", inner, " ", regs.orig_rax == SYS_lseek ? "moved the offset of" : "used", " ",
-      it->second, " (fd ", fd, ") on node ", node,
-      "; the program opened it before its migration point and every node has its own copy of "
-      "its file offset, so only node 0's threads may read, write or seek it (Stretch stopped "
-      "the run rather than let the nodes' offsets diverge): use --placement=static "
+      "thread ", ThreadOf(tid).value(), " read the program's standard input on node ",
+      agent_->node().value(),
+      "; only node 0's threads can read it (Stretch passes it to node 0's replica): run the "
+      "program with its input in a file it opens itself, or with --placement=static "
       "--migrate_threads excluding that thread")));
-  return;
 }
 
 void Replica::FailAndKill(absl::Status why) {

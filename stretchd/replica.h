@@ -41,6 +41,7 @@
 #include "migrate/subprocess.h"
 #include "migrate/thread_supervisor.h"
 #include "stretchd/address_space_service.h"
+#include "stretchd/file_offset_service.h"
 #include "stretchd/futex_service.h"
 
 namespace stretch {
@@ -148,9 +149,9 @@ class Replica {
   bool OnSeccomp(pid_t tid);
   // A thread is at the entry of exit(): publish its exit cluster-wide (see replica.cc).
   void OnThreadExitCall(pid_t tid);
-  // Tracer thread: `tid` is at the entry of a call on one of node_zero_fds_ on a node other
-  // than 0 (a read of standard input, a read, write or seek through a shared file offset).
-  void OnNodeZeroCall(pid_t tid, const struct user_regs_struct& regs);
+  // Tracer thread: `tid` is at the entry of a call on fd 0 on a node other than 0, whose
+  // standard input is node 0's: a read stops the run (see ReplicaOptions::stdin_key).
+  void OnStdinRead(pid_t tid, const struct user_regs_struct& regs);
   // Kills the replica; failure() says why.
   void FailAndKill(absl::Status why);
   // The end of a restore, both modes: attaches `ranges` to the agent through `uffd`, sends
@@ -200,11 +201,12 @@ class Replica {
   absl::Status failure_ ABSL_GUARDED_BY(mu_);
   // What the program's fd 0 was at restore (/proc/PID/fd/0).
   std::string stdin_link_;
-  // Descriptors only node 0 may use, with what they were at restore: standard input (when it
-  // is node 0's) and regular files opened before the migration point without O_APPEND, whose
-  // file offset every replica has its own copy of. Set before the filter; read-only after.
-  absl::flat_hash_map<int, std::string> node_zero_fds_;
-  bool stdin_shares_offset_ = false;            // fd 0 is one of SharedOffsetFiles
+  // The shared file offsets (files opened before the migration point). Set before the
+  // program runs; the tracer uses it until the supervisor is gone.
+  std::unique_ptr<FileOffsetService> file_offsets_;
+  // Standard input is node 0's and not a file: reads of fd 0 here stop the run. Set before
+  // the filter; read-only after.
+  bool stdin_elsewhere_ = false;
   bool attached_ ABSL_GUARDED_BY(mu_) = false;  // memory is coherent: exits may be published
   int created_ ABSL_GUARDED_BY(mu_) = 0;        // threads created since attached_
   // Threads this node runs: tid in the program's namespace -> ours.

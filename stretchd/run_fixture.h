@@ -28,11 +28,19 @@ struct Outcome {
   std::string out, err;
 };
 
+// Runs `argv` with `stdin_path` as its standard input (empty: /dev/null), through a pipe fed
+// by cat with `stdin_pipe`.
 inline Outcome RunCommand(const std::vector<std::string>& argv, const std::string& dir,
-                          const std::string& name, const std::string& stdin_path = "") {
+                          const std::string& name, const std::string& stdin_path = "",
+                          bool stdin_pipe = false) {
   SubprocessOptions o;
   o.argv = argv;
   o.stdin_path = stdin_path;
+  if (stdin_pipe && !stdin_path.empty()) {
+    o.argv = {"/bin/sh", "-c", "cat \"$0\" | exec \"$@\"", stdin_path};
+    o.argv.insert(o.argv.end(), argv.begin(), argv.end());
+    o.stdin_path.clear();
+  }
   o.stdout_path = absl::StrCat(dir, "/", name, ".out");
   o.stderr_path = absl::StrCat(dir, "/", name, ".err");
   auto st = RunToCompletion(o, absl::Now() + absl::Seconds(120));
@@ -48,7 +56,7 @@ class RunFixture : public ::testing::Test {
                                    const std::vector<std::string>& flags = {}) {
     static int n = 0;
     std::string name = absl::StrCat("run", n++);
-    Outcome native = RunCommand(prog, dir_.path(), name + "-native", stdin_path_);
+    Outcome native = RunCommand(prog, dir_.path(), name + "-native", stdin_path_, stdin_pipe_);
     std::vector<std::string> argv = {
         Runfile("stretchd/stretchd"), "run", "--nodes=2",
         absl::StrCat("--stats_json=", dir_.path(), "/", name, ".json")};
@@ -64,7 +72,7 @@ class RunFixture : public ::testing::Test {
     }
     argv.push_back("--");
     argv.insert(argv.end(), prog.begin(), prog.end());
-    Outcome stretch = RunCommand(argv, dir_.path(), name + "-stretch", stdin_path_);
+    Outcome stretch = RunCommand(argv, dir_.path(), name + "-stretch", stdin_path_, stdin_pipe_);
     last_stats_ = testing::ReadFileOrEmpty(absl::StrCat(dir_.path(), "/", name, ".json"));
     return {native, stretch};
   }
@@ -99,8 +107,10 @@ class RunFixture : public ::testing::Test {
 
   testing::TempDir dir_;
   std::string last_stats_;
-  // Both(): the programs' standard input (empty: /dev/null).
+  // Both(): the programs' standard input (empty: /dev/null), a file or (stdin_pipe_) a pipe
+  // that file is written into.
   std::string stdin_path_;
+  bool stdin_pipe_ = false;
 };
 
 }  // namespace stretch::testing
