@@ -57,6 +57,8 @@ const char* Name(MessageType t) {
       return "FileOffset";
     case MessageType::kFileOffsetReply:
       return "FileOffsetReply";
+    case MessageType::kThreadCreated:
+      return "ThreadCreated";
   }
   return nullptr;
 }
@@ -360,6 +362,13 @@ void Fields(V& v, M& m) requires std::is_same_v<std::remove_const_t<M>, FileOffs
   v(m.position, "position");
 }
 
+template <typename V, typename M>
+void Fields(V& v, M& m) requires std::is_same_v<std::remove_const_t<M>, ThreadCreated> {
+  v(m.thread, "thread");
+  v(m.node, "node");
+  v(m.clear_tid, "clear_tid");
+}
+
 template <typename T>
 constexpr MessageType kTypeOf = [] {
   if constexpr (std::is_same_v<T, Hello>) return MessageType::kHello;
@@ -384,6 +393,7 @@ constexpr MessageType kTypeOf = [] {
   if constexpr (std::is_same_v<T, Launch>) return MessageType::kLaunch;
   if constexpr (std::is_same_v<T, FileOffset>) return MessageType::kFileOffset;
   if constexpr (std::is_same_v<T, FileOffsetReply>) return MessageType::kFileOffsetReply;
+  if constexpr (std::is_same_v<T, ThreadCreated>) return MessageType::kThreadCreated;
 }();
 
 // Counts payload bytes.
@@ -699,6 +709,16 @@ absl::Status Validate(const FileOffset& m) {
   return absl::OkStatus();
 }
 absl::Status Validate(const FileOffsetReply&) { return absl::OkStatus(); }
+absl::Status Validate(const ThreadCreated& m) {
+  if (m.thread.value() == 0 || m.thread.value() > static_cast<uint32_t>(INT32_MAX)) {
+    return Invalid("ThreadCreated", absl::StrFormat("thread id %u", m.thread.value()));
+  }
+  if (m.clear_tid >= kUserAddressLimit || (m.clear_tid & 3) != 0) {
+    return Invalid("ThreadCreated",
+                   absl::StrFormat("clear_tid 0x%x is not an aligned user address", m.clear_tid));
+  }
+  return CheckEndpoint("ThreadCreated", "node", m.node);
+}
 absl::Status Validate(const Heartbeat&) { return absl::OkStatus(); }
 absl::Status Validate(const Error& m) {
   if (m.code > static_cast<uint32_t>(absl::StatusCode::kUnauthenticated)) {
@@ -896,6 +916,8 @@ absl::StatusOr<Message> Decode(absl::Span<const uint8_t> frame) {
       return DecodeAs<FileOffset>(payload);
     case MessageType::kFileOffsetReply:
       return DecodeAs<FileOffsetReply>(payload);
+    case MessageType::kThreadCreated:
+      return DecodeAs<ThreadCreated>(payload);
   }
   return absl::InvalidArgumentError(
       absl::StrFormat("wire: unknown message type %d", static_cast<int>(frame[5])));

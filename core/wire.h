@@ -74,6 +74,7 @@ enum class MessageType : uint8_t {
   kLaunch = 21,
   kFileOffset = 22,
   kFileOffsetReply = 23,
+  kThreadCreated = 24,
 };
 // Name of a value, or nullptr if it is not a MessageType (used to validate input).
 const char* Name(MessageType t);
@@ -178,6 +179,15 @@ struct ThreadControl {
   NodeId node;
   ThreadAction action = ThreadAction::kRun;
   int32_t status = 0;
+};
+
+// Node -> server -> every other node (automatic mode): the program created `thread` on `node`
+// after the migration point. Every other node makes a parked copy of it with the same thread
+// id, so that placement can move it there like the threads of the checkpoint.
+struct ThreadCreated {
+  ThreadId thread;
+  NodeId node;
+  uint64_t clear_tid = 0;  // where its tid is cleared at exit (CLONE_CHILD_CLEARTID), or 0
 };
 
 // The cluster-wide futex table at the server. A node sends kWait before it checks the
@@ -362,7 +372,7 @@ using Message =
     std::variant<Hello, HelloReply, CoherenceMsg, RegionAttach, RegionAttachReply, RegionAnnounce,
                  ThreadControl, Futex, FutexReply, AddressSpace, StatsRequest, StatsReply,
                  Heartbeat, Error, Exit, Peers, PageSeed, PagesHeld, PagesHeldReply, Launch,
-                 FileOffset, FileOffsetReply>;
+                 FileOffset, FileOffsetReply, ThreadCreated>;
 
 MessageType TypeOf(const Message& m);
 // The type a frame's header claims (nullopt if the frame is shorter than a header or its

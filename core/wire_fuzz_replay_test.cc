@@ -53,7 +53,8 @@ std::vector<std::vector<uint8_t>> Seeds() {
                                Launch{LaunchOp::kFile, 4096, "core-1.img", "abc"},
                                FileOffset{FileOffsetOp::kRead, ThreadId(2), 1, 3, 16, 64, 0, 0,
                                           4096},
-                               FileOffsetReply{1, 16}};
+                               FileOffsetReply{1, 16},
+                               ThreadCreated{ThreadId(7), NodeId(1), 0x10000}};
   std::vector<std::vector<uint8_t>> out;
   for (const auto& m : msgs) out.push_back(Encode(m));
   return out;

@@ -345,7 +345,7 @@ TEST(WireTest, EveryTruncationIsRejected) {
 }
 
 TEST(WireTest, NamesCoverEveryValue) {
-  for (int i = 1; i <= 23; ++i) {
+  for (int i = 1; i <= 24; ++i) {
     if (i == 3) continue;  // retired (was AuthProof)
     EXPECT_NE(Name(static_cast<MessageType>(i)), nullptr) << i;
   }
@@ -353,7 +353,7 @@ TEST(WireTest, NamesCoverEveryValue) {
   std::vector<uint8_t> retired = Encode(Hello{});
   retired[5] = 3;  // the type byte: AuthProof's old number is an unknown type now
   EXPECT_EQ(DecodeStatus(retired).code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(Name(static_cast<MessageType>(24)), nullptr);
+  EXPECT_EQ(Name(static_cast<MessageType>(25)), nullptr);
   for (int i = 1; i <= 3; ++i) EXPECT_NE(Name(static_cast<FileOffsetOp>(i)), nullptr) << i;
   EXPECT_EQ(Name(static_cast<FileOffsetOp>(4)), nullptr);
   for (int i = 1; i <= 13; ++i) EXPECT_NE(Name(static_cast<CohOp>(i)), nullptr) << i;
@@ -415,6 +415,23 @@ TEST(WireTest, FileOffsetRoundTripAndLimits) {
   frame = Encode(m);
   frame[kHeaderSize + 52] = 0x80;
   EXPECT_THAT(DecodeStatus(frame).message(), HasSubstr("beyond INT64_MAX"));
+}
+
+TEST(WireTest, ThreadCreatedRoundTripAndLimits) {
+  ThreadCreated m{ThreadId(1234), NodeId(1), 0x7f0000001000};
+  auto out = Decode(Encode(m));
+  ASSERT_TRUE(out.ok()) << out.status();
+  const auto& t = std::get<ThreadCreated>(*out);
+  EXPECT_EQ(t.thread, ThreadId(1234));
+  EXPECT_EQ(t.node, NodeId(1));
+  EXPECT_EQ(t.clear_tid, 0x7f0000001000u);
+  // Patched frames (payload: thread 4, node 4, clear_tid 8): thread 0, a misaligned clear_tid.
+  auto frame = Encode(m);
+  std::memset(&frame[kHeaderSize], 0, 4);
+  EXPECT_THAT(DecodeStatus(frame).message(), HasSubstr("thread id 0"));
+  frame = Encode(m);
+  frame[kHeaderSize + 8] = 0x02;
+  EXPECT_THAT(DecodeStatus(frame).message(), HasSubstr("not an aligned user address"));
 }
 
 TEST(WireTest, AddressSpaceCarriesAFilesPathOnlyForAnMmap) {

@@ -507,6 +507,11 @@ class NodeAgent::Impl {
     return helper->remote_syscall_site();
   }
 
+  absl::StatusOr<uffd::InvalidationHelper::ScratchArea> HelperScratch(pid_t pid) const {
+    STRETCH_ASSIGN_OR_RETURN(uffd::InvalidationHelper * helper, HelperOf(pid));
+    return helper->Scratch();
+  }
+
   void SetThreadControlHandler(std::function<void(const wire::ThreadControl&)> handler) {
     absl::MutexLock l(&handlers_mu_);
     handlers_.thread = std::move(handler);
@@ -530,6 +535,11 @@ class NodeAgent::Impl {
   void SetFileOffsetReplyHandler(std::function<void(const wire::FileOffsetReply&)> handler) {
     absl::MutexLock l(&handlers_mu_);
     handlers_.file_offset = std::move(handler);
+  }
+
+  void SetThreadCreatedHandler(std::function<void(const wire::ThreadCreated&)> handler) {
+    absl::MutexLock l(&handlers_mu_);
+    handlers_.thread_created = std::move(handler);
   }
 
   void SetLaunchHandler(std::function<void(PeerId, const wire::Launch&)> on_message,
@@ -1454,6 +1464,11 @@ class NodeAgent::Impl {
       if (auto handler = handlers().futex) handler(*reply);
       return;
     }
+    if (auto* created = std::get_if<wire::ThreadCreated>(&*decoded)) {
+      if (peer != server_) return;
+      if (auto handler = handlers().thread_created) handler(*created);
+      return;
+    }
     if (auto* reply = std::get_if<wire::FileOffsetReply>(&*decoded)) {
       if (peer != server_) return;
       if (auto handler = handlers().file_offset) handler(*reply);
@@ -1757,6 +1772,7 @@ class NodeAgent::Impl {
   struct Handlers {
     std::function<void(const wire::FutexReply&)> futex;
     std::function<void(const wire::FileOffsetReply&)> file_offset;
+    std::function<void(const wire::ThreadCreated&)> thread_created;
     std::function<void(const wire::ThreadControl&)> thread;
     std::function<void(const wire::AddressSpace&)> address_space;
     std::function<void(PeerId, const wire::Launch&)> launch;
@@ -1834,6 +1850,9 @@ absl::StatusOr<int64_t> NodeAgent::HelperSyscall(pid_t pid, int64_t nr,
 absl::StatusOr<uintptr_t> NodeAgent::HelperSyscallSite(pid_t pid) const {
   return impl_->HelperSyscallSite(pid);
 }
+absl::StatusOr<uffd::InvalidationHelper::ScratchArea> NodeAgent::HelperScratch(pid_t pid) const {
+  return impl_->HelperScratch(pid);
+}
 void NodeAgent::SetThreadControlHandler(std::function<void(const wire::ThreadControl&)> h) {
   impl_->SetThreadControlHandler(std::move(h));
 }
@@ -1842,6 +1861,9 @@ void NodeAgent::SetAddressSpaceHandler(std::function<void(const wire::AddressSpa
 }
 void NodeAgent::SetFutexReplyHandler(std::function<void(const wire::FutexReply&)> h) {
   impl_->SetFutexReplyHandler(std::move(h));
+}
+void NodeAgent::SetThreadCreatedHandler(std::function<void(const wire::ThreadCreated&)> h) {
+  impl_->SetThreadCreatedHandler(std::move(h));
 }
 void NodeAgent::SetFileOffsetReplyHandler(std::function<void(const wire::FileOffsetReply&)> h) {
   impl_->SetFileOffsetReplyHandler(std::move(h));

@@ -46,6 +46,7 @@
 #include "core/unique_fd.h"
 #include "core/wire.h"
 #include "transport/fault_injecting_transport.h"
+#include "uffd/invalidate.h"
 #include "transport/transport.h"
 
 namespace stretch::uffd {
@@ -162,6 +163,8 @@ class NodeAgent {
   absl::StatusOr<int64_t> HelperSyscall(pid_t pid, int64_t nr, const std::array<uint64_t, 6>& args);
   // A `syscall` instruction in the invalidation helper's code, whose calls bypass the filter.
   absl::StatusOr<uintptr_t> HelperSyscallSite(pid_t pid) const;
+  // The invalidation helper's scratch memory in `pid` (uffd::InvalidationHelper::Scratch).
+  absl::StatusOr<uffd::InvalidationHelper::ScratchArea> HelperScratch(pid_t pid) const;
 
   // An address-space change (wire.h) made in attached process `pid` already, by it or by a
   // replay: new ranges are registered and served, unmapped pages forgotten (they are zeros
@@ -194,6 +197,8 @@ class NodeAgent {
   // Where FutexReply messages from the server go (called on the network thread; must not
   // block). Set it before any futex message is sent.
   void SetFutexReplyHandler(std::function<void(const wire::FutexReply&)> handler);
+  // Where ThreadCreated messages from the server go (the same rules).
+  void SetThreadCreatedHandler(std::function<void(const wire::ThreadCreated&)> handler);
   // Where FileOffsetReply messages go (the same rules).
   void SetFileOffsetReplyHandler(std::function<void(const wire::FileOffsetReply&)> handler);
 

@@ -316,6 +316,7 @@ std::vector<Template> Templates(const std::string& peer_address) {
   add("Launch control", wire::Launch{wire::LaunchOp::kControl, 0, "", "go"});
   add("Launch file", wire::Launch{wire::LaunchOp::kFile, 0, "../x", "abc"});
   add("FileOffsetReply", wire::FileOffsetReply{1, 16});
+  add("ThreadCreated", wire::ThreadCreated{ThreadId(7), NodeId(0), kHighShared});
   add("FileOffset", wire::FileOffset{wire::FileOffsetOp::kWrite, ThreadId(1), 1, 3, 0, 8, 0, 0, 0});
   return msgs;
 }

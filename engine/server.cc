@@ -305,6 +305,11 @@ class DirectoryServer::Impl {
       OnPagesHeld(peer, *id, *held);
     } else if (auto* as = std::get_if<wire::AddressSpace>(&m)) {
       OnAddressSpace(peer, *id, *as);
+    } else if (auto* created = std::get_if<wire::ThreadCreated>(&m)) {
+      // Every other node makes its parked copy of the thread.
+      for (const auto& [other, n] : nodes_) {
+        if (n.alive && other != *id) SendTo(n.peer, *created);
+      }
     } else if (auto* tc = std::get_if<wire::ThreadControl>(&m);
                tc != nullptr && (tc->action == wire::ThreadAction::kSignal ||
                                  tc->action == wire::ThreadAction::kExited)) {

@@ -87,6 +87,7 @@ std::vector<std::vector<uint8_t>> Templates() {
   seek.offset = -8;
   seek.whence = SEEK_END;
   msgs.push_back(seek);
+  msgs.push_back(wire::ThreadCreated{ThreadId(7), NodeId(1), 0x10000000});
   wire::AddressSpace lock;
   lock.op = wire::AddressSpaceOp::kLock;
   lock.seq = 1;

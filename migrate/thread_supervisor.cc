@@ -35,7 +35,17 @@ namespace {
 
 // A request from another thread, completed on the tracer thread.
 struct Command {
-  enum Kind { kAttach, kResume, kPark, kRunStopped, kRelease, kTraceSyscalls, kDetach, kShutdown };
+  enum Kind {
+    kAttach,
+    kResume,
+    kPark,
+    kRunStopped,
+    kRelease,
+    kTraceSyscalls,
+    kAdopt,
+    kDetach,
+    kShutdown
+  };
   Kind kind;
   pid_t tid = 0;
   std::function<absl::Status(pid_t)> fn;
@@ -216,6 +226,8 @@ class ThreadSupervisor::Impl {
         return "release";
       case Command::kTraceSyscalls:
         return "trace-syscalls";
+      case Command::kAdopt:
+        return "adopt";
       case Command::kDetach:
         return "detach";
       case Command::kShutdown:
@@ -335,6 +347,17 @@ class ThreadSupervisor::Impl {
   void Execute(const std::shared_ptr<Command>& c) ABSL_EXCLUSIVE_LOCKS_REQUIRED(state_mu_) {
     if (c->kind == Command::kAttach) return AttachAll(c);
     if (c->kind == Command::kDetach) return DetachAll(c);
+    if (c->kind == Command::kAdopt) {
+      if (threads_.contains(c->tid) || leader_gone_) {
+        c->Complete(absl::FailedPreconditionError(absl::StrCat("cannot adopt thread ", c->tid)));
+        return;
+      }
+      Thread& t = threads_[c->tid];
+      t.stopped = true;
+      t.want_running = false;
+      c->Complete(absl::OkStatus());
+      return;
+    }
     auto it = threads_.find(c->tid);
     if (it == threads_.end()) {
       c->Complete(absl::NotFoundError(
@@ -674,6 +697,13 @@ absl::Status ThreadSupervisor::RunStopped(pid_t tid, std::function<absl::Status(
   c->kind = Command::kRunStopped;
   c->tid = tid;
   c->fn = std::move(fn);
+  return impl_->Run(c, deadline);
+}
+
+absl::Status ThreadSupervisor::AdoptStopped(pid_t tid, absl::Time deadline) {
+  auto c = std::make_shared<Command>();
+  c->kind = Command::kAdopt;
+  c->tid = tid;
   return impl_->Run(c, deadline);
 }
 

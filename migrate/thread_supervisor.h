@@ -105,6 +105,11 @@ class ThreadSupervisor {
   // state. `fn` may use ptrace on tid (it is in a ptrace-stop).
   absl::Status RunStopped(pid_t tid, std::function<absl::Status(pid_t)> fn, absl::Time deadline);
 
+  // Takes over thread `tid` of the replica, which the tracer thread already traces and which
+  // is in a ptrace-stop (a clone injected from RunStopped with RemoteThread::KeepClones): it
+  // is parked like the others from now on. No on_clone for it.
+  absl::Status AdoptStopped(pid_t tid, absl::Time deadline);
+
   // Ends the hold of a thread that on_seccomp held; it then runs or stays parked as wanted.
   // With `result`, the held call is skipped and returns that value (the caller made it).
   absl::Status Release(pid_t tid, absl::Time deadline,

@@ -950,6 +950,56 @@ static int RunLauncherOn(const LaunchOptions& o, const std::vector<ClusterNode>&
     probe_backoff *= 2;
     next_probe = now + probe_backoff;
   };
+  // Threads the program created after the migration point run where they were created
+  // (every node has a copy of them: Replica). While the threads are spread, a node running at
+  // least two threads more than another gives its newest such threads to the one with fewest,
+  // half the difference, as the migration spread the first ones. True if threads moved.
+  auto place_new_threads = [&](const std::vector<NodeCounters>& c) -> bool {
+    auto counts = [&]() {
+      std::pair<int, int> most{-1, -1}, fewest{-1, INT32_MAX};
+      for (int i = 0; i < o.nodes; ++i) {
+        if (agents[i].done) continue;
+        if (c[i].threads > most.second) most = {i, c[i].threads};
+        if (c[i].threads < fewest.second) fewest = {i, c[i].threads};
+      }
+      return std::pair{most, fewest};
+    };
+    auto [most, fewest] = counts();
+    if (most.first < 0 || fewest.first < 0 || most.second - fewest.second < 2) return false;
+    std::vector<std::vector<int>> now = where_all();
+    // Only threads created after the migration point; the others are where placement put them.
+    std::vector<int> from;
+    for (int tid : now[most.first]) {
+      if (std::find(origin->threads.begin(), origin->threads.end(), tid) == origin->threads.end()) {
+        from.push_back(tid);
+      }
+    }
+    if (from.empty()) return false;
+    std::sort(from.begin(), from.end());
+    const int move = (static_cast<int>(from.size()) - static_cast<int>(now[fewest.first].size())) / 2;
+    if (move <= 0) return false;
+    int moved = 0, failed = 0;
+    std::string moves;
+    for (int k = 0; k < move && !from.empty(); ++k) {
+      const int tid = from.back();
+      from.pop_back();
+      const bool ok = absl::StartsWith(migrate(tid, fewest.first), "ok");
+      ok ? ++moved : ++failed;
+      absl::StrAppend(&moves, moves.empty() ? "" : ",",
+                      absl::StrFormat(R"({"thread":%d,"from":%d,"to":%d,"moved":%s})", tid,
+                                      most.first, fewest.first, ok ? "true" : "false"));
+    }
+    const std::string reason =
+        absl::StrFormat("node %d ran %d threads, node %d %d: the newest went to node %d",
+                        most.first, most.second, fewest.first, fewest.second, fewest.first);
+    std::fprintf(stderr, "stretchd run: placement: placing new threads: %s\n", reason.c_str());
+    decisions_json.push_back(absl::StrFormat(
+        R"({"t_ms":%.0f,"action":"place_new_threads","moves":[%s],"threads_moved":%d,)"
+        R"("threads_not_moved":%d,"reason":"%s"})",
+        absl::ToDoubleMilliseconds(absl::Now() - run_start), moves, moved, failed, reason));
+    if (moved > 0) assign_cores(where_all(), last_graph);
+    return moved > 0;
+  };
   auto sample_placement = [&]() {
     std::vector<NodeCounters> c(o.nodes);
     if (!read_cpu(c)) {
@@ -1015,6 +1065,10 @@ static int RunLauncherOn(const LaunchOptions& o, const std::vector<ClusterNode>&
     }
     if (consolidated) {
       watch_consolidated(now, cores, waiting, threads, fewer_threads);
+      return;
+    }
+    if (!probing && place_new_threads(c)) {
+      rebaseline();
       return;
     }
     if (probing) {

@@ -215,5 +215,27 @@ TEST_F(ProgramShapesTest, AFileOffsetIsOneForTheCluster) {
   EXPECT_NATIVE_AND_DISTRIBUTED(native, stretch);
 }
 
+// Workers created per phase, after the migration point, by main on node 0: every other node
+// makes a parked copy of each, placement gives node 1 the newest when node 0 runs two more
+// threads than it, and each copy ends when its thread has exited where it ran.
+TEST_F(ProgramShapesTest, ThreadsCreatedAfterTheMigrationAreSpread) {
+  auto [native, stretch] = Both({Program("late_threads"), "3"}, {"--default_placement"});
+  EXPECT_THAT(native.out, ::testing::HasSubstr("phase 2:"));
+  EXPECT_NATIVE_AND_DISTRIBUTED(native, stretch);
+  EXPECT_THAT(last_stats_, ::testing::HasSubstr("\"action\":\"place_new_threads\""));
+  EXPECT_THAT(last_stats_, ::testing::HasSubstr("\"moved\":true"));
+  const std::vector<int64_t> copies = Numbers("thread_copies");  // node 0, node 1
+  ASSERT_EQ(copies.size(), 2u) << last_stats_;
+  EXPECT_EQ(copies[1], 4) << last_stats_;  // the workers of phases 1 and 2
+  const std::vector<int64_t> moved_in = Numbers("threads_moved_in");
+  ASSERT_EQ(moved_in.size(), 2u) << last_stats_;
+  EXPECT_GE(moved_in[1], 2) << last_stats_;  // one per phase at least
+  const std::vector<int64_t> ended = Numbers("thread_copies_ended");
+  ASSERT_EQ(ended.size(), 2u) << last_stats_;
+  // Every late thread's other copy, those of phase 1 at least (the last ones may still be
+  // ending when the program exits).
+  EXPECT_GE(ended[0] + ended[1], 2) << last_stats_;
+}
+
 }  // namespace
 }  // namespace stretch

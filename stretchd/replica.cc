@@ -40,6 +40,7 @@
 #include "migrate/origin.h"
 #include "migrate/seccomp_notify.h"
 #include "stretchd/address_space_service.h"
+#include "stretchd/thread_copy.h"
 #include "uffd/inject.h"
 #include "uffd/process.h"
 #include "uffd/takeover.h"
@@ -894,6 +895,12 @@ absl::Status Replica::Serve(
   }
   agent->SetThreadControlHandler(
       [self](const wire::ThreadControl& tc) { self->OnThreadControl(tc); });
+  if (!options_.manual) {
+    // Threads the program creates from now on have copies on every node.
+    copier_ = std::thread([self] { self->CopyLoop(); });
+    agent->SetThreadCreatedHandler(
+        [self](const wire::ThreadCreated& m) { self->OnThreadCreated(m); });
+  }
   LOG(INFO) << "replica pid " << pid << (options_.manual ? " (manual mode)" : "") << ": restored, "
             << ranges.size() << (options_.manual ? " shared ranges, " : " coherent ranges, ")
             << seeds.size() << " seeded, " << run_.size() << " of " << supervisor_->Threads().size()
@@ -902,7 +909,15 @@ absl::Status Replica::Serve(
 }
 
 Replica::~Replica() {
-  if (agent_ != nullptr) agent_->SetThreadControlHandler(nullptr);
+  if (agent_ != nullptr) {
+    agent_->SetThreadControlHandler(nullptr);
+    agent_->SetThreadCreatedHandler(nullptr);
+  }
+  {
+    absl::MutexLock l(&mu_);
+    copy_stop_ = true;
+  }
+  if (copier_.joinable()) copier_.join();
   if (supervisor_ && !supervisor_->ProcessExited()) Kill();
   std::unique_ptr<AddressSpaceService> address_space;
   {
@@ -952,13 +967,107 @@ void Replica::OnClone(pid_t parent, pid_t child) {
   }
   if (!(flags & CLONE_CHILD_CLEARTID)) ctid = 0;
   auto inner = InnermostTid(child);
-  absl::MutexLock l(&mu_);
-  ctid_[child] = ctid;
-  if (attached_) {
+  {
+    absl::MutexLock l(&mu_);
+    ctid_[child] = ctid;
+    if (!attached_) return;
     // Only threads that run here create threads here, which run here too.
     ++created_;
     if (inner.ok()) runs_here_[*inner] = child;
+    if (options_.manual || !inner.ok()) return;
+    late_.insert(child);
   }
+  // Every other node makes a parked copy, so that the thread can be placed anywhere.
+  wire::ThreadCreated m;
+  m.thread = ThreadId(static_cast<uint32_t>(*inner));
+  m.node = agent_->node();
+  m.clear_tid = ctid;
+  if (absl::Status s = agent_->SendToServer(m); !s.ok()) {
+    LOG(WARNING) << "replica pid " << pid_ << ": announcing thread " << *inner << ": " << s;
+  }
+}
+
+void Replica::OnThreadCreated(const wire::ThreadCreated& m) {
+  if (m.node == agent_->node()) return;
+  absl::MutexLock l(&mu_);
+  copy_work_.push_back(CopyWork{true, static_cast<pid_t>(m.thread.value()), m.clear_tid});
+}
+
+void Replica::CopyLoop() {
+  for (;;) {
+    CopyWork w;
+    {
+      absl::MutexLock l(&mu_);
+      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return copy_stop_ || exited_ || !copy_work_.empty();
+      };
+      mu_.Await(absl::Condition(&ready));
+      if (copy_stop_ || exited_) return;
+      w = copy_work_.front();
+      copy_work_.pop_front();
+    }
+    if (w.create) {
+      MakeCopy(w.inner, w.clear_tid);
+      continue;
+    }
+    const pid_t ours = OurTid(w.inner);
+    {
+      absl::MutexLock l(&mu_);
+      if (ours == 0 || !late_.contains(ours) || runs_here_.contains(w.inner)) continue;
+    }
+    absl::Status ended = EndCopy(agent_, supervisor_.get(), pid_, ours,
+                                 absl::Now() + absl::Seconds(10));
+    if (!ended.ok() && !absl::IsNotFound(ended)) {
+      LOG(WARNING) << "replica pid " << pid_ << ": ending the copy of thread " << w.inner
+                   << ": " << ended;
+      continue;
+    }
+    absl::MutexLock l(&mu_);
+    late_.erase(ours);
+    ++copies_ended_;
+  }
+}
+
+void Replica::MakeCopy(pid_t inner, uint64_t clear_tid) {
+  absl::Status last = absl::NotFoundError("no thread of the replica to clone it from");
+  if (OurTid(inner) == 0) {
+    // Clone from a thread that runs here first (its TLS is this node's to write: the kernel
+    // updates the rseq area of a thread it resumes), then a parked one, the leader first.
+    std::vector<pid_t> via = supervisor_->RunningThreads();
+    std::vector<pid_t> parked;
+    for (pid_t t : supervisor_->Threads()) {
+      if (std::find(via.begin(), via.end(), t) != via.end()) continue;
+      if (t == pid_) {
+        parked.insert(parked.begin(), t);
+      } else {
+        absl::MutexLock l(&mu_);
+        if (!late_.contains(t)) parked.push_back(t);
+      }
+    }
+    via.insert(via.end(), parked.begin(), parked.end());
+    for (pid_t t : via) {
+      absl::StatusOr<pid_t> copy =
+          CopyThread(agent_, supervisor_.get(), pid_, t, inner, absl::Now() + absl::Seconds(10));
+      if (!copy.ok()) {
+        last = copy.status();
+        // That thread was in the middle of a call Stretch handles, or exited: the next one.
+        if (absl::IsUnavailable(last) || absl::IsNotFound(last)) continue;
+        break;
+      }
+      absl::MutexLock l(&mu_);
+      ctid_[*copy] = clear_tid;
+      inner_tid_[*copy] = inner;
+      late_.insert(*copy);
+      copied_.insert(inner);
+      ++copies_made_;
+      return;
+    }
+    LOG_FIRST_N(WARNING, 5) << "replica pid " << pid_ << ": no copy here of thread " << inner
+                            << ", created on another node after the migration point: " << last
+                            << "; it can run only where it is";
+  }
+  absl::MutexLock l(&mu_);
+  copied_.insert(inner);
 }
 
 // The program pins threads to CPUs of the machine it started on (Phoenix does at every phase,
@@ -1038,6 +1147,14 @@ void Replica::OnThreadControl(const wire::ThreadControl& tc) {
     (void)agent_->HelperSyscall(pid_, SYS_futex, {ctid, FUTEX_WAKE, INT32_MAX, 0, 0, 0});
     return;
   }
+  if (tc.action == wire::ThreadAction::kExited) {
+    // Automatic mode: a thread created after the migration point ended where it ran; its
+    // copy here goes (after its copy was made, if that is still to come: one queue).
+    if (tc.node == agent_->node()) return;
+    absl::MutexLock l(&mu_);
+    copy_work_.push_back(CopyWork{false, static_cast<pid_t>(tc.thread.value()), 0});
+    return;
+  }
   if (tc.action != wire::ThreadAction::kSignal) return;
   absl::MutexLock l(&mu_);
   auto it = runs_here_.find(static_cast<pid_t>(tc.thread.value()));
@@ -1055,7 +1172,9 @@ int Replica::threads_created() {
 std::string Replica::StatsJsonFields() {
   absl::MutexLock l(&mu_);
   std::string out =
-      absl::StrCat("\"threads_run\":", run_.size() + created_, ",\"threads_created\":", created_);
+      absl::StrCat("\"threads_run\":", run_.size() + created_, ",\"threads_created\":", created_,
+                   ",\"threads_moved_in\":", moved_in_, ",\"thread_copies\":", copies_made_,
+                   ",\"thread_copies_ended\":", copies_ended_);
   if (address_space_) {
     const AddressSpaceStats& s = address_space_->stats();
     LatencyHistogram::Snapshot lat = s.change_latency.Snap();
@@ -1161,6 +1280,13 @@ absl::Status Replica::failure() {
 void Replica::OnThreadExitCall(pid_t tid) {
   struct user_regs_struct regs;
   if (ptrace(PTRACE_GETREGS, tid, 0, &regs) != 0 || regs.orig_rax != SYS_exit) return;
+  {
+    // It no longer runs here: placement neither counts nor moves it.
+    const ThreadId inner = ThreadOf(tid);
+    absl::MutexLock l(&mu_);
+    auto it = runs_here_.find(static_cast<pid_t>(inner.value()));
+    if (it != runs_here_.end() && it->second == tid) runs_here_.erase(it);
+  }
   if (options_.manual) {
     // The thread's descriptor is node-private memory: this kernel clears and wakes it here;
     // the other nodes are told, and do the same in their replicas (OnThreadControl).
@@ -1177,12 +1303,22 @@ void Replica::OnThreadExitCall(pid_t tid) {
     return;
   }
   uint64_t ctid;
+  bool late;
   {
     absl::MutexLock l(&mu_);
     if (!attached_ || exit_published_[tid]) return;
     exit_published_[tid] = true;
     auto it = ctid_.find(tid);
     ctid = it == ctid_.end() ? 0 : it->second;
+    late = late_.contains(tid);
+  }
+  if (late) {
+    // Its copies on the other nodes end (OnThreadControl there).
+    wire::ThreadControl tc;
+    tc.thread = ThreadOf(tid);
+    tc.node = agent_->node();
+    tc.action = wire::ThreadAction::kExited;
+    (void)agent_->SendToServer(tc);
   }
   if (ctid == 0) return;
   uint32_t zero = 0;
@@ -1294,12 +1430,21 @@ absl::Status Replica::MigrateIn(pid_t tid, const std::string& bytes) {
   if (offsetof(ThreadState, xstate) + state->xstate_len != bytes.size()) {
     return absl::InvalidArgumentError("thread state: inconsistent extended-state length");
   }
-  const pid_t ours = OurTid(tid);
+  pid_t ours = OurTid(tid);
+  if (ours == 0 && !options_.manual) {
+    // A thread created after the migration point: its copy may still be on its way.
+    absl::MutexLock l(&mu_);
+    auto copied = [this, tid]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return copied_.contains(tid) || exited_;
+    };
+    mu_.AwaitWithDeadline(absl::Condition(&copied), absl::Now() + absl::Seconds(5));
+  }
+  if (ours == 0) ours = OurTid(tid);
   if (ours == 0) {
-    return absl::NotFoundError(
-        absl::StrCat("thread ", tid,
-                     " does not exist on this node (threads created after migration exist "
-                     "only on the node that created them)"));
+    return absl::NotFoundError(absl::StrCat(
+        "thread ", tid,
+        " does not exist on this node (created on another node after the migration point, "
+        "and no copy of it could be made here: see the node's log)"));
   }
   {
     absl::MutexLock l(&mu_);
@@ -1327,6 +1472,7 @@ absl::Status Replica::MigrateIn(pid_t tid, const std::string& bytes) {
   {
     absl::MutexLock l(&mu_);
     runs_here_[tid] = ours;
+    ++moved_in_;
   }
   return supervisor_->Resume(ours, deadline);
 }

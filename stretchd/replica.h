@@ -26,8 +26,10 @@
 #include <sys/types.h>
 #include <sys/user.h>
 
+#include <deque>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -171,8 +173,15 @@ class Replica {
   // Tracer thread: sched_setaffinity(pid, len, mask) made by `tid`, emulated on this node's
   // CPUs.
   void EmulateSetAffinity(pid_t tid, struct user_regs_struct& regs);
-  // Network thread: a signal for a thread, sent by a node that does not run it.
+  // Network thread: a signal for a thread, sent by a node that does not run it; the exit of
+  // a thread created after the migration point (its copy here goes).
   void OnThreadControl(const wire::ThreadControl& tc);
+  // Network thread: another node created a thread; this node makes its parked copy.
+  void OnThreadCreated(const wire::ThreadCreated& tc);
+  // Copier thread: makes and ends copies of threads created after the migration point
+  // (thread_copy.h), in the order the server sent the news.
+  void CopyLoop();
+  void MakeCopy(pid_t inner, uint64_t clear_tid);
   // A thread was created: remember where the kernel would clear its tid at exit.
   void OnClone(pid_t parent, pid_t child);
   ThreadId ThreadOf(pid_t tid);
@@ -199,6 +208,23 @@ class Replica {
   absl::flat_hash_map<pid_t, bool> exit_published_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<pid_t, pid_t> inner_tid_ ABSL_GUARDED_BY(mu_);
   absl::Status failure_ ABSL_GUARDED_BY(mu_);
+  // Our tids of the threads created after the migration point: here, or copies of threads
+  // created elsewhere. Such a thread's copies end when it exits where it runs.
+  absl::flat_hash_set<pid_t> late_ ABSL_GUARDED_BY(mu_);
+  // Copier work: create a copy of `inner` (clear_tid: its tid word) or end it.
+  struct CopyWork {
+    bool create = true;
+    pid_t inner = 0;
+    uint64_t clear_tid = 0;
+  };
+  std::deque<CopyWork> copy_work_ ABSL_GUARDED_BY(mu_);
+  bool copy_stop_ ABSL_GUARDED_BY(mu_) = false;
+  // Program tids whose copy was made (or could not be): MigrateIn waits for them.
+  absl::flat_hash_set<pid_t> copied_ ABSL_GUARDED_BY(mu_);
+  int copies_made_ ABSL_GUARDED_BY(mu_) = 0;
+  int copies_ended_ ABSL_GUARDED_BY(mu_) = 0;
+  int moved_in_ ABSL_GUARDED_BY(mu_) = 0;  // MigrateIn calls that succeeded
+  std::thread copier_;
   // What the program's fd 0 was at restore (/proc/PID/fd/0).
   std::string stdin_link_;
   // The shared file offsets (files opened before the migration point). Set before the

@@ -227,13 +227,14 @@ absl::StatusOr<int> RemoteThread::WaitStop(pid_t tid, absl::Time deadline) {
 }
 
 void RemoteThread::DetachClone(pid_t child, absl::Time deadline) {
-  // An auto-attached child reports one stop first; after it, detaching lets it run.
+  // An auto-attached child reports one stop first; after it, detaching lets it run (or it
+  // stays in that stop: KeepClones).
   absl::StatusOr<int> st = WaitFor(child, deadline);
   if (!st.ok()) {
     LOG(WARNING) << "thread " << child
                  << " created by an injected clone did not report: " << st.status();
   }
-  ptrace(PTRACE_DETACH, child, nullptr, nullptr);
+  if (!keep_clones_) ptrace(PTRACE_DETACH, child, nullptr, nullptr);
   cloned_.push_back(child);
 }
 

@@ -84,8 +84,11 @@ class RemoteThread {
   absl::StatusOr<struct user_regs_struct> RunUntilTrap(const struct user_regs_struct& regs,
                                                        absl::Duration timeout = absl::Seconds(1));
 
-  // Threads that injected clone()s created and that were detached (see above).
+  // Threads that injected clone()s created and that were detached (see above), or, after
+  // KeepClones(), left in their first ptrace-stop, traced by this thread (the caller takes
+  // them over).
   const std::vector<pid_t>& cloned_threads() const { return cloned_; }
+  void KeepClones() { keep_clones_ = true; }
 
  private:
   RemoteThread(pid_t tid, pid_t tgid, bool seized);
@@ -110,6 +113,7 @@ class RemoteThread {
   uintptr_t site_ = 0;
   std::vector<int> stashed_signals_;
   std::vector<pid_t> cloned_;
+  bool keep_clones_ = false;
   bool broken_ = false;  // A call failed half-way: registers may not be restored.
 };
 

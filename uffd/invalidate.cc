@@ -42,7 +42,8 @@ struct HelperControl {
   std::atomic<int32_t> helper_tid;        // 32: CLONE_CHILD_SETTID / CLEARTID
   uint32_t spin;                          // 36: helper's polling budget before sleeping
   uint32_t reserved[6];                   // 40
-  struct iovec iov[(kPageSize - 64) / sizeof(struct iovec)];  // 64
+  struct iovec iov[(kPageSize - 64 - kHelperScratchSize) / sizeof(struct iovec)];  // 64
+  uint8_t scratch[kHelperScratchSize];  // the agent's (InvalidationHelper::Scratch)
 };
 static_assert(offsetof(HelperControl, done) == 4);
 static_assert(offsetof(HelperControl, op) == 8);
@@ -53,7 +54,7 @@ static_assert(offsetof(HelperControl, helper_sleeping) == 28);
 static_assert(offsetof(HelperControl, helper_tid) == 32);
 static_assert(offsetof(HelperControl, spin) == 36);
 static_assert(offsetof(HelperControl, iov) == 64);
-static_assert(sizeof(HelperControl) <= kPageSize);
+static_assert(sizeof(HelperControl) == kPageSize);
 
 const size_t InvalidationHelper::kMaxRanges = sizeof(HelperControl::iov) / sizeof(struct iovec);
 
@@ -321,6 +322,11 @@ void ToRanges(absl::Span<const uintptr_t> pages, std::vector<std::pair<uintptr_t
 }
 
 }  // namespace
+
+InvalidationHelper::ScratchArea InvalidationHelper::Scratch() const {
+  return {remote_control_ + offsetof(HelperControl, scratch), control_->scratch,
+          kHelperScratchSize};
+}
 
 uintptr_t InvalidationHelper::remote_syscall_site() const {
   return remote_code_ + (stretch_helper_syscall - stretch_helper_begin);

@@ -57,6 +57,8 @@ namespace stretch {
 namespace uffd {
 
 struct HelperControl;  // The shared page (invalidate.cc).
+// Bytes of the helper's control page left for the agent (InvalidationHelper::Scratch).
+inline constexpr size_t kHelperScratchSize = 256;
 
 // Thread-safe: commands from several threads are serialized.
 class InvalidationHelper {
@@ -123,6 +125,15 @@ class InvalidationHelper {
   // from the helper's page, which a seccomp filter may exempt.
   uintptr_t remote_syscall_site() const;
   uintptr_t remote_control() const { return remote_control_; }
+  // Memory the agent may use to pass arguments to calls made in the target (a clone3's
+  // clone_args, a path): mapped at `remote` there and at `local` here, not the program's
+  // memory (nothing of it is coherent). One user at a time; the helper never touches it.
+  struct ScratchArea {
+    uintptr_t remote;
+    uint8_t* local;
+    size_t size;
+  };
+  ScratchArea Scratch() const;
 
  private:
   InvalidationHelper(const Options& options, Pidfd target);
