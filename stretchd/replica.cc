@@ -1205,7 +1205,7 @@ bool Replica::OnSeccomp(pid_t tid) {
     EmulateSetAffinity(tid, regs);
     return false;
   }
-  const std::vector<int> file_calls = FileOffsetService::TracedCalls();
+  static const std::vector<int> file_calls = FileOffsetService::TracedCalls();  // every stop
   if (std::find(file_calls.begin(), file_calls.end(), static_cast<int>(regs.orig_rax)) !=
       file_calls.end()) {
     if (file_offsets_->OnSyscall(tid, ThreadOf(tid), regs)) return true;
