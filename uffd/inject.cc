@@ -25,6 +25,7 @@
 #include "absl/time/clock.h"
 #include "core/status.h"
 #include "glog/logging.h"
+#include "uffd/process.h"
 
 namespace stretch {
 namespace uffd {
@@ -100,7 +101,15 @@ bool DeliveryDoesNothing(pid_t pid, int sig) {
   return false;
 }
 
+// How long past its deadline a thread that is on its way to the stop is waited for.
+constexpr absl::Duration kBusyGrace = absl::Seconds(60);
+
 absl::StatusOr<int> WaitFor(pid_t tid, absl::Time deadline) {
+  // A deadline bounds a wait for a thread that will not stop (it sleeps in a call, or is
+  // stopped by someone else). A thread that is runnable, or in a short uninterruptible wait,
+  // gets to its stop as soon as it gets a CPU: on a busy machine that may be after the
+  // deadline, and it is waited for (up to kBusyGrace more).
+  const absl::Time hard_deadline = deadline + kBusyGrace;
   int64_t nap_us = 1;
   // Short naps while a stop is likely to come soon (a single step, a call that does not
   // block): waking up to 1 ms late made each injected call cost ~0.7 ms on a busy machine.
@@ -113,7 +122,17 @@ absl::StatusOr<int> WaitFor(pid_t tid, absl::Time deadline) {
       return ErrnoStatus(errno, absl::StrCat("waitpid for traced thread ", tid));
     }
     if (absl::Now() >= deadline) {
-      return absl::DeadlineExceededError(absl::StrCat("thread ", tid, " did not stop in time"));
+      const char state = ThreadState(tid);
+      if ((state == 'R' || state == 'D') && absl::Now() < hard_deadline) {
+        deadline = std::min(hard_deadline, absl::Now() + absl::Milliseconds(10));
+      } else {
+        return absl::DeadlineExceededError(
+            absl::StrCat("thread ", tid, " did not stop in time (state ", std::string(1, state),
+                         state == 'R' || state == 'D' ? ", still not stopped after a grace of " +
+                                                            absl::FormatDuration(kBusyGrace)
+                                                      : "",
+                         ")"));
+      }
     }
     if (i < 200) {
       sched_yield();

@@ -11,6 +11,9 @@
 
 #include <algorithm>
 #include <cstring>
+#include <fstream>
+#include <iterator>
+#include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -118,6 +121,13 @@ absl::StatusOr<ReceivedMessage> ReceiveMessage(int sock, size_t max_bytes, absl:
     return absl::ResourceExhaustedError("recvmsg: control data truncated (descriptors lost)");
   }
   return out;
+}
+
+char ThreadState(pid_t tid) {
+  std::ifstream in(absl::StrCat("/proc/", tid, "/stat"));
+  std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const size_t paren = stat.rfind(')');  // the name in parentheses may contain anything
+  return paren != std::string::npos && paren + 2 < stat.size() ? stat[paren + 2] : '?';
 }
 
 absl::StatusOr<Pidfd> Pidfd::Open(pid_t pid) {

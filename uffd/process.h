@@ -52,6 +52,11 @@ struct ReceivedMessage {
 absl::StatusOr<ReceivedMessage> ReceiveMessage(int sock, size_t max_bytes, absl::Time deadline,
                                                int cancel_fd = -1);
 
+// The scheduler state of thread `tid` (in this PID namespace) from /proc/TID/stat: 'R'
+// running or runnable, 'S' sleeping, 'D' in an uninterruptible wait, 'T'/'t' stopped or
+// traced, 'Z' zombie; '?' if it cannot be read (the thread is gone).
+char ThreadState(pid_t tid);
+
 // A process descriptor (pidfd). Pollable: POLLIN once the process has exited, whoever its
 // parent is. Naming a process through it is immune to PID reuse.
 class Pidfd {
