@@ -1002,8 +1002,9 @@ class NodeAgent::Impl {
         case ActionKind::kDropPage: {
           absl::Status s = DropPages(att, addr, kPageSize);
           VLOG(2) << "node " << self_.value() << " " << page.ToString() << ": drop -> " << s;
-          if (!s.ok() && !att.target->pidfd.Exited()) {
-            // The copy may still be readable: the process must not continue.
+          // NotFound: the process is exiting (or the page is not mapped): no copy is left
+          // to read. Any other failure may leave a readable copy: the process must not go on.
+          if (!s.ok() && !absl::IsNotFound(s) && !att.target->pidfd.Exited()) {
             KillTarget(att, Annotate(s, absl::StrCat("invalidating ", page.ToString())));
           }
           stats_.pages_dropped.Add();

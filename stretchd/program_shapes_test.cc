@@ -4,6 +4,7 @@
 // migration point, an input file mapped past its end. Each must migrate (threads ran on both
 // nodes) and print exactly its native output. Needs root and CRIU, as CI has.
 #include <fcntl.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <fstream>
@@ -117,6 +118,15 @@ TEST_F(ProgramShapesTest, ExitingWhilePagesMoveIsANormalExit) {
     SCOPED_TRACE(absl::StrCat("run ", run));
     EXPECT_NATIVE_AND_DISTRIBUTED(native, stretch);
   }
+}
+
+// A worker dies of SIGSEGV while it and another write-share pages: the run ends as the program
+// does natively (killed by that signal, same output), wherever the worker ran, and nothing
+// waits for pages of a process that is gone.
+TEST_F(ProgramShapesTest, ACrashWhilePagesMoveEndsTheRunAsNatively) {
+  auto [native, stretch] = Both({Program("exit_while_sharing"), "256", "crash"});
+  EXPECT_TRUE(native.status.signaled && native.status.code == SIGSEGV) << native.status.ToString();
+  EXPECT_NATIVE_AND_DISTRIBUTED(native, stretch);
 }
 
 // Libraries loaded after the migration point: their text and rodata are read-only file

@@ -7,6 +7,7 @@
 #include <sched.h>
 #include <signal.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/uio.h>
 #include <time.h>
@@ -60,16 +61,9 @@ const size_t InvalidationHelper::kMaxRanges = sizeof(HelperControl::iov) / sizeo
 
 namespace {
 
-// What the helper thread (`inner_tid` in the target's PID namespace) is doing, for an error
-// message: "[helper 6 (tid 1234 here): state S, wchan futex_wait_queue, syscall 202]".
-std::string HelperState(pid_t pid, pid_t inner_tid) {
-  auto read = [](const std::string& path) {
-    std::ifstream in(path);
-    std::string line;
-    std::getline(in, line);
-    return line;
-  };
-  // Our tid of the thread: the task whose NSpid line ends in `inner_tid`.
+// The /proc directory of the thread that is `inner_tid` in the target's PID namespace (the
+// task whose NSpid line ends in it), "" if there is none.
+std::string TaskDir(pid_t pid, pid_t inner_tid) {
   const std::string tasks = absl::StrCat("/proc/", pid, "/task");
   std::string dir;
   if (DIR* d = opendir(tasks.c_str())) {
@@ -89,6 +83,19 @@ std::string HelperState(pid_t pid, pid_t inner_tid) {
     }
     closedir(d);
   }
+  return dir;
+}
+
+// What the helper thread (`inner_tid` in the target's PID namespace) is doing, for an error
+// message: "[helper 6 (tid 1234 here): state S, wchan futex_wait_queue, syscall 202]".
+std::string HelperState(pid_t pid, pid_t inner_tid) {
+  auto read = [](const std::string& path) {
+    std::ifstream in(path);
+    std::string line;
+    std::getline(in, line);
+    return line;
+  };
+  const std::string dir = TaskDir(pid, inner_tid);
   if (dir.empty()) return absl::StrCat("[helper ", inner_tid, ": not found in pid ", pid, "]");
   std::string stat = read(dir + "/stat");
   size_t paren = stat.rfind(')');
@@ -99,6 +106,9 @@ std::string HelperState(pid_t pid, pid_t inner_tid) {
                       state, ", wchan ", read(dir + "/wchan"), ", syscall ",
                       syscall.substr(0, syscall.find(' ')), "]");
 }
+
+// How long past its timeout a helper that is runnable but not scheduled is waited for.
+constexpr absl::Duration kBusyGrace = absl::Seconds(60);
 
 constexpr uint32_t kOpDontneed = 1;
 constexpr uint32_t kOpExit = 2;
@@ -408,6 +418,7 @@ absl::Status InvalidationHelper::Place(RemoteThread& thread) {
   if (tid <= 0) return ErrnoStatus(static_cast<int>(-tid), absl::StrCat("clone in pid ", pid));
   // CLONE_CHILD_SETTID writes helper_tid when the thread first runs; it may not have yet.
   control_->helper_tid.store(static_cast<int32_t>(tid));
+  helper_dir_ = TaskDir(pid, static_cast<pid_t>(tid));
   LOG(INFO) << "invalidation helper " << tid << " placed in pid " << pid
             << absl::StrFormat(" (code 0x%x, control 0x%x)", remote_code_, remote_control_);
   return absl::OkStatus();
@@ -432,6 +443,18 @@ InvalidationHelper::~InvalidationHelper() {
 void InvalidationHelper::Unmap() {
   if (control_ != nullptr) munmap(control_, kPageSize);
   control_ = nullptr;
+}
+
+bool InvalidationHelper::HelperOnItsWay() const {
+  if (helper_dir_.empty()) return false;
+  const char state = ThreadState(atoi(helper_dir_.c_str() + helper_dir_.rfind('/') + 1));
+  return state == 'R' || state == 'D';
+}
+
+bool InvalidationHelper::HelperGone() const {
+  if (control_->helper_tid.load() == 0) return true;
+  struct stat st;
+  return !helper_dir_.empty() && stat(helper_dir_.c_str(), &st) != 0 && errno == ENOENT;
 }
 
 pid_t InvalidationHelper::helper_tid() const {
@@ -475,7 +498,8 @@ absl::StatusOr<int64_t> InvalidationHelper::Post(uint32_t op, uint32_t count) {
     return absl::FailedPreconditionError("the invalidation helper was removed");
   }
   HelperControl* c = control_;
-  const absl::Time deadline = absl::Now() + options_.timeout;
+  absl::Time deadline = absl::Now() + options_.timeout;
+  const absl::Time hard_deadline = deadline + kBusyGrace;
   c->op = op;
   c->count = count;
   const uint32_t seq = ++seq_;
@@ -498,12 +522,21 @@ absl::StatusOr<int64_t> InvalidationHelper::Post(uint32_t op, uint32_t count) {
         return absl::NotFoundError(
             absl::StrCat("invalidation in pid ", target_.pid(), ": the target exited"));
       }
-      if (op != kOpExit && c->helper_tid.load() == 0) {
+      if (op != kOpExit && HelperGone()) {
+        // Only its process's end (exit_group, a fatal signal, execve) ends the helper
+        // unasked. The process may not count as exited yet: threads that a busy tracer has
+        // not reaped keep it alive, and the helper's tid word is not cleared when it is the
+        // last thread to leave the address space.
         c->agent_waiting.store(0);
-        return absl::InternalError(
-            absl::StrCat("the invalidation helper of pid ", target_.pid(), " is gone"));
+        return absl::NotFoundError(absl::StrCat("invalidation in pid ", target_.pid(),
+                                                ": the process is exiting (its invalidation "
+                                                "helper ended with it)"));
       }
-      if (absl::Now() >= deadline) {
+      if (absl::Now() >= deadline && absl::Now() < hard_deadline && HelperOnItsWay()) {
+        // Runnable (or in a short uninterruptible wait) but not scheduled yet: on a busy
+        // machine the answer comes late, not never.
+        deadline = std::min(hard_deadline, absl::Now() + absl::Milliseconds(10));
+      } else if (absl::Now() >= deadline) {
         c->agent_waiting.store(0);
         return absl::DeadlineExceededError(absl::StrCat(
             "the invalidation helper of pid ", target_.pid(), " did not answer within ",

@@ -39,6 +39,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -146,6 +147,11 @@ class InvalidationHelper {
   absl::Status SendRanges(absl::Span<const std::pair<uintptr_t, size_t>> ranges)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status StopHelper(absl::Time deadline) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether the helper thread has ended (its tid word cleared, or its /proc entry gone).
+  bool HelperGone() const;
+  // Whether the helper thread is runnable or in a short uninterruptible wait: it will
+  // answer once it gets a CPU.
+  bool HelperOnItsWay() const;
   void Unmap();
 
   const Options options_;
@@ -156,6 +162,7 @@ class InvalidationHelper {
   HelperControl* control_ = nullptr;  // The agent's mapping of it.
   uintptr_t remote_code_ = 0;         // Code page + stack page in the target.
   uintptr_t remote_control_ = 0;      // The control page in the target.
+  std::string helper_dir_;            // /proc/PID/task/TID of the helper thread, here.
 
   absl::Mutex mu_;
   uint32_t seq_ ABSL_GUARDED_BY(mu_) = 0;

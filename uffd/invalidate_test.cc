@@ -7,6 +7,7 @@
 #include <stddef.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
+#include <sys/stat.h>
 #include <sys/ptrace.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -16,10 +17,14 @@
 #include <cstring>
 #include <fstream>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
+#include "absl/strings/str_cat.h"
 #include "core/page.h"
 #include "glog/logging.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "uffd/fault_loop.h"
 #include "uffd/process.h"
@@ -297,6 +302,52 @@ TEST_F(InvalidateTest, TargetExitIsNotFoundNotAHang) {
   EXPECT_EQ(child_->WaitExitCode(), 128 + SIGKILL);
   absl::Status s = helper->Invalidate({page(0)});
   EXPECT_EQ(s.code(), absl::StatusCode::kNotFound) << s;
+}
+
+// The helper ends with its process: at exit_group every thread dies, and a thread traced by
+// a busy tracer stays a zombie until that tracer reaps it, so the process has not "exited"
+// yet (its pidfd is not readable) while the helper already is gone. That is the process
+// exiting (NotFound), not a failure of the helper (was: Internal, "the invalidation helper
+// of pid ... is gone", and the agent killed a run that was only ending).
+TEST_F(InvalidateTest, HelperGoneWithItsExitingProcessIsNotFound) {
+  child_.emplace(ChildProcess::Start([](Channel& ch) {
+    std::thread([] { pause(); }).detach();
+    return TargetMain(ch, 0);
+  }));
+  auto msg = ReceiveMessage(ch().fd(), 8, absl::Now() + kTimeout);
+  ASSERT_TRUE(msg.ok()) << msg.status();
+  base_ = ch().Receive();
+  ASSERT_EQ(ThreadCount(), 2);
+  pid_t worker = 0;
+  DIR* d = opendir(("/proc/" + std::to_string(child_->pid()) + "/task").c_str());
+  while (struct dirent* e = readdir(d)) {
+    if (e->d_name[0] != '.' && atoi(e->d_name) != child_->pid()) worker = atoi(e->d_name);
+  }
+  closedir(d);
+  ASSERT_GT(worker, 0);
+  ASSERT_EQ(ptrace(PTRACE_SEIZE, worker, nullptr, nullptr), 0) << strerror(errno);
+  absl::Cleanup reap = [&] {
+    child_->Kill(SIGKILL);
+    int status = 0;
+    waitpid(worker, &status, __WALL);  // the zombie worker first, or the process never ends
+    child_->WaitExitCode();
+  };
+  auto helper = InjectHelper();
+  const std::string helper_dir = absl::StrCat("/proc/", child_->pid(), "/task/", helper->helper_tid());
+  struct stat st;
+  ASSERT_EQ(stat(helper_dir.c_str(), &st), 0);
+
+  child_->Kill(SIGKILL);
+  const absl::Time deadline = absl::Now() + kTimeout;
+  while (stat(helper_dir.c_str(), &st) == 0 && absl::Now() < deadline) sched_yield();
+  ASSERT_NE(stat(helper_dir.c_str(), &st), 0) << "the helper did not end with its process";
+  auto pidfd = Pidfd::Open(child_->pid());
+  ASSERT_TRUE(pidfd.ok()) << pidfd.status();
+  ASSERT_FALSE(pidfd->Exited()) << "the traced worker is not reaped yet";
+
+  absl::Status s = helper->Invalidate({page(0)});
+  EXPECT_EQ(s.code(), absl::StatusCode::kNotFound) << s;
+  EXPECT_THAT(std::string(s.message()), ::testing::HasSubstr("exiting"));
 }
 
 TEST_F(InvalidateTest, UnmappedPageIsNotFound) {

@@ -1,18 +1,27 @@
 /* Two workers write-share pages of a large heap until main returns from main() while they
  * still write: pages are moving between nodes as the process exits. Prints main's result.
- * Usage: exit_while_sharing [MIB] (default 64). */
+ * With "crash", the second worker then dies of SIGSEGV instead, still sharing pages with the
+ * first (a program that crashes on whichever node runs that worker as pages move).
+ * Usage: exit_while_sharing [MIB [crash]] (default 64). */
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 static char* heap;
 static size_t size;
+static atomic_int crash_now;
 
 static void* worker(void* arg) {
   const size_t k = (size_t)arg;
-  for (size_t i = 0;; i++) heap[(i * 4096 + k * 64) % size] += 1;
+  for (size_t i = 0;; i++) {
+    heap[(i * 4096 + k * 64) % size] += 1;
+    if (k == 1 && atomic_load_explicit(&crash_now, memory_order_relaxed)) {
+      *(volatile int*)(uintptr_t)8 = 1;
+    }
+  }
   return NULL;
 }
 
@@ -25,5 +34,10 @@ int main(int argc, char** argv) {
   volatile unsigned long s = 0;
   for (unsigned long i = 0; i < 1500000000UL; i++) s += i;
   printf("done %lu\n", (unsigned long)(s & 0xff));
+  if (argc > 2 && strcmp(argv[2], "crash") == 0) {
+    fflush(stdout);
+    atomic_store(&crash_now, 1);
+    pthread_join(t[1], NULL);
+  }
   return 0;
 }
