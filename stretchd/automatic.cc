@@ -35,17 +35,31 @@
 #include "glog/logging.h"
 #include "migrate/origin.h"
 #include "migrate/subprocess.h"
-#include "stretchd/affinity.h"
+#include "placement/affinity.h"
+#include "placement/placement_history.h"
+#include "placement/throughput_model.h"
 #include "stretchd/control.h"
-#include "stretchd/placement_history.h"
 #include "stretchd/remote.h"
 #include "stretchd/replica.h"
 #include "stretchd/standard_input.h"
-#include "stretchd/throughput_model.h"
 #include "testing/netns.h"
 #include "transport/fault_injecting_transport.h"
 
 namespace stretch {
+
+using placement::AppendHistory;
+using placement::AssignCores;
+using placement::ChooseFromHistory;
+using placement::HistoryChoice;
+using placement::HistoryKey;
+using placement::HistoryRun;
+using placement::LoadHistory;
+using placement::Move;
+using placement::NodeWindow;
+using placement::Regrouping;
+using placement::SharingGraph;
+using placement::ThroughputModel;
+
 namespace {
 
 // --- control channel: one line per datagram ---
@@ -1443,7 +1457,11 @@ int RunReplicaAgent(const ReplicaAgentOptions& o) {
       }
       SendLine(ctl, absl::StrCat("cores ", (*replica)->AssignCores(assignment)));
     } else if (line && *line == "sharing") {
-      SendLine(ctl, FormatSharingReport((*agent)->TakeWriteSharing(kMaxReportPages)));
+      std::vector<placement::PageWriters> pages;
+      for (auto& p : (*agent)->TakeWriteSharing(placement::kMaxReportPages)) {
+        pages.push_back({p.page.number(), p.faults, std::vector<int>(p.writers.begin(), p.writers.end())});
+      }
+      SendLine(ctl, placement::FormatSharingReport(pages));
     } else if (line && (*line == "exclusive on" || *line == "exclusive off")) {
       (*replica)->SetFutexExclusive(*line == "exclusive on");
       SendLine(ctl, *line);

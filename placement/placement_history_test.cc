@@ -1,4 +1,4 @@
-#include "stretchd/placement_history.h"
+#include "placement/placement_history.h"
 
 #include <stdlib.h>
 #include <unistd.h>
@@ -11,6 +11,7 @@
 #include "gtest/gtest.h"
 
 namespace stretch {
+namespace placement {
 namespace {
 
 using ::testing::HasSubstr;
@@ -158,4 +159,5 @@ TEST(ChooseFromHistoryTest, EightRunsOfOneKindInARowTryTheOther) {
 }
 
 }  // namespace
+}  // namespace placement
 }  // namespace stretch

@@ -1,10 +1,11 @@
-#include "stretchd/throughput_model.h"
+#include "placement/throughput_model.h"
 
 #include <random>
 
 #include "gtest/gtest.h"
 
 namespace stretch {
+namespace placement {
 namespace {
 
 NodeWindow Window(double cpu, double stall, double faults, double invalidations, int threads,
@@ -76,4 +77,5 @@ TEST(ThroughputModelTest, PredictsWhetherOneNodeBeatsTheMeasuredPlacement) {
 }
 
 }  // namespace
+}  // namespace placement
 }  // namespace stretch

@@ -13,8 +13,8 @@
 //   for (each node's report line) STRETCH_RETURN_IF_ERROR(g.AddReport(line));
 //   Regrouping r = Regroup(placement, g, /*pinned=*/{1});
 //   for (const Move& m : r.moves) migrate(m.tid, m.to);
-#ifndef STRETCH_STRETCHD_AFFINITY_H_
-#define STRETCH_STRETCHD_AFFINITY_H_
+#ifndef STRETCH_PLACEMENT_AFFINITY_H_
+#define STRETCH_PLACEMENT_AFFINITY_H_
 
 #include <cstdint>
 #include <map>
@@ -24,15 +24,23 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "engine/node_agent.h"
 
 namespace stretch {
+namespace placement {
+
+// One page a node's threads wrote with a fault in the last window
+// (engine::NodeAgent::TakeWriteSharing): its number, the write faults, and the writers.
+struct PageWriters {
+  uint64_t page = 0;
+  uint64_t faults = 0;
+  std::vector<int> writers;
+};
 
 // A node's report as one control line: "sharing PAGE:FAULTS:TID,TID PAGE:FAULTS:TID ...",
 // PAGE the page number in hex. Fits the control channel's 64 KiB messages for
 // kMaxReportPages pages.
 inline constexpr size_t kMaxReportPages = 1500;
-std::string FormatSharingReport(const std::vector<engine::NodeAgent::PageWriters>& pages);
+std::string FormatSharingReport(const std::vector<PageWriters>& pages);
 
 class SharingGraph {
  public:
@@ -81,6 +89,7 @@ Regrouping Regroup(const std::vector<std::vector<int>>& placement, const Sharing
 std::vector<std::vector<int>> AssignCores(const std::vector<int>& threads,
                                           const SharingGraph& graph, int cores);
 
+}  // namespace placement
 }  // namespace stretch
 
-#endif  // STRETCH_STRETCHD_AFFINITY_H_
+#endif  // STRETCH_PLACEMENT_AFFINITY_H_

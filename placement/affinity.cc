@@ -1,4 +1,4 @@
-#include "stretchd/affinity.h"
+#include "placement/affinity.h"
 
 #include <algorithm>
 #include <functional>
@@ -11,13 +11,14 @@
 #include "absl/strings/str_split.h"
 
 namespace stretch {
+namespace placement {
 
-std::string FormatSharingReport(const std::vector<engine::NodeAgent::PageWriters>& pages) {
+std::string FormatSharingReport(const std::vector<PageWriters>& pages) {
   std::string line = "sharing";
   for (size_t i = 0; i < pages.size() && i < kMaxReportPages; ++i) {
     const auto& p = pages[i];
     if (p.writers.empty()) continue;
-    absl::StrAppend(&line, " ", absl::Hex(p.page.number()), ":", p.faults, ":",
+    absl::StrAppend(&line, " ", absl::Hex(p.page), ":", p.faults, ":",
                     absl::StrJoin(p.writers, ","));
   }
   return line;
@@ -202,4 +203,5 @@ std::vector<std::vector<int>> AssignCores(const std::vector<int>& threads,
   return out;
 }
 
+}  // namespace placement
 }  // namespace stretch

@@ -23,8 +23,8 @@
 // concurrent runs do not interleave lines.
 //
 // Thread-compatible functions.
-#ifndef STRETCH_STRETCHD_PLACEMENT_HISTORY_H_
-#define STRETCH_STRETCHD_PLACEMENT_HISTORY_H_
+#ifndef STRETCH_PLACEMENT_PLACEMENT_HISTORY_H_
+#define STRETCH_PLACEMENT_PLACEMENT_HISTORY_H_
 
 #include <string>
 #include <vector>
@@ -32,6 +32,7 @@
 #include "absl/status/statusor.h"
 
 namespace stretch {
+namespace placement {
 
 // One earlier run of a program.
 struct HistoryRun {
@@ -67,6 +68,7 @@ absl::Status AppendHistory(const std::string& path, const std::string& key, cons
 // The decision described in the file comment, from the runs of one program (oldest first).
 HistoryChoice ChooseFromHistory(const std::vector<HistoryRun>& runs);
 
+}  // namespace placement
 }  // namespace stretch
 
-#endif  // STRETCH_STRETCHD_PLACEMENT_HISTORY_H_
+#endif  // STRETCH_PLACEMENT_PLACEMENT_HISTORY_H_

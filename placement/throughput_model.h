@@ -20,13 +20,14 @@
 // own CPU time on a busy node, a stuck thread).
 //
 // Thread-compatible value type.
-#ifndef STRETCH_STRETCHD_THROUGHPUT_MODEL_H_
-#define STRETCH_STRETCHD_THROUGHPUT_MODEL_H_
+#ifndef STRETCH_PLACEMENT_THROUGHPUT_MODEL_H_
+#define STRETCH_PLACEMENT_THROUGHPUT_MODEL_H_
 
 #include <string>
 #include <vector>
 
 namespace stretch {
+namespace placement {
 
 // One node over one window.
 struct NodeWindow {
@@ -80,6 +81,7 @@ class ThroughputModel {
   int n_ = 0;
 };
 
+}  // namespace placement
 }  // namespace stretch
 
-#endif  // STRETCH_STRETCHD_THROUGHPUT_MODEL_H_
+#endif  // STRETCH_PLACEMENT_THROUGHPUT_MODEL_H_

@@ -1,4 +1,4 @@
-#include "stretchd/throughput_model.h"
+#include "placement/throughput_model.h"
 
 #include <algorithm>
 #include <cmath>
@@ -6,6 +6,7 @@
 #include "absl/strings/str_format.h"
 
 namespace stretch {
+namespace placement {
 
 void ThroughputModel::Add(const NodeWindow& w) {
   if (w.faults <= 0 && w.invalidations <= 0 && w.stall <= 0) return;
@@ -93,4 +94,5 @@ std::string ThroughputModel::FitJson() const {
       f.per_fault_s * 1e6, f.per_invalidation_s * 1e6, f.samples, f.r2);
 }
 
+}  // namespace placement
 }  // namespace stretch

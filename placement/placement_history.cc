@@ -1,4 +1,4 @@
-#include "stretchd/placement_history.h"
+#include "placement/placement_history.h"
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -17,6 +17,7 @@
 #include "core/unique_fd.h"
 
 namespace stretch {
+namespace placement {
 namespace {
 
 constexpr char kHeader[] =
@@ -173,4 +174,5 @@ HistoryChoice ChooseFromHistory(const std::vector<HistoryRun>& runs) {
   return c;
 }
 
+}  // namespace placement
 }  // namespace stretch

@@ -1,4 +1,4 @@
-#include "stretchd/affinity.h"
+#include "placement/affinity.h"
 
 #include <algorithm>
 
@@ -6,12 +6,13 @@
 #include "gtest/gtest.h"
 
 namespace stretch {
+namespace placement {
 namespace {
 
 using ::testing::ElementsAre;
 
-engine::NodeAgent::PageWriters Page(uint64_t number, uint64_t faults, std::vector<pid_t> tids) {
-  return {PageId(number), faults, std::move(tids)};
+PageWriters Page(uint64_t number, uint64_t faults, std::vector<int> tids) {
+  return {number, faults, std::move(tids)};
 }
 
 TEST(SharingGraphTest, ReportsRoundTripAndMergeAcrossNodes) {
@@ -31,7 +32,7 @@ TEST(SharingGraphTest, ReportsRoundTripAndMergeAcrossNodes) {
 }
 
 TEST(SharingGraphTest, ReportsAreCappedToFitTheControlChannel) {
-  std::vector<engine::NodeAgent::PageWriters> pages;
+  std::vector<PageWriters> pages;
   for (uint64_t i = 0; i < 3 * kMaxReportPages; ++i) {
     pages.push_back(Page(0x7fffffff0 + i, 1000000, {99999, 99998, 99997, 99996}));
   }
@@ -145,4 +146,5 @@ TEST(AssignCoresTest, GroupsOfWriteSharersGetTheirOwnCores) {
 }
 
 }  // namespace
+}  // namespace placement
 }  // namespace stretch
