@@ -36,8 +36,8 @@
 #include "migrate/origin.h"
 #include "migrate/subprocess.h"
 #include "placement/affinity.h"
+#include "placement/controller.h"
 #include "placement/placement_history.h"
-#include "placement/throughput_model.h"
 #include "stretchd/control.h"
 #include "stretchd/remote.h"
 #include "stretchd/replica.h"
@@ -48,17 +48,11 @@
 namespace stretch {
 
 using placement::AppendHistory;
-using placement::AssignCores;
 using placement::ChooseFromHistory;
 using placement::HistoryChoice;
 using placement::HistoryKey;
 using placement::HistoryRun;
 using placement::LoadHistory;
-using placement::Move;
-using placement::NodeWindow;
-using placement::Regrouping;
-using placement::SharingGraph;
-using placement::ThroughputModel;
 
 namespace {
 
@@ -118,6 +112,122 @@ std::vector<int> HereThreads(absl::string_view line) {
   }
   return tids;
 }
+
+// A node's agent as the launcher sees it: its process (none for a node of a cluster), its
+// control channel, and the lines read from it while a request waited for another answer.
+struct Agent {
+  std::optional<Subprocess> process;
+  UniqueFd control;
+  int threads_run = 0;
+  bool done = false;
+  std::deque<std::string> pending;
+};
+
+// The next line from `a` whose first word is in `words`, within `timeout`; a line that is not
+// one of those (the program ended) is kept for the main loop, and nullopt returned.
+std::optional<std::string> Await(Agent& a, std::initializer_list<absl::string_view> words,
+                                 absl::Duration timeout) {
+  const absl::Time end = absl::Now() + timeout;
+  while (!a.done) {
+    bool closed = false;
+    int ms = static_cast<int>(std::max<int64_t>(0, absl::ToInt64Milliseconds(end - absl::Now())));
+    auto line = RecvLine(a.control.get(), ms, &closed);
+    if (!line) return std::nullopt;
+    const std::string first = line->substr(0, line->find(' '));
+    if (!closed && std::find(words.begin(), words.end(), first) != words.end()) return line;
+    a.pending.push_back(closed ? std::string() : *line);
+    return std::nullopt;
+  }
+  return std::nullopt;
+}
+
+// The program's nodes for placement (placement/controller.h), over the agents' control
+// channels. Moves and node 0's futex mode go through the launcher's own functions.
+class ControlChannelCluster : public placement::Cluster {
+ public:
+  ControlChannelCluster(std::vector<Agent>* agents,
+                        std::function<std::string(int tid, int to)> migrate,
+                        std::function<void(bool on)> set_exclusive)
+      : agents_(*agents), migrate_(std::move(migrate)), set_exclusive_(std::move(set_exclusive)) {}
+
+  absl::Time Now() override { return absl::Now(); }
+  bool Running(int node) override { return !agents_[node].done; }
+
+  bool ReadCounters(std::vector<placement::NodeCounters>* counters) override {
+    std::vector<placement::NodeCounters>& c = *counters;
+    for (Agent& a : agents_) {
+      if (a.done) return false;
+      SendLine(a.control.get(), "cpu");
+    }
+    for (size_t i = 0; i < agents_.size(); ++i) {
+      auto r = Await(agents_[i], {"cpu"}, absl::Seconds(2));
+      std::vector<std::string> f;
+      if (r) f = absl::StrSplit(*r, ' ');
+      if (f.size() != 7 || !absl::SimpleAtoi(f[1], &c[i].cpu_ns) ||
+          !absl::SimpleAtoi(f[2], &c[i].threads) || !absl::SimpleAtoi(f[3], &c[i].stall_ns) ||
+          !absl::SimpleAtoi(f[4], &c[i].faults) || !absl::SimpleAtoi(f[5], &c[i].invalidations) ||
+          !absl::SimpleAtoi(f[6], &c[i].cpus)) {
+        return false;
+      }
+    }
+    return true;
+  }
+
+  bool Where(int node, std::vector<int>* threads) override {
+    SendLine(agents_[node].control.get(), "where");
+    auto w = Await(agents_[node], {"here"}, absl::Seconds(5));
+    if (!w) return false;
+    *threads = HereThreads(*w);
+    return true;
+  }
+
+  bool Sharing(std::vector<std::string>* reports,
+               std::vector<std::vector<int>>* threads) override {
+    threads->assign(agents_.size(), {});
+    for (Agent& a : agents_) {
+      SendLine(a.control.get(), "sharing");
+      SendLine(a.control.get(), "where");
+    }
+    bool complete = true;
+    for (size_t i = 0; i < agents_.size(); ++i) {
+      auto r = Await(agents_[i], {"sharing"}, absl::Seconds(2));
+      auto w = Await(agents_[i], {"here"}, absl::Seconds(2));
+      if (!r || !w) {
+        complete = false;
+        continue;
+      }
+      reports->push_back(*r);
+      (*threads)[i] = HereThreads(*w);
+    }
+    return complete;
+  }
+
+  std::string Migrate(int tid, int to) override { return migrate_(tid, to); }
+
+  int PinCores(int node, const std::vector<int>& threads,
+               const std::vector<std::vector<int>>& cores) override {
+    std::string line = "cores";
+    for (size_t k = 0; k < threads.size(); ++k) {
+      absl::StrAppend(&line, " ", threads[k], ":", absl::StrJoin(cores[k], ","));
+    }
+    SendLine(agents_[node].control.get(), line);
+    auto r = Await(agents_[node], {"cores"}, absl::Seconds(2));
+    int pinned = 0;
+    if (r) (void)absl::SimpleAtoi(absl::StripPrefix(*r, "cores "), &pinned);
+    return pinned;
+  }
+
+  void SetExclusive(bool on) override { set_exclusive_(on); }
+
+  void Say(const std::string& line) override {
+    std::fprintf(stderr, "stretchd run: placement: %s\n", line.c_str());
+  }
+
+ private:
+  std::vector<Agent>& agents_;
+  std::function<std::string(int, int)> migrate_;
+  std::function<void(bool)> set_exclusive_;
+};
 
 std::string ReadWhole(const std::string& path) {
   std::ifstream in(path);
@@ -361,13 +471,6 @@ static int RunLauncherOn(const LaunchOptions& o, const std::vector<ClusterNode>&
   }
   if (!server.ok()) return Fail(std::string(server.status().message()));
 
-  struct Agent {
-    std::optional<Subprocess> process;  // none for a node of a cluster (remote)
-    UniqueFd control;
-    int threads_run = 0;
-    bool done = false;
-    std::deque<std::string> pending;  // lines read while a migration waited for others
-  };
   std::vector<Agent> agents;
   std::unique_ptr<RemoteReplicas> remote_replicas;
   absl::Duration transfer_time;  // sending the images to cluster nodes
@@ -520,23 +623,8 @@ static int RunLauncherOn(const LaunchOptions& o, const std::vector<ClusterNode>&
     ~UnlinkControl() { unlink(path.c_str()); }
   } unlink_control{control_path};
 
-  // The next line from node i whose first word is in `words`, within `timeout`; a line that is
-  // not one of those (the program ended) is kept for the main loop, and nullopt returned.
   auto await = [&](int i, std::initializer_list<absl::string_view> words,
-                   absl::Duration timeout) -> std::optional<std::string> {
-    const absl::Time end = absl::Now() + timeout;
-    while (!agents[i].done) {
-      bool closed = false;
-      int ms = static_cast<int>(std::max<int64_t>(0, absl::ToInt64Milliseconds(end - absl::Now())));
-      auto line = RecvLine(agents[i].control.get(), ms, &closed);
-      if (!line) return std::nullopt;
-      const std::string first = line->substr(0, line->find(' '));
-      if (!closed && std::find(words.begin(), words.end(), first) != words.end()) return line;
-      agents[i].pending.push_back(closed ? std::string() : *line);
-      return std::nullopt;
-    }
-    return std::nullopt;
-  };
+                   absl::Duration timeout) { return Await(agents[i], words, timeout); };
   // Node 0 serves the program's futex calls itself (FutexService::SetExclusive) while every
   // running thread is there: from "go" if no thread was placed elsewhere, and after adaptive
   // placement consolidated them; off before any thread moves (the node handles "exclusive
@@ -664,465 +752,19 @@ static int RunLauncherOn(const LaunchOptions& o, const std::vector<ClusterNode>&
   // the failure.
   absl::Time error_grace_end = absl::InfiniteFuture();
 
-  // Placement (LaunchOptions::placement): one sample of every node's CPU time (and, to
-  // regroup, of the pages its threads write) per window; the decisions go to the log and the
-  // stats JSON.
-  const bool adaptive = o.placement == "adaptive";
-  // One node: nowhere to move threads to.
-  bool placement_done = o.placement == "static" || o.nodes == 1;
-  bool regroup_done = placement_done;
-  int regroup_attempts = 0;
-  absl::Time last_sharing = absl::Now();
-  int low_windows = 0, windows = 0;
-  // Per node, cumulative: CPU ns of its running threads, ns its faults took, faults,
-  // invalidations; and now: threads running there, CPUs it may use.
-  struct NodeCounters {
-    uint64_t cpu = 0, stall = 0, faults = 0, invalidations = 0;
-    int threads = 0, cpus = 1;
-  };
-  std::vector<NodeCounters> last_counters(o.nodes);
-  ThroughputModel model;
-  // The stall per CPU-second the threads had when last spread (what the model predicts
-  // spreading again from).
-  double spread_stall_per_cpu = 0;
-  size_t last_threads = 0;
+  // Placement (LaunchOptions::placement, placement/controller.h): one sample of every node's
+  // counters per window; the decisions go to the log and the stats JSON.
   const absl::Time run_start = absl::Now();
-  absl::Time last_sample = run_start, next_sample = run_start + o.placement_window;
-  std::vector<std::string> samples_json, decisions_json;
-  // Affinity assignment inside the nodes with more than one CPU (affinity.h AssignCores): the
-  // groups of threads that write-share pages each get CPUs of their own.
-  std::vector<double> node_cores(o.nodes, 1.0);  // as the nodes last reported
-  auto assign_cores = [&](const std::vector<std::vector<int>>& placement,
-                          const SharingGraph& graph) {
-    for (int i = 0; i < o.nodes && i < static_cast<int>(placement.size()); ++i) {
-      const int cores = static_cast<int>(node_cores[i]);
-      if (cores < 2 || placement[i].empty() || agents[i].done) continue;
-      const auto assigned = AssignCores(placement[i], graph, cores);
-      std::string line = "cores", text;
-      for (size_t k = 0; k < placement[i].size(); ++k) {
-        absl::StrAppend(&line, " ", placement[i][k], ":", absl::StrJoin(assigned[k], ","));
-        absl::StrAppend(&text, text.empty() ? "" : " ", placement[i][k], ":",
-                        absl::StrJoin(assigned[k], ","));
-      }
-      SendLine(agents[i].control.get(), line);
-      auto r = await(i, {"cores"}, absl::Seconds(2));
-      int pinned = 0;
-      if (r) (void)absl::SimpleAtoi(absl::StripPrefix(*r, "cores "), &pinned);
-      LOG(INFO) << "stretchd run: placement: node " << i << " cores by thread (" << text
-                << "): " << pinned << " pinned";
-      decisions_json.push_back(absl::StrFormat(
-          R"({"t_ms":%.0f,"action":"assign_cores","node":%d,"node_cores":%d,"assignment":"%s","threads_pinned":%d})",
-          absl::ToDoubleMilliseconds(absl::Now() - run_start), i, cores, text, pinned));
-    }
-  };
-  // The last complete sharing graph (for assigning cores again after threads move), and where
-  // threads run now (each node's "where").
-  SharingGraph last_graph;
-  // `answered`, if given: whether every node still running answered (an empty list is then
-  // known to be empty).
-  auto where_all = [&](bool* answered = nullptr) {
-    std::vector<std::vector<int>> now(o.nodes);
-    if (answered != nullptr) *answered = true;
-    for (int i = 0; i < o.nodes; ++i) {
-      if (agents[i].done) continue;
-      SendLine(agents[i].control.get(), "where");
-      auto w = await(i, {"here"}, absl::Seconds(2));
-      if (w) {
-        now[i] = HereThreads(*w);
-      } else if (answered != nullptr) {
-        *answered = false;
-      }
-    }
-    return now;
-  };
-  // Regrouping by sharing affinity (affinity.h): from the pages the threads wrote with a fault
-  // since the last call, swap threads between nodes so that threads writing the same pages
-  // run together, if that removes at least a quarter of the write sharing across nodes (and
-  // some: a handful of faults is no reason to move). True if threads were moved. Tries in up
-  // to three windows, once it moves.
-  auto regroup = [&](double cores) -> bool {
-    SharingGraph graph;
-    std::vector<std::vector<int>> now(o.nodes);
-    for (int i = 0; i < o.nodes; ++i) {
-      SendLine(agents[i].control.get(), "sharing");
-      SendLine(agents[i].control.get(), "where");
-    }
-    bool complete = true;
-    for (int i = 0; i < o.nodes; ++i) {
-      auto r = await(i, {"sharing"}, absl::Seconds(2));
-      auto w = await(i, {"here"}, absl::Seconds(2));
-      if (!r || !w || !graph.AddReport(*r).ok()) {
-        complete = false;
-        continue;
-      }
-      now[i] = HereThreads(*w);
-    }
-    const absl::Time since = last_sharing;
-    last_sharing = absl::Now();
-    if (++regroup_attempts >= 3 || !complete) regroup_done = true;
-    if (!complete) return false;
-    last_graph = graph;
-    constexpr uint64_t kMinFaultsSaved = 64;
-    Regrouping r = Regroup(now, graph, /*pinned=*/{1});
-    const uint64_t saved = r.cut_before - r.cut_after;
-    if (r.moves.empty() || saved < kMinFaultsSaved || 4 * saved < r.cut_before) {
-      if (regroup_attempts == 1) assign_cores(now, graph);  // the groups as they are
-      return false;
-    }
-    regroup_done = true;
-    std::string moves;
-    for (const Move& m : r.moves) {
-      absl::StrAppend(&moves, moves.empty() ? "" : ", ", "thread ", m.tid, " node ", m.from, " -> ",
-                      m.to);
-    }
-    std::string reason = absl::StrFormat(
-        "over %.0f ms threads on different nodes wrote the same pages with %u write faults "
-        "(%u pages written by more than one thread); regrouped, %u would remain",
-        absl::ToDoubleMilliseconds(last_sharing - since), r.cut_before, graph.shared_pages(),
-        r.cut_after);
-    std::fprintf(stderr,
-                 "stretchd run: placement: regrouping threads that write-share pages: "
-                 "%s: %s\n",
-                 moves.c_str(), reason.c_str());
-    int moved = 0, failed = 0;
-    std::string moves_json;
-    for (const Move& m : r.moves) {
-      std::string result = migrate(m.tid, m.to);
-      const bool ok = absl::StartsWith(result, "ok");
-      ok ? ++moved : ++failed;
-      if (!ok) LOG(WARNING) << "stretchd run: placement: " << result;
-      absl::StrAppend(&moves_json, moves_json.empty() ? "" : ",",
-                      absl::StrFormat(R"({"thread":%d,"from":%d,"to":%d,"moved":%s})", m.tid,
-                                      m.from, m.to, ok ? "true" : "false"));
-    }
-    std::vector<std::string> nodes_json;
-    for (const auto& n : r.placement)
-      nodes_json.push_back(absl::StrCat("[", absl::StrJoin(n, ","), "]"));
-    decisions_json.push_back(absl::StrFormat(
-        R"({"t_ms":%.0f,"action":"regroup","cores":%.3f,"cut_before":%u,"cut_after":%u,)"
-        R"("shared_pages":%u,"moves":[%s],"placement":[%s],"threads_moved":%d,)"
-        R"("threads_not_moved":%d,"reason":"%s"})",
-        absl::ToDoubleMilliseconds(absl::Now() - run_start), cores, r.cut_before, r.cut_after,
-        graph.shared_pages(), moves_json, absl::StrJoin(nodes_json, ","), moved, failed, reason));
-    assign_cores(r.placement, graph);
-    return moved > 0;
-  };
-  // Every node's counters (the "cpu" control line).
-  auto read_cpu = [&](std::vector<NodeCounters>& c) -> bool {
-    for (int i = 0; i < o.nodes; ++i) {
-      if (agents[i].done) return false;
-      SendLine(agents[i].control.get(), "cpu");
-    }
-    for (int i = 0; i < o.nodes; ++i) {
-      auto r = await(i, {"cpu"}, absl::Seconds(2));
-      std::vector<std::string> f;
-      if (r) f = absl::StrSplit(*r, ' ');
-      if (f.size() != 7 || !absl::SimpleAtoi(f[1], &c[i].cpu) ||
-          !absl::SimpleAtoi(f[2], &c[i].threads) || !absl::SimpleAtoi(f[3], &c[i].stall) ||
-          !absl::SimpleAtoi(f[4], &c[i].faults) || !absl::SimpleAtoi(f[5], &c[i].invalidations) ||
-          !absl::SimpleAtoi(f[6], &c[i].cpus)) {
-        return false;
-      }
-    }
-    return true;
-  };
-  // After moving threads: the next window starts now, not where the moves began.
-  auto rebaseline = [&]() {
-    std::vector<NodeCounters> c(o.nodes);
-    if (!read_cpu(c)) return;
-    last_counters = c;
-    last_sample = absl::Now();
-  };
-  // Feedback (adaptive): after consolidating, the launcher keeps measuring. When node 0 is
-  // saturated (its cores all busy, more threads than cores) it spreads the threads back where
-  // they ran, after a backoff; if the next window keeps at least a quarter more cores busy
-  // than node 0 alone did, they stay spread, otherwise they go back to node 0 and the backoff
-  // doubles.
-  // Node 0's CPUs, as its agent reports them (its affinity: --node_cpus, or the machine's).
-  double node0_cores = 1;
-  bool consolidated = false, probing = false;
-  int probe_windows = 0;
-  double spread_cores = 0, consolidated_cores = 0, probe_cores = 0;
-  absl::Duration probe_backoff = absl::Seconds(1);
-  absl::Time next_probe = absl::InfiniteFuture();
-  std::vector<std::pair<pid_t, int>> spread;  // where the consolidated threads ran
-  auto decision = [&](const char* action, double cores, int moved, int failed,
-                      const std::string& reason, double predicted = -1) {
-    decisions_json.push_back(absl::StrFormat(
-        R"({"t_ms":%.0f,"action":"%s","cores":%.3f,%s"threads_moved":%d,"threads_not_moved":%d,)"
-        R"("model":%s,"reason":"%s"})",
-        absl::ToDoubleMilliseconds(absl::Now() - run_start), action, cores,
-        predicted >= 0 ? absl::StrFormat(R"("predicted_cores":%.3f,)", predicted) : "", moved,
-        failed, model.FitJson(), reason));
-  };
-  auto consolidate = [&](const std::string& reason, double cores, double predicted) {
-    std::fprintf(stderr, "stretchd run: placement: moving every thread to node 0: %s\n",
-                 reason.c_str());
-    int moved = 0, failed = 0;
-    std::string failures;
-    spread.clear();
-    for (int i = 1; i < o.nodes; ++i) {
-      if (agents[i].done) continue;
-      SendLine(agents[i].control.get(), "where");
-      auto r = await(i, {"here"}, absl::Seconds(5));
-      if (!r) {
-        ++failed;  // unknown: the node's threads may still run there
-        if (failures.empty()) failures = absl::StrCat("node ", i, " did not say what it runs");
-        continue;
-      }
-      for (const pid_t tid : HereThreads(*r)) {
-        std::string result = migrate(tid, 0);
-        if (absl::StartsWith(result, "ok")) {
-          ++moved;
-          spread.emplace_back(tid, i);
-        } else {
-          ++failed;
-          LOG(WARNING) << "stretchd run: placement: " << result;
-          if (failures.empty()) failures = result;
-        }
-      }
-    }
-    decision("consolidate", cores, moved, failed, reason, predicted);
-    if (moved > 0) {
-      bool answered = false;
-      const auto now = where_all(&answered);
-      assign_cores(now, last_graph);
-      // Node 0's own futex table, once every other node is known to run nothing.
-      if (failed == 0 && answered &&
-          std::all_of(now.begin() + 1, now.end(),
-                      [](const std::vector<int>& threads) { return threads.empty(); })) {
-        set_exclusive(true);
-      }
-    }
-    LOG(INFO) << "stretchd run: placement: moved " << moved << " thread(s) to node 0"
-              << (failed ? absl::StrCat(", ", failed, " could not move: ", failures) : "");
-    consolidated = moved > 0;
-    probing = false;
-    consolidated_cores = 0;
-  };
-  auto watch_consolidated = [&](absl::Time now, double cores, double waiting, size_t threads,
-                                bool fewer_threads) {
-    consolidated_cores = consolidated_cores == 0 ? cores : (consolidated_cores + cores) / 2;
-    const bool saturated = cores >= 0.8 * node0_cores &&
-                           waiting<0.25 * cores&& static_cast<double>(threads)> node0_cores &&
-                           !fewer_threads;
-    if (!saturated || spread.empty()) return;
-    // What spreading is predicted to give, if the threads shared as when they last ran spread.
-    std::vector<int> per_node(o.nodes, 0);
-    per_node[0] = static_cast<int>(threads);
-    for (const auto& [tid, node] : spread) {
-      ++per_node[node];
-      --per_node[0];
-    }
-    const double predicted = ThroughputModel::Busy(per_node, node_cores, spread_stall_per_cpu);
-    const bool predicted_gain = predicted >= 1.25 * consolidated_cores;
-    // Probe when the model predicts a gain, or after the backoff: the model cannot see a phase
-    // change, only a probe can.
-    if (now < next_probe && !predicted_gain) return;
-    std::string reason = absl::StrFormat(
-        "node 0 alone keeps %.2f of its %.0f cores busy with %u threads: trying the other nodes "
-        "again (distributed, the threads kept %.2f cores busy; the model predicts %.2f %s)",
-        consolidated_cores, node0_cores, threads, spread_cores, predicted,
-        predicted_gain ? "" : "if they share as then, but the program may have changed");
-    std::fprintf(stderr, "stretchd run: placement: spreading threads again: %s\n", reason.c_str());
-    int moved = 0, failed = 0;
-    for (const auto& [tid, node] : spread) {
-      if (agents[node].done) continue;
-      absl::StartsWith(migrate(tid, node), "ok") ? ++moved : ++failed;
-    }
-    decision("probe", cores, moved, failed, reason, predicted);
-    if (moved > 0) assign_cores(where_all(), last_graph);
-    rebaseline();
-    consolidated = false;
-    probing = moved > 0;
-    probe_windows = 0;
-    probe_cores = 0;
-  };
-  auto judge_probe = [&](absl::Time now, double cores, double waiting, bool fewer_threads) {
-    if (fewer_threads) return;
-    probe_cores += cores;
-    ++probe_windows;  // one window decides: a probe that does not pay costs little
-    const double spread_now = probe_cores / probe_windows;
-    probing = false;
-    if (spread_now >= 1.25 * consolidated_cores) {
-      decision("stay_spread", spread_now, 0, 0,
-               absl::StrFormat("spread, the threads keep %.2f cores busy (node 0 alone: %.2f)",
-                               spread_now, consolidated_cores));
-      std::fprintf(stderr,
-                   "stretchd run: placement: the threads stay spread: they keep %.2f cores busy "
-                   "(node 0 alone: %.2f)\n",
-                   spread_now, consolidated_cores);
-      low_windows = 0;
-      return;
-    }
-    const double before = consolidated_cores;
-    consolidate(absl::StrFormat("spread again the threads kept only %.2f cores busy (node 0 "
-                                "alone: %.2f, waiting for pages %.2f)",
-                                spread_now, before, waiting),
-                spread_now, /*predicted=*/-1);
-    consolidated_cores = before;
-    probe_backoff *= 2;
-    next_probe = now + probe_backoff;
-  };
-  // Threads the program created after the migration point run where they were created
-  // (every node has a copy of them: Replica). While the threads are spread, a node running at
-  // least two threads more than another gives its newest such threads to the one with fewest,
-  // half the difference, as the migration spread the first ones. True if threads moved.
-  auto place_new_threads = [&](const std::vector<NodeCounters>& c) -> bool {
-    auto counts = [&]() {
-      std::pair<int, int> most{-1, -1}, fewest{-1, INT32_MAX};
-      for (int i = 0; i < o.nodes; ++i) {
-        if (agents[i].done) continue;
-        if (c[i].threads > most.second) most = {i, c[i].threads};
-        if (c[i].threads < fewest.second) fewest = {i, c[i].threads};
-      }
-      return std::pair{most, fewest};
-    };
-    auto [most, fewest] = counts();
-    if (most.first < 0 || fewest.first < 0 || most.second - fewest.second < 2) return false;
-    std::vector<std::vector<int>> now = where_all();
-    // Only threads created after the migration point; the others are where placement put them.
-    std::vector<int> from;
-    for (int tid : now[most.first]) {
-      if (std::find(origin->threads.begin(), origin->threads.end(), tid) == origin->threads.end()) {
-        from.push_back(tid);
-      }
-    }
-    if (from.empty()) return false;
-    std::sort(from.begin(), from.end());
-    const int move = (static_cast<int>(from.size()) - static_cast<int>(now[fewest.first].size())) / 2;
-    if (move <= 0) return false;
-    int moved = 0, failed = 0;
-    std::string moves;
-    for (int k = 0; k < move && !from.empty(); ++k) {
-      const int tid = from.back();
-      from.pop_back();
-      const bool ok = absl::StartsWith(migrate(tid, fewest.first), "ok");
-      ok ? ++moved : ++failed;
-      absl::StrAppend(&moves, moves.empty() ? "" : ",",
-                      absl::StrFormat(R"({"thread":%d,"from":%d,"to":%d,"moved":%s})", tid,
-                                      most.first, fewest.first, ok ? "true" : "false"));
-    }
-    const std::string reason =
-        absl::StrFormat("node %d ran %d threads, node %d %d: the newest went to node %d",
-                        most.first, most.second, fewest.first, fewest.second, fewest.first);
-    std::fprintf(stderr, "stretchd run: placement: placing new threads: %s\n", reason.c_str());
-    decisions_json.push_back(absl::StrFormat(
-        R"({"t_ms":%.0f,"action":"place_new_threads","moves":[%s],"threads_moved":%d,)"
-        R"("threads_not_moved":%d,"reason":"%s"})",
-        absl::ToDoubleMilliseconds(absl::Now() - run_start), moves, moved, failed, reason));
-    if (moved > 0) assign_cores(where_all(), last_graph);
-    return moved > 0;
-  };
-  auto sample_placement = [&]() {
-    std::vector<NodeCounters> c(o.nodes);
-    if (!read_cpu(c)) {
-      placement_done = true;  // a node that does not answer is ending
-      return;
-    }
-    const absl::Time now = absl::Now();
-    const double secs = absl::ToDoubleSeconds(now - last_sample);
-    double cores = 0;
-    double waiting = 0;  // cores' worth of threads waiting for pages
-    double away = 0;     // cores busy on nodes other than 0
-    size_t threads = 0;
-    std::vector<NodeWindow> window(o.nodes);
-    auto delta = [](uint64_t now, uint64_t before) {
-      return now > before ? static_cast<double>(now - before) : 0.0;
-    };
-    for (int i = 0; i < o.nodes; ++i) {
-      const NodeCounters& was = last_counters[i];
-      NodeWindow& w = window[i];
-      w.seconds = secs;
-      w.cpu = delta(c[i].cpu, was.cpu) / 1e9;
-      w.stall = delta(c[i].stall, was.stall) / 1e9;
-      w.faults = delta(c[i].faults, was.faults);
-      w.invalidations = delta(c[i].invalidations, was.invalidations);
-      w.threads = c[i].threads;
-      w.cores = std::max(1, c[i].cpus);
-      cores += w.cpu;
-      if (i > 0) away += w.cpu;
-      waiting += w.stall;
-      threads += static_cast<size_t>(std::max(0, c[i].threads));
-    }
-    node0_cores = window[0].cores;
-    for (int i = 0; i < o.nodes; ++i) node_cores[i] = window[i].cores;
-    cores = secs > 0 ? cores / secs : 0;
-    waiting = secs > 0 ? waiting / secs : 0;
-    away = secs > 0 ? away / secs : 0;
-    const bool first = windows++ == 0;  // from the go to the first sample: start-up
-    // Threads ending (the program winding down) make a window say nothing about placement.
-    const bool fewer_threads = threads < last_threads;
-    last_counters = c;
-    last_threads = threads;
-    last_sample = now;
-    if (first) return;
-    // Every window with remote traffic teaches the model what a fault costs here.
-    if (!fewer_threads) {
-      for (const NodeWindow& w : window) model.Add(w);
-    }
-    const double one_node = model.PredictOneNode(window);
-    if (!regroup_done && regroup(cores)) {
-      low_windows = 0;  // the next window measures the new placement
-      if (!adaptive) placement_done = true;
-      return;
-    }
-    if (!adaptive) {
-      placement_done = regroup_done;
-      return;
-    }
-    if (samples_json.size() < 100) {
-      samples_json.push_back(absl::StrFormat(
-          R"({"t_ms":%.0f,"cores":%.3f,"waiting":%.3f,"predicted":%.3f,"predicted_one_node":%.3f})",
-          absl::ToDoubleMilliseconds(now - run_start), cores, waiting,
-          model.PredictPlacement(window), one_node));
-    }
-    if (consolidated) {
-      watch_consolidated(now, cores, waiting, threads, fewer_threads);
-      return;
-    }
-    if (!probing && place_new_threads(c)) {
-      rebaseline();
-      return;
-    }
-    if (probing) {
-      judge_probe(now, cores, waiting, fewer_threads);
-      return;
-    }
-    // Distribution costs more than it gives when the model predicts that the threads would keep
-    // more cores busy all on node 0 (without their remote faults) than they keep on all nodes
-    // now, while threads away from node 0 still run (a serial phase, threads idle by design, is
-    // not that; nor is main alone on node 0 collecting results: moving threads would not move
-    // the data). Two windows in a row: one can be a transient (a burst of first-touch faults
-    // as a program starts computing looks like heavy sharing for a window).
-    const double gain = cores > 0 ? one_node / cores : (one_node > 0 ? HUGE_VAL : 1.0);
-    const bool dsm_bound =
-        gain >= 1.1 && away > 0.05 && (o.placement_min_cores <= 0 || cores < o.placement_min_cores);
-    low_windows = dsm_bound && !fewer_threads ? low_windows + 1 : 0;
-    spread_cores = low_windows == 1 ? cores : (spread_cores + cores) / 2;
-    if (low_windows < 2) return;
-    low_windows = 0;
-    {
-      double cpu = 0, stall = 0;
-      for (const NodeWindow& w : window) {
-        cpu += w.cpu;
-        stall += w.cpu * std::min(model.StallPerCpuSecond(w), 1e6);
-      }
-      spread_stall_per_cpu = cpu > 0 ? stall / cpu : 1e6;
-    }
-    consolidate(absl::StrFormat(
-                    "over the last %.0f ms the program's threads kept %.2f cores busy on %d nodes "
-                    "and waited for pages %.2f cores' worth; the model (a fault costs %.0f us of "
-                    "stall, an invalidation %.0f us) predicts %.2f cores busy all on node 0",
-                    absl::ToDoubleMilliseconds(o.placement_window), cores, o.nodes, waiting,
-                    model.fit().per_fault_s * 1e6, model.fit().per_invalidation_s * 1e6, one_node),
-                cores, one_node);
-    // Try spreading again after a while, doubling each time it does not pay (a phase that
-    // shares is no reason to give up the other nodes for good): 1 s, longer the more the model
-    // says one node wins (up to 3 s), so that a program that always shares pays for few probes.
-    probe_backoff = absl::Milliseconds(1000 * std::clamp(gain, 1.0, 3.0));
-    next_probe = absl::Now() + probe_backoff;
-  };
+  ControlChannelCluster nodes(&agents, migrate, set_exclusive);
+  placement::ControllerOptions po;
+  po.nodes = o.nodes;
+  po.adaptive = o.placement == "adaptive";
+  po.min_cores = o.placement_min_cores;
+  po.window = o.placement_window;
+  po.migrated_threads.assign(origin->threads.begin(), origin->threads.end());
+  placement::PlacementController placement_loop(po, &nodes);
+  auto placement_done = [&] { return o.placement == "static" || placement_loop.done(); };
+  absl::Time next_sample = run_start + o.placement_window;
 
   absl::Time run_end = absl::InfiniteFuture();  // when the program ended (exit or signal)
   for (bool finished = false; !finished;) {
@@ -1139,7 +781,7 @@ static int RunLauncherOn(const LaunchOptions& o, const std::vector<ClusterNode>&
       timeout_ms = static_cast<int>(
           std::max<int64_t>(0, absl::ToInt64Milliseconds(error_grace_end - absl::Now())));
     }
-    if (!placement_done && error_grace_end == absl::InfiniteFuture() && !pending) {
+    if (!placement_done() && error_grace_end == absl::InfiniteFuture() && !pending) {
       const int to_sample = static_cast<int>(
           std::max<int64_t>(0, absl::ToInt64Milliseconds(next_sample - absl::Now())));
       timeout_ms = timeout_ms < 0 ? to_sample : std::min(timeout_ms, to_sample);
@@ -1161,9 +803,9 @@ static int RunLauncherOn(const LaunchOptions& o, const std::vector<ClusterNode>&
       }
     }
     if (p[o.nodes].revents & POLLIN) serve_control();
-    if (!placement_done && error_grace_end == absl::InfiniteFuture() &&
+    if (!placement_done() && error_grace_end == absl::InfiniteFuture() &&
         absl::Now() >= next_sample) {
-      sample_placement();
+      placement_loop.Sample();
       next_sample = absl::Now() + o.placement_window;
     }
     for (int i = 0; i < o.nodes && !finished; ++i) {
@@ -1240,7 +882,7 @@ static int RunLauncherOn(const LaunchOptions& o, const std::vector<ClusterNode>&
     run.run_ms = absl::ToDoubleMilliseconds(run_end - run_start);
     run.migration_ms =
         absl::ToDoubleMilliseconds(origin->stop_time + origin->dump_time + restore_time);
-    run.consolidated = consolidated;
+    run.consolidated = placement_loop.consolidated();
     record_history(run);
   }
   if (!o.stats_json.empty()) {
@@ -1263,9 +905,9 @@ static int RunLauncherOn(const LaunchOptions& o, const std::vector<ClusterNode>&
                     ",\"image_bytes\":", image_bytes,
                     ",\"transfer_ms\":", absl::ToDoubleMilliseconds(transfer_time),
                     ",\"restore_ms\":", absl::ToDoubleMilliseconds(restore_time), "}",
-                    ",\"placement\":{\"policy\":\"", o.placement, "\",\"model\":", model.FitJson(),
-                    ",\"samples\":[", absl::StrJoin(samples_json, ","), "],\"decisions\":[",
-                    absl::StrJoin(decisions_json, ","), "]", history_json.empty() ? "" : ",",
+                    ",\"placement\":{\"policy\":\"", o.placement, "\",\"model\":", placement_loop.ModelJson(),
+                    ",\"samples\":", placement_loop.SamplesJson(), ",\"decisions\":",
+                    placement_loop.DecisionsJson(), history_json.empty() ? "" : ",",
                     history_json, "}}");
     FILE* f = std::fopen(o.stats_json.c_str(), "w");
     if (f == nullptr)

@@ -1,0 +1,309 @@
+#include "placement/controller.h"
+
+#include <algorithm>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace stretch {
+namespace placement {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using ::testing::IsEmpty;
+using ::testing::Not;
+using ::testing::UnorderedElementsAre;
+
+constexpr absl::Duration kWindow = absl::Milliseconds(100);
+
+// What one node did in one window: CPU-seconds of its threads, thread-seconds they waited for
+// pages, faults and invalidations.
+struct Activity {
+  double cpu = 0, stall = 0;
+  uint64_t faults = 0, invalidations = 0;
+};
+
+// A cluster of nodes with one CPU each whose threads move when the controller says so; time
+// and the nodes' counters advance only when the test runs a window.
+class FakeCluster : public Cluster {
+ public:
+  explicit FakeCluster(std::vector<std::vector<int>> where)
+      : where_(std::move(where)), counters_(where_.size()), running_(where_.size(), true) {}
+
+  // One window of `activity` (per node), then the controller's sample.
+  void Window(PlacementController& c, const std::vector<Activity>& activity) {
+    now_ += kWindow;
+    for (size_t i = 0; i < activity.size(); ++i) {
+      counters_[i].cpu_ns += static_cast<uint64_t>(activity[i].cpu * 1e9);
+      counters_[i].stall_ns += static_cast<uint64_t>(activity[i].stall * 1e9);
+      counters_[i].faults += activity[i].faults;
+      counters_[i].invalidations += activity[i].invalidations;
+    }
+    c.Sample();
+  }
+
+  absl::Time Now() override { return now_; }
+  bool Running(int node) override { return running_[node]; }
+  bool ReadCounters(std::vector<NodeCounters>* counters) override {
+    for (size_t i = 0; i < where_.size(); ++i) {
+      (*counters)[i] = counters_[i];
+      (*counters)[i].threads = static_cast<int>(where_[i].size());
+      (*counters)[i].cpus = 1;
+    }
+    return std::all_of(running_.begin(), running_.end(), [](bool r) { return r; });
+  }
+  bool Where(int node, std::vector<int>* threads) override {
+    *threads = where_[node];
+    return true;
+  }
+  bool Sharing(std::vector<std::string>* reports,
+               std::vector<std::vector<int>>* threads) override {
+    for (size_t i = 0; i < where_.size(); ++i) {
+      reports->push_back(FormatSharingReport(sharing_[i]));
+    }
+    sharing_.clear();
+    *threads = where_;
+    return true;
+  }
+  std::string Migrate(int tid, int to) override {
+    for (size_t from = 0; from < where_.size(); ++from) {
+      auto it = std::find(where_[from].begin(), where_[from].end(), tid);
+      if (it == where_[from].end()) continue;
+      where_[from].erase(it);
+      where_[to].push_back(tid);
+      moves.push_back(absl::StrCat(tid, ":", from, "->", to));
+      return "ok";
+    }
+    return "error no node runs it";
+  }
+  int PinCores(int, const std::vector<int>& threads,
+               const std::vector<std::vector<int>>&) override {
+    return static_cast<int>(threads.size());
+  }
+  void SetExclusive(bool on) override { exclusive = on; }
+  void Say(const std::string& line) override { said.push_back(line); }
+
+  // The writes of `tid` to `page`, reported by the node it runs on, in the next window.
+  void Writes(int node, uint64_t page, uint64_t faults, std::vector<int> writers) {
+    sharing_[node].push_back({page, faults, std::move(writers)});
+  }
+  const std::vector<int>& on(int node) const { return where_[node]; }
+  void Exit(int tid) {
+    for (auto& threads : where_) threads.erase(std::remove(threads.begin(), threads.end(), tid), threads.end());
+  }
+  void End(int node) { running_[node] = false; }
+
+  std::vector<std::string> moves, said;
+  bool exclusive = false;
+
+ private:
+  absl::Time now_ = absl::UnixEpoch();
+  std::vector<std::vector<int>> where_;
+  std::vector<NodeCounters> counters_;
+  std::vector<bool> running_;
+  std::map<int, std::vector<PageWriters>> sharing_;
+};
+
+ControllerOptions Adaptive(std::vector<int> migrated = {1, 2, 3}) {
+  ControllerOptions o;
+  o.nodes = 2;
+  o.adaptive = true;
+  o.window = kWindow;
+  o.migrated_threads = std::move(migrated);
+  return o;
+}
+
+// Threads that wait for pages most of the time on both nodes: 0.6 cores busy of 2, while all
+// on node 0 they would keep its core busy.
+const std::vector<Activity> kDsmBound = {{0.03, 0.15, 1500, 300}, {0.03, 0.07, 700, 300}};
+// Threads that compute: both cores busy, hardly a fault.
+const std::vector<Activity> kComputeBound = {{0.1, 0.001, 10, 0}, {0.1, 0.001, 10, 0}};
+// All threads on node 0 (consolidated), its one core busy, nothing remote.
+const std::vector<Activity> kNodeZeroSaturated = {{0.1, 0.0, 0, 0}, {0.0, 0.0, 0, 0}};
+
+TEST(PlacementControllerTest, TwoDsmBoundWindowsInARowConsolidateOnNodeZero) {
+  FakeCluster cluster({{1, 2}, {3}});
+  PlacementController c(Adaptive(), &cluster);
+  cluster.Window(c, kComputeBound);  // start-up: decides nothing
+  cluster.Window(c, kDsmBound);
+  EXPECT_THAT(cluster.moves, IsEmpty()) << "one window can be a transient";
+  cluster.Window(c, kDsmBound);
+  EXPECT_THAT(cluster.moves, ElementsAre("3:1->0"));
+  EXPECT_THAT(cluster.on(0), UnorderedElementsAre(1, 2, 3));
+  EXPECT_TRUE(cluster.exclusive) << "node 0 serves the futexes once nothing runs elsewhere";
+  EXPECT_TRUE(c.consolidated());
+  EXPECT_THAT(c.DecisionsJson(), HasSubstr(R"("action":"consolidate")"));
+  ASSERT_THAT(cluster.said, Not(IsEmpty()));
+  EXPECT_THAT(cluster.said.back(), HasSubstr("moving every thread to node 0"));
+}
+
+TEST(PlacementControllerTest, ComputeBoundThreadsStaySpread) {
+  FakeCluster cluster({{1, 2}, {3}});
+  PlacementController c(Adaptive(), &cluster);
+  for (int i = 0; i < 50; ++i) cluster.Window(c, kComputeBound);
+  EXPECT_THAT(cluster.moves, IsEmpty());
+  EXPECT_FALSE(c.consolidated());
+  EXPECT_FALSE(c.done());
+  EXPECT_THAT(c.SamplesJson(), HasSubstr(R"("cores":2.000)"));
+}
+
+// A window in which threads ended (the program winding down) says nothing about placement,
+// and the two DSM-bound windows must follow each other.
+TEST(PlacementControllerTest, ThreadsEndingInTheWindowDelayTheDecision) {
+  FakeCluster cluster({{1, 2, 5}, {3}});
+  PlacementController c(Adaptive({1, 2, 3, 5}), &cluster);
+  cluster.Window(c, kComputeBound);
+  cluster.Window(c, kDsmBound);
+  cluster.Exit(5);
+  cluster.Window(c, kDsmBound);
+  EXPECT_THAT(cluster.moves, IsEmpty());
+  cluster.Window(c, kDsmBound);
+  EXPECT_THAT(cluster.moves, IsEmpty()) << "the first of a new run of two";
+  cluster.Window(c, kDsmBound);
+  EXPECT_THAT(cluster.moves, ElementsAre("3:1->0"));
+}
+
+// A serial phase (nothing runs away from node 0) is not distribution costing too much.
+TEST(PlacementControllerTest, ASerialPhaseOnNodeZeroIsNotDsmBound) {
+  FakeCluster cluster({{1, 2}, {3}});
+  PlacementController c(Adaptive(), &cluster);
+  const std::vector<Activity> serial = {{0.03, 0.15, 1500, 0}, {0.0, 0.0, 0, 0}};
+  for (int i = 0; i < 20; ++i) cluster.Window(c, serial);
+  EXPECT_THAT(cluster.moves, IsEmpty());
+}
+
+TEST(PlacementControllerTest, ProbesAfterTheBackoffAndReturnsWhenSpreadingDoesNotPay) {
+  FakeCluster cluster({{1, 2}, {3}});
+  PlacementController c(Adaptive(), &cluster);
+  cluster.Window(c, kComputeBound);
+  cluster.Window(c, kDsmBound);
+  cluster.Window(c, kDsmBound);
+  ASSERT_TRUE(c.consolidated());
+  cluster.moves.clear();
+  // Node 0 saturated: no probe before the backoff (1 s times what the model says one node
+  // wins, up to 3 s), since the model predicts no gain from spreading as the threads shared.
+  int windows = 0;
+  while (cluster.moves.empty() && windows < 100) {
+    cluster.Window(c, kNodeZeroSaturated);
+    ++windows;
+  }
+  ASSERT_THAT(cluster.moves, ElementsAre("3:0->1"));
+  EXPECT_GE(windows, 10) << "probed before any backoff";
+  EXPECT_LE(windows, 31) << "the backoff is at most 3 s";
+  EXPECT_FALSE(c.consolidated());
+  EXPECT_THAT(cluster.said.back(), HasSubstr("spreading threads again"));
+  // The probe's window shares as before: back to node 0, and the next backoff is twice as long.
+  cluster.moves.clear();
+  cluster.Window(c, kDsmBound);
+  EXPECT_THAT(cluster.moves, ElementsAre("3:1->0"));
+  EXPECT_TRUE(c.consolidated());
+  cluster.moves.clear();
+  int second = 0;
+  while (cluster.moves.empty() && second < 200) {
+    cluster.Window(c, kNodeZeroSaturated);
+    ++second;
+  }
+  EXPECT_THAT(cluster.moves, ElementsAre("3:0->1"));
+  EXPECT_GE(second, 2 * windows - 2) << "the backoff doubles";
+  EXPECT_THAT(c.DecisionsJson(), HasSubstr(R"("action":"probe")"));
+}
+
+TEST(PlacementControllerTest, AProbeThatPaysStaysSpread) {
+  FakeCluster cluster({{1, 2}, {3}});
+  PlacementController c(Adaptive(), &cluster);
+  cluster.Window(c, kComputeBound);
+  cluster.Window(c, kDsmBound);
+  cluster.Window(c, kDsmBound);
+  ASSERT_TRUE(c.consolidated());
+  cluster.moves.clear();
+  for (int i = 0; i < 100 && cluster.moves.empty(); ++i) cluster.Window(c, kNodeZeroSaturated);
+  ASSERT_THAT(cluster.moves, ElementsAre("3:0->1"));
+  cluster.moves.clear();
+  cluster.Window(c, kComputeBound);  // 2 cores busy spread, against 1 on node 0 alone
+  EXPECT_THAT(cluster.moves, IsEmpty());
+  EXPECT_FALSE(c.consolidated());
+  EXPECT_THAT(c.DecisionsJson(), HasSubstr(R"("action":"stay_spread")"));
+  for (int i = 0; i < 30; ++i) cluster.Window(c, kComputeBound);
+  EXPECT_THAT(cluster.moves, IsEmpty());
+}
+
+// Threads created after the migration point start where their creator runs; while the
+// threads are spread, the node with more gives half the difference of its newest to the other.
+TEST(PlacementControllerTest, NewThreadsGoToTheNodeWithFewest) {
+  FakeCluster cluster({{1, 2, 10, 11, 12, 13}, {3}});
+  PlacementController c(Adaptive({1, 2, 3}), &cluster);
+  cluster.Window(c, kComputeBound);
+  cluster.Window(c, kComputeBound);
+  EXPECT_THAT(cluster.moves, ElementsAre("13:0->1"));
+  EXPECT_THAT(c.DecisionsJson(), HasSubstr(R"("action":"place_new_threads")"));
+}
+
+TEST(PlacementControllerTest, ThreadsOfTheMigrationPointAreNotRebalanced) {
+  FakeCluster cluster({{1, 2, 4, 5}, {3}});
+  PlacementController c(Adaptive({1, 2, 3, 4, 5}), &cluster);
+  for (int i = 0; i < 10; ++i) cluster.Window(c, kComputeBound);
+  EXPECT_THAT(cluster.moves, IsEmpty());
+}
+
+// Affinity placement: threads that write the same pages end up on one node (thread 1, main,
+// stays on node 0); then nothing more is decided.
+TEST(PlacementControllerTest, AffinityRegroupsThreadsThatWriteShare) {
+  FakeCluster cluster({{1, 2}, {3, 4}});
+  ControllerOptions o = Adaptive({1, 2, 3, 4});
+  o.adaptive = false;
+  PlacementController c(o, &cluster);
+  cluster.Window(c, kComputeBound);
+  cluster.Writes(0, 0x100, 500, {2});
+  cluster.Writes(1, 0x100, 500, {3});
+  cluster.Writes(1, 0x200, 10, {4});
+  cluster.Window(c, kComputeBound);
+  EXPECT_EQ(cluster.moves.size(), 2u);
+  EXPECT_THAT(cluster.on(0), UnorderedElementsAre(1, 4));
+  EXPECT_THAT(cluster.on(1), UnorderedElementsAre(2, 3));
+  EXPECT_TRUE(c.done());
+  EXPECT_THAT(c.DecisionsJson(), HasSubstr(R"("action":"regroup")"));
+}
+
+TEST(PlacementControllerTest, AHandfulOfSharedFaultsIsNoReasonToMove) {
+  FakeCluster cluster({{1, 2}, {3, 4}});
+  ControllerOptions o = Adaptive({1, 2, 3, 4});
+  o.adaptive = false;
+  PlacementController c(o, &cluster);
+  cluster.Window(c, kComputeBound);
+  for (int i = 0; i < 5; ++i) {
+    cluster.Writes(0, 0x100, 10, {2});
+    cluster.Writes(1, 0x100, 10, {3});
+    cluster.Window(c, kComputeBound);
+  }
+  EXPECT_THAT(cluster.moves, IsEmpty());
+  EXPECT_TRUE(c.done()) << "three attempts, then affinity placement is done";
+}
+
+TEST(PlacementControllerTest, ANodeThatEndedEndsPlacement) {
+  FakeCluster cluster({{1, 2}, {3}});
+  PlacementController c(Adaptive(), &cluster);
+  cluster.Window(c, kComputeBound);
+  cluster.End(1);
+  cluster.Window(c, kDsmBound);
+  EXPECT_TRUE(c.done());
+  cluster.Window(c, kDsmBound);
+  EXPECT_THAT(cluster.moves, IsEmpty());
+}
+
+TEST(PlacementControllerTest, OneNodeHasNothingToDecide) {
+  FakeCluster cluster({{1, 2, 3}});
+  ControllerOptions o = Adaptive();
+  o.nodes = 1;
+  PlacementController c(o, &cluster);
+  EXPECT_TRUE(c.done());
+}
+
+}  // namespace
+}  // namespace placement
+}  // namespace stretch
