@@ -282,7 +282,8 @@ bool PlacementController::PlaceNewThreads(const std::vector<NodeCounters>& c) {
   }
   if (from.empty()) return false;
   std::sort(from.begin(), from.end());
-  const int move = (static_cast<int>(from.size()) - static_cast<int>(now[fewest.first].size())) / 2;
+  const int move =
+      (static_cast<int>(now[most.first].size()) - static_cast<int>(now[fewest.first].size())) / 2;
   if (move <= 0) return false;
   int moved = 0, failed = 0;
   std::string moves;

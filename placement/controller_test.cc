@@ -240,8 +240,12 @@ TEST(PlacementControllerTest, NewThreadsGoToTheNodeWithFewest) {
   PlacementController c(Adaptive({1, 2, 3}), &cluster);
   cluster.Window(c, kComputeBound);
   cluster.Window(c, kComputeBound);
-  EXPECT_THAT(cluster.moves, ElementsAre("13:0->1"));
+  // Half the difference (6 against 1), newest first: 4 against 3.
+  EXPECT_THAT(cluster.moves, ElementsAre("13:0->1", "12:0->1"));
   EXPECT_THAT(c.DecisionsJson(), HasSubstr(R"("action":"place_new_threads")"));
+  for (int i = 0; i < 10; ++i) cluster.Window(c, kComputeBound);
+  EXPECT_EQ(cluster.moves.size(), 2u) << "balanced";
+  EXPECT_THAT(cluster.on(0), UnorderedElementsAre(1, 2, 10, 11));
 }
 
 TEST(PlacementControllerTest, ThreadsOfTheMigrationPointAreNotRebalanced) {
