@@ -1,0 +1,234 @@
+// The replica side of `stretchd node` in automatic mode (automatic.h).
+#include "stretchd/automatic.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <sys/signalfd.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <cstring>
+#include <deque>
+#include <filesystem>
+#include <fstream>
+#include <optional>
+#include <sstream>
+#include <thread>
+
+#include "absl/strings/escaping.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "core/json.h"
+#include "core/status.h"
+#include "core/unique_fd.h"
+#include "engine/node_agent.h"
+#include "engine/server.h"
+#include "glog/logging.h"
+#include "migrate/origin.h"
+#include "migrate/subprocess.h"
+#include "placement/affinity.h"
+#include "placement/controller.h"
+#include "placement/placement_history.h"
+#include "stretchd/control.h"
+#include "stretchd/remote.h"
+#include "stretchd/replica.h"
+#include "stretchd/standard_input.h"
+#include "testing/netns.h"
+#include "transport/fault_injecting_transport.h"
+
+namespace stretch {
+namespace {
+
+// A node's part of `stretchd migrate` (see the control channel above).
+void HandleMigration(Replica& replica, int ctl, const std::string& line) {
+  std::vector<std::string> w = absl::StrSplit(line, absl::MaxSplits(' ', 2));
+  pid_t tid = 0;
+  if (w[0] == "where") {
+    std::vector<pid_t> here = replica.ThreadsRunningHere();
+    SendLine(ctl, absl::StrCat("here ", absl::StrJoin(here, ",")));
+    return;
+  }
+  if (w.size() < 2 || !absl::SimpleAtoi(w[1], &tid)) return;
+  if (w[0] == "migrate-out") {
+    auto state = replica.MigrateOut(tid);
+    if (state.ok()) {
+      SendLine(ctl, absl::StrCat("migrated-out ", tid, " ", absl::BytesToHexString(*state)));
+    } else if (absl::IsNotFound(state.status())) {
+      SendLine(ctl, absl::StrCat("notmine ", tid));
+    } else {
+      SendLine(ctl, absl::StrCat("migrate-error ", tid, " ", state.status().message()));
+    }
+  } else if (w[0] == "migrate-in" && w.size() == 3) {
+    absl::Status s = replica.MigrateIn(tid, absl::HexStringToBytes(w[2]));
+    SendLine(ctl, s.ok() ? absl::StrCat("migrated-in ", tid)
+                         : absl::StrCat("migrate-error ", tid, " ", s.message()));
+  }
+}
+
+// "exit N" / "signal S" for a status; the launcher's encoding: >= 0 exit code, < 0 -signal.
+std::string StatusLine(const ExitStatus& st) {
+  return st.signaled ? absl::StrCat("signal ", st.code) : absl::StrCat("exit ", st.code);
+}
+
+}  // namespace
+
+int RunReplicaAgent(const ReplicaAgentOptions& o) {
+  const int ctl = o.control_fd;
+  auto report_error = [ctl](const std::string& what) {
+    SendLine(ctl, absl::StrCat("error ", what));
+    std::fprintf(stderr, "stretchd node: %s\n", what.c_str());
+    return 1;
+  };
+  engine::NodeOptions no;
+  no.node = NodeId(static_cast<uint32_t>(o.node));
+  no.server = o.server;
+  no.listen = o.listen;
+  no.transport = o.transport;
+  no.transport_options.cluster_secret = o.cluster_secret;
+  no.read_ahead = o.read_ahead;
+  no.busy_poll = o.busy_poll;
+  no.fault_trace = o.fault_trace;
+  no.track_write_sharing = o.track_write_sharing;
+  no.transport_options.heartbeat_interval = o.heartbeat_interval;
+  no.transport_options.peer_timeout = o.peer_timeout;
+  no.fault_timeout = o.fault_timeout;
+  if (!o.inject_faults.empty()) {
+    auto f = transport::ParseFaultSpec(o.inject_faults);
+    if (!f.ok()) return report_error(std::string(f.status().message()));
+    no.inject_faults = *f;
+  }
+  auto agent = engine::NodeAgent::Start(no);
+  if (!agent.ok()) return report_error(std::string(agent.status().message()));
+  ReplicaOptions ro;
+  ro.images_dir = o.images_dir;
+  ro.work_dir = o.work_dir;
+  ro.criu = o.criu;
+  ro.run_threads.assign(o.run_threads.begin(), o.run_threads.end());
+  ro.manual = o.manual;
+  ro.hold_checkpoint = o.hold_checkpoint;
+  ro.stdin_key = o.stdin_key;
+  ro.stdin_elsewhere = o.stdin_elsewhere;
+  auto replica = Replica::Restore(agent->get(), ro);
+  if (!replica.ok()) return report_error(std::string(replica.status().message()));
+  SendLine(ctl, absl::StrCat("ready ", (*replica)->threads_run()));
+
+  auto finish = [&](int code) {
+    if (!o.stats_json.empty()) {
+      FILE* f = std::fopen(o.stats_json.c_str(), "w");
+      if (f != nullptr) {
+        std::string stats = (*agent)->StatsJson();  // {"node":..}
+        if (*replica && stats.size() > 2) {
+          stats = absl::StrCat("{", (*replica)->StatsJsonFields(), ",", stats.substr(1));
+        }
+        std::fprintf(f, "%s\n", stats.c_str());
+        std::fclose(f);
+      }
+    }
+    replica->reset();
+    (*agent)->Stop();
+    return code;
+  };
+
+  // A signal for the program that arrives before "go" is delivered right after it.
+  bool closed = false;
+  int early_signal = 0;
+  for (;;) {
+    auto line = RecvLine(ctl, 600000, &closed);
+    if (!line || closed || *line == "stop") {
+      (*replica)->Kill();
+      return finish(0);
+    }
+    if (*line == "go") break;
+    int sig = 0;
+    if (absl::StartsWith(*line, "kill ") && absl::SimpleAtoi(line->substr(5), &sig)) {
+      early_signal = sig;
+    }
+  }
+  if (absl::Status s = (*replica)->Go(); !s.ok()) {
+    (*replica)->Kill();
+    report_error(std::string(s.message()));
+    return finish(1);
+  }
+  if (early_signal != 0) kill((*replica)->pid(), early_signal);
+  for (;;) {
+    // Control lines (placement's "cpu", migrations) are answered within 10 ms.
+    auto st = (*replica)->Wait(absl::Now() + absl::Milliseconds(10));
+    if (st.ok()) {
+      // Killed by this agent because the cluster failed or the program did what Stretch
+      // cannot carry out here: say why, not "signal 9".
+      if (absl::Status f = (*replica)->failure(); !f.ok() && st->signaled && st->code == SIGKILL) {
+        report_error(std::string(f.message()));
+        return finish(1);
+      }
+      if (absl::Status h = (*agent)->health(); !h.ok() && st->signaled && st->code == SIGKILL) {
+        report_error(std::string(h.message()));
+        return finish(1);
+      }
+      SendLine(ctl, StatusLine(*st));
+      return finish(0);
+    }
+    if (absl::Status h = (*agent)->health(); !h.ok()) {
+      (*replica)->Kill();
+      report_error(std::string(h.message()));
+      return finish(1);
+    }
+    auto line = RecvLine(ctl, 0, &closed);
+    if (closed || (line && *line == "stop")) {
+      (*replica)->Kill();
+      (void)(*replica)->Wait(absl::Now() + absl::Seconds(5));
+      return finish(0);
+    }
+    int sig = 0;
+    if (line && absl::StartsWith(*line, "kill ") && absl::SimpleAtoi(line->substr(5), &sig)) {
+      kill((*replica)->pid(), sig);
+    }
+    if (line && absl::StartsWith(*line, "cores")) {
+      // "cores TID:I,J TID:K ...": placement's core assignment (Replica::AssignCores).
+      std::vector<std::pair<pid_t, std::vector<int>>> assignment;
+      for (absl::string_view item :
+           absl::StrSplit(absl::StripPrefix(*line, "cores"), ' ', absl::SkipEmpty())) {
+        std::pair<absl::string_view, absl::string_view> kv = absl::StrSplit(item, ':');
+        std::pair<pid_t, std::vector<int>> a;
+        if (!absl::SimpleAtoi(kv.first, &a.first)) continue;
+        for (absl::string_view c : absl::StrSplit(kv.second, ',', absl::SkipEmpty())) {
+          int index = 0;
+          if (absl::SimpleAtoi(c, &index) && index >= 0) a.second.push_back(index);
+        }
+        if (!a.second.empty()) assignment.push_back(std::move(a));
+      }
+      SendLine(ctl, absl::StrCat("cores ", (*replica)->AssignCores(assignment)));
+    } else if (line && *line == "sharing") {
+      std::vector<placement::PageWriters> pages;
+      for (auto& p : (*agent)->TakeWriteSharing(placement::kMaxReportPages)) {
+        pages.push_back({p.page.number(), p.faults, std::vector<int>(p.writers.begin(), p.writers.end())});
+      }
+      SendLine(ctl, placement::FormatSharingReport(pages));
+    } else if (line && (*line == "exclusive on" || *line == "exclusive off")) {
+      (*replica)->SetFutexExclusive(*line == "exclusive on");
+      SendLine(ctl, *line);
+    } else if (line && *line == "cpu") {
+      const auto latency = (*agent)->stats().fault_latency.Snap();
+      cpu_set_t set;
+      CPU_ZERO(&set);
+      const int cpus = sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : 1;
+      SendLine(ctl, absl::StrCat("cpu ", (*replica)->CpuTimeNs(), " ",
+                                 (*replica)->ThreadsRunningHere().size(), " ", latency.sum_ns, " ",
+                                 latency.count, " ", (*agent)->stats().invalidations_received.Get(),
+                                 " ", cpus));
+    } else if (line) {
+      HandleMigration(**replica, ctl, *line);
+    }
+  }
+}
+
+}  // namespace stretch
