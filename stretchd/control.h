@@ -2,7 +2,7 @@
 // output files: shared by the launcher (automatic.h) and the launch service of remote nodes
 // (remote.h).
 //
-// Control lines are datagrams of a SOCK_SEQPACKET socket, one line each (automatic.cc lists
+// Control lines are datagrams of a SOCK_SEQPACKET socket, one line each (automatic.h lists
 // them).
 #ifndef STRETCH_STRETCHD_CONTROL_H_
 #define STRETCH_STRETCHD_CONTROL_H_

@@ -50,21 +50,6 @@ namespace stretch {
 
 namespace {
 
-// --- control channel: one line per datagram ---
-//
-// Launcher -> node: "go", "stop", "kill SIG", "cpu" (answered "cpu NS N STALL FAULTS INV CPUS":
-// CPU time of the N threads running there and the time its faults took to resolve, both in ns
-// so far, how many faults and invalidations it had so far, and the CPUs it may use),
-// "sharing" (answered "sharing PAGE:FAULTS:TIDS ...", affinity.h: the pages written with a fault
-// since the last "sharing"), "cores TID:I,J ..." (affinity assignment: thread TID may use only
-// the node's CPUs with indexes I, J; answered "cores N", the threads pinned), "exclusive
-// on|off" (the node serves the program's futex calls itself while every running thread is
-// there, FutexService::SetExclusive; answered with the same line), and for
-// `stretchd migrate`: "where" (answered "here T1,T2,..."), "migrate-out T" (answered "migrated-out
-// T HEXSTATE", "notmine T" or "migrate-error T WHY"), "migrate-in T HEXSTATE" (answered
-// "migrated-in T" or "migrate-error T WHY"). Node -> launcher, once: "ready N", then "exit CODE",
-// "signal SIG" or "error WHY".
-
 // The thread ids of a node's "here T1,T2,..." answer to "where".
 std::vector<int> HereThreads(absl::string_view line) {
   std::vector<int> tids;
