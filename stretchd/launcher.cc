@@ -47,7 +47,6 @@
 
 namespace stretch {
 
-
 namespace {
 
 // The thread ids of a node's "here T1,T2,..." answer to "where".
