@@ -42,7 +42,7 @@
 #include "stretchd/remote.h"
 #include "stretchd/replica.h"
 #include "stretchd/standard_input.h"
-#include "testing/netns.h"
+#include "launch/netns_cluster.h"
 #include "transport/fault_injecting_transport.h"
 
 namespace stretch {
@@ -277,7 +277,7 @@ class Launcher {
   std::vector<std::vector<int>> placement_;  // node -> threads, at the migration
   uint64_t image_bytes_ = 0;
   absl::Duration restore_time_, transfer_time_;
-  std::unique_ptr<testing::NetnsCluster> cluster_;
+  std::unique_ptr<launch::NetnsCluster> cluster_;
   std::unique_ptr<engine::DirectoryServer> server_;
   std::vector<Agent> agents_;
   std::unique_ptr<RemoteReplicas> remote_replicas_;
@@ -300,7 +300,7 @@ class Launcher {
   std::unique_ptr<placement::PlacementController> placement_loop_;
 };
 
-std::string NodeAddress(const testing::NetnsCluster* cluster, const std::string& local_ip, int i) {
+std::string NodeAddress(const launch::NetnsCluster* cluster, const std::string& local_ip, int i) {
   return cluster != nullptr ? cluster->address(i)
          : local_ip.empty() ? std::string("127.0.0.1")
                             : local_ip;
@@ -319,7 +319,7 @@ absl::Status Launcher::Prepare() {
   }
   if (o_.netns && o_.nodes > 1) {
     // What a launcher that was killed outright could not remove (its processes are gone).
-    auto removed = testing::NetnsCluster::RemoveStale();
+    auto removed = launch::NetnsCluster::RemoveStale();
     if (!removed.ok()) LOG(WARNING) << "stretchd run: " << removed.status();
   }
   work_.path = o_.work_dir;
@@ -500,9 +500,9 @@ absl::Status Launcher::StartNodes() {
   // The emulated nodes: a network namespace each, joined by veth pairs; removed on the way
   // out (after the agents have ended).
   if (o_.netns && o_.transport != "loopback") {
-    testing::NetnsCluster::Options co;
+    launch::NetnsCluster::Options co;
     co.nodes = o_.nodes;
-    auto c = testing::NetnsCluster::Create(co);
+    auto c = launch::NetnsCluster::Create(co);
     if (!c.ok()) {
       return absl::UnavailableError(absl::StrCat("creating the nodes' network namespaces: ",
                                                  c.status().message(),

@@ -43,7 +43,6 @@
 #include "stretchd/remote.h"
 #include "stretchd/replica.h"
 #include "stretchd/standard_input.h"
-#include "testing/netns.h"
 #include "transport/fault_injecting_transport.h"
 
 namespace stretch {

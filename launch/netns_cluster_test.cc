@@ -1,3 +1,4 @@
+#include "launch/netns_cluster.h"
 #include "testing/netns.h"
 
 #include <arpa/inet.h>

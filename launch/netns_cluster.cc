@@ -1,0 +1,216 @@
+#include "launch/netns_cluster.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <sched.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <thread>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "absl/strings/ascii.h"
+#include "core/status.h"
+#include "core/unique_fd.h"
+#include "glog/logging.h"
+#include "migrate/subprocess.h"
+
+namespace stretch::launch {
+
+namespace {
+
+constexpr char kNetnsDir[] = "/run/netns";
+constexpr char kPrefix[] = "stretch-";
+constexpr absl::Duration kIpTimeout = absl::Seconds(20);
+
+std::atomic<int> next_cluster{0};
+
+// Runs `ip ARGS...` to completion; its stderr in the error if it fails.
+absl::Status Ip(const std::vector<std::string>& args) {
+  std::vector<std::string> argv = {"ip"};
+  argv.insert(argv.end(), args.begin(), args.end());
+  char err_path[] = "/tmp/stretch-ip-XXXXXX";
+  UniqueFd err(mkstemp(err_path));
+  if (!err.valid()) return ErrnoStatus(errno, "mkstemp for ip's stderr");
+  struct Unlink {
+    const char* path;
+    ~Unlink() { unlink(path); }
+  } unlink_err{err_path};
+  SubprocessOptions o;
+  o.argv = argv;
+  o.env_add = {"LC_ALL=C"};
+  o.stdout_path = "/dev/null";
+  o.stderr_path = err_path;
+  auto p = Subprocess::Start(o);
+  if (!p.ok()) return Annotate(p.status(), absl::StrJoin(argv, " "));
+  auto st = p->Wait(absl::Now() + kIpTimeout);
+  if (!st.ok()) {
+    p->Kill(SIGKILL);
+    (void)p->Wait(absl::Now() + absl::Seconds(5));
+    return Annotate(st.status(), absl::StrJoin(argv, " "));
+  }
+  if (st->signaled || st->code != 0) {
+    std::string output(4096, '\0');
+    ssize_t n = pread(err.get(), output.data(), output.size(), 0);
+    output.resize(n > 0 ? static_cast<size_t>(n) : 0);
+    return absl::InternalError(absl::StrCat(absl::StrJoin(argv, " "), ": ", st->ToString(), ": ",
+                                            absl::StripAsciiWhitespace(output)));
+  }
+  return absl::OkStatus();
+}
+
+// The pid in "stretch-<pid>-...", or 0.
+pid_t OwnerOf(absl::string_view name) {
+  if (name.substr(0, sizeof(kPrefix) - 1) != kPrefix) return 0;
+  std::vector<absl::string_view> parts = absl::StrSplit(name.substr(sizeof(kPrefix) - 1), '-');
+  int pid = 0;
+  if (parts.size() != 3 || !absl::SimpleAtoi(parts[0], &pid) || pid <= 0) return 0;
+  return pid;
+}
+
+std::vector<std::string> ListNamespaces() {
+  std::vector<std::string> names;
+  DIR* d = opendir(kNetnsDir);
+  if (d == nullptr) return names;
+  while (dirent* e = readdir(d)) {
+    if (e->d_name[0] != '.') names.emplace_back(e->d_name);
+  }
+  closedir(d);
+  return names;
+}
+
+}  // namespace
+
+std::vector<std::string> NetnsCluster::ListOwn() {
+  std::vector<std::string> own;
+  for (std::string& n : ListNamespaces()) {
+    if (OwnerOf(n) == getpid()) own.push_back(std::move(n));
+  }
+  return own;
+}
+
+absl::StatusOr<int> NetnsCluster::RemoveStale() {
+  int removed = 0;
+  for (const std::string& n : ListNamespaces()) {
+    pid_t owner = OwnerOf(n);
+    if (owner == 0 || owner == getpid()) continue;
+    if (kill(owner, 0) == 0 || errno != ESRCH) continue;  // alive (or not ours to judge)
+    absl::Status s = Ip({"netns", "del", n});
+    if (!s.ok()) {
+      // Another process cleaning up at the same time may have removed it first.
+      if (access(absl::StrCat(kNetnsDir, "/", n).c_str(), F_OK) != 0) continue;
+      return s;
+    }
+    LOG(INFO) << "removed stale network namespace " << n << " (pid " << owner << " is gone)";
+    ++removed;
+  }
+  return removed;
+}
+
+absl::StatusOr<std::unique_ptr<NetnsCluster>> NetnsCluster::Create(const Options& options) {
+  std::unique_ptr<NetnsCluster> c(new NetnsCluster());
+  STRETCH_RETURN_IF_ERROR(c->Init(options));
+  return c;
+}
+
+absl::Status NetnsCluster::Init(const Options& options) {
+  if (geteuid() != 0) {
+    return absl::PermissionDeniedError(
+        "NetnsCluster needs root (CAP_SYS_ADMIN and CAP_NET_ADMIN) to create namespaces");
+  }
+  if (options.nodes < 1 || options.nodes > 250) {
+    return absl::InvalidArgumentError(absl::StrCat("NetnsCluster: ", options.nodes, " nodes"));
+  }
+  Topology topology = options.topology;
+  if (topology == Topology::kAuto) {
+    topology = options.nodes == 2 ? Topology::kVethPair : Topology::kBridge;
+  }
+  if (topology == Topology::kVethPair && options.nodes != 2) {
+    return absl::InvalidArgumentError("NetnsCluster: a veth pair joins exactly 2 nodes");
+  }
+  STRETCH_RETURN_IF_ERROR(RemoveStale().status());
+  const std::string base = absl::StrCat(kPrefix, getpid(), "-", next_cluster++, "-");
+  for (int i = 0; i < options.nodes; ++i) {
+    names_.push_back(absl::StrCat(base, i));
+    addresses_.push_back(absl::StrCat(options.subnet, ".", i + 1));
+  }
+  if (topology == Topology::kBridge) hub_ = absl::StrCat(base, "hub");
+  cpus_ = options.cpus;
+  cpus_.resize(options.nodes);
+  // On error the partly built cluster's destructor removes what exists.
+  return Build(options);
+}
+
+absl::Status NetnsCluster::Build(const Options& options) {
+  for (const std::string& n : names_) {
+    STRETCH_RETURN_IF_ERROR(Ip({"netns", "add", n}));
+    created_.push_back(n);
+    STRETCH_RETURN_IF_ERROR(Ip({"-n", n, "link", "set", "lo", "up"}));
+  }
+  if (hub_.empty()) {
+    STRETCH_RETURN_IF_ERROR(Ip({"-n", names_[0], "link", "add", "eth0", "type", "veth", "peer",
+                                "name", "eth0", "netns", names_[1]}));
+  } else {
+    STRETCH_RETURN_IF_ERROR(Ip({"netns", "add", hub_}));
+    created_.push_back(hub_);
+    STRETCH_RETURN_IF_ERROR(Ip({"-n", hub_, "link", "add", "br0", "type", "bridge"}));
+    STRETCH_RETURN_IF_ERROR(Ip({"-n", hub_, "link", "set", "br0", "up"}));
+    for (int i = 0; i < size(); ++i) {
+      const std::string port = absl::StrCat("p", i);
+      STRETCH_RETURN_IF_ERROR(Ip({"-n", hub_, "link", "add", port, "type", "veth", "peer", "name",
+                                  "eth0", "netns", names_[i]}));
+      STRETCH_RETURN_IF_ERROR(Ip({"-n", hub_, "link", "set", port, "master", "br0"}));
+      STRETCH_RETURN_IF_ERROR(Ip({"-n", hub_, "link", "set", port, "up"}));
+    }
+  }
+  for (int i = 0; i < size(); ++i) {
+    STRETCH_RETURN_IF_ERROR(
+        Ip({"-n", names_[i], "addr", "add", absl::StrCat(addresses_[i], "/24"), "dev", "eth0"}));
+    STRETCH_RETURN_IF_ERROR(Ip({"-n", names_[i], "link", "set", "eth0", "up"}));
+  }
+  return absl::OkStatus();
+}
+
+NetnsCluster::~NetnsCluster() {
+  for (auto it = created_.rbegin(); it != created_.rend(); ++it) {
+    absl::Status s = Ip({"netns", "del", *it});
+    if (!s.ok()) LOG(ERROR) << "NetnsCluster cleanup: " << s;
+  }
+}
+
+std::string NetnsCluster::path(int node) const {
+  return absl::StrCat(kNetnsDir, "/", names_.at(node));
+}
+
+absl::Status NetnsCluster::RunInThread(int node, const std::function<void()>& fn) const {
+  UniqueFd ns(open(path(node).c_str(), O_RDONLY | O_CLOEXEC));
+  if (!ns.valid()) return ErrnoStatus(errno, absl::StrCat("open ", path(node)));
+  const std::vector<int>& cpus = cpus_.at(node);
+  absl::Status status;
+  std::thread t([&] {
+    if (setns(ns.get(), CLONE_NEWNET) != 0) {
+      status = ErrnoStatus(errno, absl::StrCat("setns ", path(node)));
+      return;
+    }
+    if (!cpus.empty()) {
+      cpu_set_t set;
+      CPU_ZERO(&set);
+      for (int c : cpus) CPU_SET(c, &set);
+      if (sched_setaffinity(0, sizeof set, &set) != 0) {
+        status = ErrnoStatus(errno, "sched_setaffinity");
+        return;
+      }
+    }
+    fn();
+  });
+  t.join();
+  return status;
+}
+
+}  // namespace stretch::launch
