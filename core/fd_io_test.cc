@@ -1,5 +1,6 @@
 #include "core/fd_io.h"
 
+#include <stdlib.h>
 #include <unistd.h>
 
 #include <string>
@@ -36,6 +37,20 @@ TEST(FdIoTest, ErrorsAreReported) {
   EXPECT_EQ(errno, EBADF);
   EXPECT_FALSE(WriteFull(-1, &byte, 1));
   EXPECT_EQ(errno, EBADF);
+}
+
+TEST(FdIoTest, ReadFileOrEmptyReadsAWholeFileOrNothing) {
+  char path[] = "/tmp/fd_io_test-XXXXXX";
+  const int fd = mkstemp(path);
+  ASSERT_GE(fd, 0);
+  std::string data(200000, '\0');
+  for (size_t i = 0; i < data.size(); ++i) data[i] = static_cast<char>(i * 13);
+  ASSERT_TRUE(WriteFull(fd, data.data(), data.size()));
+  close(fd);
+  EXPECT_EQ(ReadFileOrEmpty(path), data);
+  unlink(path);
+  EXPECT_EQ(ReadFileOrEmpty(path), "");
+  EXPECT_EQ(ReadFileOrEmpty("/proc/self"), "") << "a directory cannot be read";
 }
 
 }  // namespace

@@ -23,6 +23,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
 #include "coherence/node.h"
+#include "core/clock.h"
 #include "core/json.h"
 #include "core/status.h"
 #include "core/unix_socket.h"
@@ -47,12 +48,6 @@ using transport::PeerId;
 using Range = NodeAgent::Range;
 
 namespace {
-
-int64_t NowNs() {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return ts.tv_sec * 1'000'000'000LL + ts.tv_nsec;
-}
 
 struct PageBuffer {
   alignas(64) uint8_t bytes[kPageSize];

@@ -81,6 +81,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "benchmark/benchmark.h"
+#include "core/clock.h"
 #include "core/fd_io.h"
 #include "core/page.h"
 #include "core/unique_fd.h"
@@ -133,12 +134,6 @@ constexpr int kFloorPages = 4096;  // fresh pages of a uffd floor before a refil
 constexpr const char* kSubnet = "10.78.0";
 // A request's size in the request/page round trips (a GetS is about this big on the wire).
 constexpr uint32_t kRequestSize = 64;
-
-inline int64_t NowNs() {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return int64_t{ts.tv_sec} * 1'000'000'000 + ts.tv_nsec;
-}
 
 void Cleanup();
 

@@ -18,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
+#include "core/clock.h"
 #include "core/page.h"
 #include "core/status.h"
 #include "core/unique_fd.h"
@@ -33,8 +34,6 @@ constexpr absl::Duration kChangeTimeout = absl::Seconds(30);
 constexpr absl::Duration kCallTimeout = absl::Seconds(10);
 
 bool IsError(uint64_t result) { return result > static_cast<uint64_t>(-4096); }
-
-int64_t NowNs() { return absl::ToUnixNanos(absl::Now()); }
 
 // Flags that would make the kernel fill a mapping before Stretch serves it.
 constexpr uint64_t kPopulating = MAP_POPULATE | MAP_LOCKED;

@@ -16,9 +16,7 @@
 #include <cstring>
 #include <deque>
 #include <filesystem>
-#include <fstream>
 #include <optional>
-#include <sstream>
 #include <thread>
 
 #include "absl/strings/escaping.h"
@@ -27,6 +25,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "core/fd_io.h"
 #include "core/json.h"
 #include "core/status.h"
 #include "core/unique_fd.h"
@@ -175,13 +174,6 @@ class ControlChannelCluster : public placement::Cluster {
   std::function<std::string(int, int)> migrate_;
   std::function<void(bool)> set_exclusive_;
 };
-
-std::string ReadWhole(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream s;
-  s << in.rdbuf();
-  return std::string(absl::StripAsciiWhitespace(s.str()));
-}
 
 int Fail(const std::string& what) {
   std::fprintf(stderr, "stretchd run: %s\n", what.c_str());
@@ -966,7 +958,8 @@ absl::Status Launcher::Finish() {
   if (!o_.stats_json.empty()) {
     std::string json = "{\"nodes\":[";
     for (int i = 0; i < o_.nodes; ++i) {
-      std::string node = ReadWhole(absl::StrCat(work_.path, "/node", i, ".json"));
+      std::string node(absl::StripAsciiWhitespace(
+          ReadFileOrEmpty(absl::StrCat(work_.path, "/node", i, ".json"))));
       if (node.size() < 2 || node[0] != '{') node = absl::StrCat("{\"node\":", i, "}");
       // A node that ended normally counts its threads itself (those created there too).
       if (node.find("\"threads_run\":") != std::string::npos) {

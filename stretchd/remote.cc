@@ -14,9 +14,7 @@
 #include <atomic>
 #include <deque>
 #include <filesystem>
-#include <fstream>
 #include <optional>
-#include <sstream>
 #include <thread>
 
 #include "absl/container/flat_hash_set.h"
@@ -27,6 +25,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
+#include "core/fd_io.h"
 #include "core/status.h"
 #include "core/unique_fd.h"
 #include "core/wire.h"
@@ -46,22 +45,6 @@ namespace {
 constexpr size_t kChunk = 512 << 10;
 // Most a node accepts for one image file, and for an output file's size at the checkpoint.
 constexpr uint64_t kMaxFileBytes = uint64_t{1} << 40;
-
-std::string ReadWhole(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
-bool WriteAll(int fd, const char* data, size_t size) {
-  for (size_t done = 0; done < size;) {
-    ssize_t w = write(fd, data + done, size - done);
-    if (w <= 0) return false;
-    done += static_cast<size_t>(w);
-  }
-  return true;
-}
 
 wire::Launch Msg(wire::LaunchOp op, std::string data = "", std::string name = "",
                  uint64_t offset = 0) {
@@ -438,13 +421,13 @@ class RemoteReplicas::Impl {
           break;
         case wire::LaunchOp::kOutput:
           if (launch->name == "stdout" || launch->name == "stderr") {
-            WriteAll(launch->name == "stdout" ? out_ : err_, launch->data.data(),
+            WriteFull(launch->name == "stdout" ? out_ : err_, launch->data.data(),
                      launch->data.size());
           }
           break;
         case wire::LaunchOp::kStats: {
           UniqueFd fd(open(stats_json.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
-          if (fd.valid()) WriteAll(fd.get(), launch->data.data(), launch->data.size());
+          if (fd.valid()) WriteFull(fd.get(), launch->data.data(), launch->data.size());
           break;
         }
         case wire::LaunchOp::kEnded:
@@ -863,7 +846,7 @@ class LaunchService::Impl {
     run->reaped = st.ok();
     run->tail.Stop();
     (void)agent_->SendLaunch(
-        peer, Msg(wire::LaunchOp::kStats, ReadWhole(absl::StrCat(run->dir, "/stats.json"))));
+        peer, Msg(wire::LaunchOp::kStats, ReadFileOrEmpty(absl::StrCat(run->dir, "/stats.json"))));
     const int status = !st.ok() ? 1 : st->signaled ? 128 + st->code : st->code;
     run->failed = status != 0;
     (void)agent_->SendLaunch(peer, Msg(wire::LaunchOp::kEnded, "", "", status));

@@ -48,6 +48,7 @@
 
 #include "absl/time/clock.h"
 #include "benchmark/benchmark.h"
+#include "core/clock.h"
 #include "core/page.h"
 #include "gflags/gflags.h"
 #include "glog/logging.h"
@@ -81,12 +82,6 @@ void Pin(int cpu) {
   CPU_ZERO(&set);
   CPU_SET(cpu, &set);
   CHECK_EQ(pthread_setaffinity_np(pthread_self(), sizeof(set), &set), 0);
-}
-
-inline int64_t NowNs() {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return int64_t{ts.tv_sec} * 1'000'000'000 + ts.tv_nsec;
 }
 
 using ::stretch::testing::Record;

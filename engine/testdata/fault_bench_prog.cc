@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <string>
 
+#include "core/clock.h"
 #include "engine/attach_client.h"
 #include "engine/testdata/fault_bench_protocol.h"
 
@@ -32,16 +33,11 @@ using stretch::engine::fault_bench::kRegionBase;
 using stretch::engine::fault_bench::kRegionId;
 using stretch::engine::fault_bench::Op;
 using stretch::engine::fault_bench::Reply;
+using stretch::NowNs;
 
 constexpr size_t kPage = 4096;
 // A ping-pong whose peer does not move for this long gives up.
 constexpr int64_t kPingPongTimeoutNs = 20'000'000'000;
-
-inline int64_t NowNs() {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return int64_t{ts.tv_sec} * 1'000'000'000 + ts.tv_nsec;
-}
 
 uint64_t g_pages;
 
