@@ -1,6 +1,7 @@
 // The engine end to end in one test process: a directory server and node agents (threads of
 // this process, over tcp on 127.0.0.1) serving real processes (dsm_prog) that attach one
 // shared region. The multi-namespace, multi-process version is stretchd/cluster_test.
+#include <signal.h>
 #include <sys/prctl.h>
 
 #include <functional>
@@ -217,6 +218,33 @@ TEST_P(EngineTest, FaultsWithoutAnAnswerStopTheProcessesWithAClearError) {
     EXPECT_THAT(health.message(), HasSubstr("got no answer in")) << "node " << i;
     EXPECT_THAT(health.message(), HasSubstr("a message was lost or a peer is stuck"));
   }
+}
+
+// The keeper is what kills a node's processes should its agent die (without it they would
+// read zeros for the pages the node never got). Killing it stops them with a clear error
+// rather than run on unguarded (was: unnoticed, the run went on without the guard).
+TEST_P(EngineTest, AKilledKeeperStopsTheNodesProcesses) {
+  ASSERT_NO_FATAL_FAILURE(StartCluster(2));
+  std::vector<Subprocess> procs = Launch("pingpong", {"--iters=100000000"});
+  ASSERT_EQ(procs.size(), 2u);
+  // Both attached and ping-ponging: pages move between the nodes.
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  auto fetched = [&](int i) { return agents_[i]->stats().pages_fetched.Get(); };
+  while ((fetched(0) < 10 || fetched(1) < 10) && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  ASSERT_GE(fetched(1), 10u);
+  ASSERT_EQ(agents_[1]->live_processes(), 1);
+  ASSERT_EQ(kill(agents_[1]->keeper_pid(), SIGKILL), 0);
+  for (int i = 0; i < 2; ++i) {
+    auto st = procs[i].Wait(absl::Now() + absl::Seconds(30));
+    ASSERT_TRUE(st.ok()) << "node " << i << ": " << st.status();
+    EXPECT_EQ(st->ToString(), "killed by signal 9 (Killed)") << "node " << i;
+  }
+  const absl::Status health = agents_[1]->health();
+  EXPECT_EQ(health.code(), absl::StatusCode::kInternal) << health;
+  EXPECT_THAT(health.message(), HasSubstr("keeper process")) << health;
+  EXPECT_FALSE(agents_[0]->health().ok()) << "the other node stops too";
 }
 
 // The directory tracks at most max_pages pages: a program that needs more stops on every node

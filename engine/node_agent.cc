@@ -666,6 +666,8 @@ class NodeAgent::Impl {
     return health_;
   }
 
+  pid_t keeper_pid() const { return keeper_->pid(); }
+
   int live_processes() const {
     absl::ReaderMutexLock l(&attach_mu_);
     int n = 0;
@@ -1105,6 +1107,14 @@ class NodeAgent::Impl {
           if (now - it->second > limit_ns && !overdue) overdue.emplace(it->first, now - it->second);
           ++it;
         }
+      }
+      if (keeper_->Exited()) {
+        // Nothing would stop the program's threads from reading zeros for the pages this
+        // node never got, should this agent die now.
+        Fail(absl::InternalError(absl::StrCat(
+            "the keeper process (pid ", keeper_->pid(),
+            ") that kills this node's processes if its agent dies was killed; stopping them "
+            "rather than run unguarded")));
       }
       if (overdue) {
         Fail(absl::DeadlineExceededError(
@@ -1886,6 +1896,7 @@ const NodeStats& NodeAgent::stats() const { return impl_->stats(); }
 std::string NodeAgent::StatsJson() const { return impl_->StatsJson(); }
 absl::Status NodeAgent::health() const { return impl_->health(); }
 int NodeAgent::live_processes() const { return impl_->live_processes(); }
+pid_t NodeAgent::keeper_pid() const { return impl_->keeper_pid(); }
 void NodeAgent::Stop() { impl_->Stop(); }
 
 }  // namespace stretch::engine

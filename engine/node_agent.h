@@ -224,6 +224,9 @@ class NodeAgent {
   absl::Status health() const;
   // Number of processes attached and still alive.
   int live_processes() const;
+  // The keeper process (uffd/keeper.h) that kills this node's processes should the agent die.
+  // If it is killed, the agent stops its processes with that error (health()).
+  pid_t keeper_pid() const;
   // Faults still waiting for an answer (0 once every attached process is done).
   size_t unresolved_faults() const;
 

@@ -269,7 +269,14 @@ absl::StatusOr<std::unique_ptr<Keeper>> Keeper::Start(absl::Duration timeout) {
     KeeperMain(sv[1], agent);
   }
   close(sv[1]);
-  std::unique_ptr<Keeper> k(new Keeper(pid, UniqueFd(sv[0])));
+  auto process = Pidfd::Open(pid);
+  if (!process.ok()) {
+    kill(pid, SIGKILL);
+    waitpid(pid, nullptr, 0);
+    close(sv[0]);
+    return Annotate(process.status(), "watching the keeper");
+  }
+  std::unique_ptr<Keeper> k(new Keeper(pid, UniqueFd(sv[0]), *std::move(process)));
   absl::MutexLock l(&k->mu_);
   absl::StatusOr<int32_t> ready = ReadReply(k->sock_.get(), absl::Now() + timeout);
   if (!ready.ok() || *ready != kReady) {

@@ -69,13 +69,18 @@ class Keeper {
   absl::StatusOr<int> GuardedCount(absl::Time deadline);
 
   pid_t pid() const { return pid_; }
+  // Whether the keeper process has exited (killed by somebody: it never exits on its own while
+  // this object lives). Its targets are then unguarded: the agent must not run them on.
+  bool Exited() const { return process_.valid() && process_.Exited(); }
 
  private:
-  Keeper(pid_t pid, UniqueFd sock) : pid_(pid), sock_(std::move(sock)) {}
+  Keeper(pid_t pid, UniqueFd sock, Pidfd process)
+      : pid_(pid), process_(std::move(process)), sock_(std::move(sock)) {}
   absl::StatusOr<int32_t> Request(uint32_t op, int32_t pid, int fd1, int fd2, absl::Time deadline)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const pid_t pid_;
+  const Pidfd process_;  // the keeper's, to notice its death without reaping it
   absl::Mutex mu_;
   UniqueFd sock_ ABSL_GUARDED_BY(mu_);
 };
