@@ -413,10 +413,30 @@ absl::flat_hash_map<int, std::string> SharedOffsetFiles(pid_t pid) {
   return out;
 }
 
+// What a restore in progress holds, from CRIU's restore to the agent serving the replica.
+// Not moved once made: the restore server points into the checkpoint.
+struct Replica::Restoring {
+  std::optional<CheckpointMemory> mem;      // the checkpoint's pages
+  std::optional<LazyPagesListener> listener;
+  UniqueFd uffd;                            // CRIU's uffd of the replica
+  RestoreServer server;                     // serves `uffd` from `mem` until the pages drop
+  std::vector<ReplicaMapping> maps;
+  StackReserve stack_reserve;
+  // What the agent gets: the coherent ranges, their pages' initial contents (seeds), and the
+  // pages of private file mappings still as their files have them (held from this node's
+  // own view of the files).
+  std::vector<engine::NodeAgent::Range> ranges;
+  std::vector<std::pair<uintptr_t, std::vector<uint8_t>>> seeds;
+  std::vector<FileView> file_views;
+  std::vector<std::pair<uintptr_t, absl::Span<const uint8_t>>> file_held;
+  UniqueFd own_uffd;  // ours, replacing CRIU's (automatic mode) or for shmem (manual mode)
+};
+
 absl::StatusOr<std::unique_ptr<Replica>> Replica::Restore(engine::NodeAgent* agent,
                                                           const ReplicaOptions& options) {
   std::unique_ptr<Replica> r(new Replica);
   r->options_ = options;
+  r->agent_ = agent;
   cpu_set_t node_cpus;
   if (sched_getaffinity(0, sizeof(node_cpus), &node_cpus) == 0) {
     for (int c = 0; c < CPU_SETSIZE; ++c) {
@@ -424,11 +444,30 @@ absl::StatusOr<std::unique_ptr<Replica>> Replica::Restore(engine::NodeAgent* age
     }
   }
   const absl::Time deadline = absl::Now() + absl::Minutes(2);
+  Restoring s;
+  STRETCH_RETURN_IF_ERROR(r->RestoreWithCriu(s, deadline));
+  STRETCH_RETURN_IF_ERROR(r->Supervise(deadline));
+  // Memory: make every private writable mapping coherent and start it empty.
+  STRETCH_ASSIGN_OR_RETURN(s.maps, ReadMappings(r->pid_));
+  if (!options.manual) STRETCH_RETURN_IF_ERROR(r->ReserveStackRoom(s, deadline));
+  STRETCH_RETURN_IF_ERROR(r->RecordTidAddresses(deadline));
+  if (options.manual) {
+    STRETCH_RETURN_IF_ERROR(r->ServeManualMode(s, deadline));
+  } else {
+    STRETCH_RETURN_IF_ERROR(r->ServeAutomaticMode(s, deadline));
+  }
+  return r;
+}
+
+// Restores the checkpoint with CRIU (--lazy-pages, left stopped), serving its uffd from the
+// checkpoint until the restore is finished; the replica is then guarded by the keeper.
+absl::Status Replica::RestoreWithCriu(Restoring& s, absl::Time deadline) {
+  const ReplicaOptions& options = options_;
   if (mkdir(options.work_dir.c_str(), 0700) != 0 && errno != EEXIST) {
     return ErrnoStatus(errno, absl::StrCat("mkdir ", options.work_dir));
   }
-  STRETCH_ASSIGN_OR_RETURN(CheckpointMemory mem, CheckpointMemory::Open(options.images_dir, 1));
-  STRETCH_ASSIGN_OR_RETURN(LazyPagesListener listener, LazyPagesListener::Listen(options.work_dir));
+  STRETCH_ASSIGN_OR_RETURN(s.mem, CheckpointMemory::Open(options.images_dir, 1));
+  STRETCH_ASSIGN_OR_RETURN(s.listener, LazyPagesListener::Listen(options.work_dir));
   Criu criu(options.criu);
   RestoreOptions ro;
   ro.images_dir = options.images_dir;
@@ -442,7 +481,7 @@ absl::StatusOr<std::unique_ptr<Replica>> Replica::Restore(engine::NodeAgent* age
   STRETCH_ASSIGN_OR_RETURN(PendingRestore pending, criu.StartRestore(ro));
   // CRIU's helpers die with this agent (they would wait forever for its lazy pages), and with
   // a restore that fails here.
-  STRETCH_RETURN_IF_ERROR(agent->GuardGroup(pending.criu_pid()));
+  STRETCH_RETURN_IF_ERROR(agent_->GuardGroup(pending.criu_pid()));
   struct CriuGroup {
     engine::NodeAgent* agent;
     pid_t pgid;
@@ -451,17 +490,14 @@ absl::StatusOr<std::unique_ptr<Replica>> Replica::Restore(engine::NodeAgent* age
       if (!done) kill(-pgid, SIGKILL);
       (void)agent->ReleaseGroup(pgid);
     }
-  } criu_group{agent, pending.criu_pid()};
-  absl::Status accepted = listener.Accept(absl::Now() + absl::Seconds(30));
+  } criu_group{agent_, pending.criu_pid()};
+  absl::Status accepted = s.listener->Accept(absl::Now() + absl::Seconds(30));
   if (!accepted.ok()) {
     auto failed = pending.Wait(absl::Now() + absl::Seconds(1));
     return failed.ok() ? accepted : failed.status();
   }
-
-  UniqueFd uffd;
-  RestoreServer server;
   for (bool finished = false; !finished;) {
-    auto ev = listener.Next(deadline);
+    auto ev = s.listener->Next(deadline);
     if (!ev.ok()) {
       auto failed = pending.Wait(absl::Now() + absl::Seconds(5));
       return failed.ok() ? ev.status() : failed.status();
@@ -473,8 +509,8 @@ absl::StatusOr<std::unique_ptr<Replica>> Replica::Restore(engine::NodeAgent* age
               absl::StrCat("the program has more than one process (pid ", ev->pid,
                            " in its namespace); Stretch runs a single multithreaded process"));
         }
-        STRETCH_RETURN_IF_ERROR(server.Start(ev->uffd.get(), &mem));
-        uffd = std::move(ev->uffd);
+        STRETCH_RETURN_IF_ERROR(s.server.Start(ev->uffd.get(), &*s.mem));
+        s.uffd = std::move(ev->uffd);
         break;
       case LazyPagesListener::Event::kZombie:
         break;
@@ -483,82 +519,77 @@ absl::StatusOr<std::unique_ptr<Replica>> Replica::Restore(engine::NodeAgent* age
         break;
     }
   }
-  if (!uffd.valid()) return absl::InternalError("CRIU finished the restore without a uffd");
-  STRETCH_ASSIGN_OR_RETURN(r->pid_, pending.Wait(deadline));
+  if (!s.uffd.valid()) return absl::InternalError("CRIU finished the restore without a uffd");
+  STRETCH_ASSIGN_OR_RETURN(pid_, pending.Wait(deadline));
   // From here the replica dies with this agent, also before it is attached (its lazy pages are
   // ours to serve: without us they would read as zeros).
-  STRETCH_RETURN_IF_ERROR(agent->Guard(r->pid_, uffd.get()));
+  STRETCH_RETURN_IF_ERROR(agent_->Guard(pid_, s.uffd.get()));
   criu_group.done = true;  // CRIU has exited; the replica is guarded on its own
-  STRETCH_RETURN_IF_ERROR(GiveThreadIdsTheirOwnRange(r->pid_, agent->node()));
-  {
-    char link[256];
-    const ssize_t n =
-        readlink(absl::StrCat("/proc/", r->pid_, "/fd/0").c_str(), link, sizeof(link) - 1);
-    if (n > 0) r->stdin_link_.assign(link, n);
-  }
+  STRETCH_RETURN_IF_ERROR(GiveThreadIdsTheirOwnRange(pid_, agent_->node()));
+  char link[256];
+  const ssize_t n = readlink(absl::StrCat("/proc/", pid_, "/fd/0").c_str(), link, sizeof(link) - 1);
+  if (n > 0) stdin_link_.assign(link, n);
+  return absl::OkStatus();
+}
 
-  r->agent_ = agent;
+// Seizes every thread of the replica (ThreadSupervisor), parked; notes those this node runs.
+absl::Status Replica::Supervise(absl::Time deadline) {
   SupervisorCallbacks cb;
-  Replica* self = r.get();
-  cb.on_process_exit = [self](int status) {
-    absl::MutexLock l(&self->mu_);
-    self->exited_ = true;
-    self->exit_status_ = status;
+  cb.on_process_exit = [this](int status) {
+    absl::MutexLock l(&mu_);
+    exited_ = true;
+    exit_status_ = status;
   };
-  cb.on_seccomp = [self](pid_t tid) { return self->OnSeccomp(tid); };
-  cb.on_clone = [self](pid_t parent, pid_t child) { self->OnClone(parent, child); };
+  cb.on_seccomp = [this](pid_t tid) { return OnSeccomp(tid); };
+  cb.on_clone = [this](pid_t parent, pid_t child) { OnClone(parent, child); };
   SupervisorOptions so;
   so.run_all_at_attach = false;
   so.wait_for_stop = true;  // --leave-stopped: CRIU's SIGSTOP may still be under way
-  STRETCH_ASSIGN_OR_RETURN(r->supervisor_,
-                           ThreadSupervisor::Attach(r->pid_, so, std::move(cb), deadline));
-  for (pid_t tid : r->supervisor_->Threads()) {
+  STRETCH_ASSIGN_OR_RETURN(supervisor_, ThreadSupervisor::Attach(pid_, so, std::move(cb), deadline));
+  for (pid_t tid : supervisor_->Threads()) {
     auto inner = InnermostTid(tid);
     if (!inner.ok()) continue;
-    if (std::find(options.run_threads.begin(), options.run_threads.end(), *inner) !=
-        options.run_threads.end()) {
-      r->run_.push_back(tid);
+    if (std::find(options_.run_threads.begin(), options_.run_threads.end(), *inner) !=
+        options_.run_threads.end()) {
+      run_.push_back(tid);
     }
   }
+  return absl::OkStatus();
+}
 
-  // Memory: make every private writable mapping coherent and start it empty.
-  STRETCH_ASSIGN_OR_RETURN(std::vector<ReplicaMapping> maps, ReadMappings(r->pid_));
-  // The main thread's stack grows on demand, one node at a time, behind the directory's back:
-  // map the room it may grow into now, identically on every node, as ordinary coherent memory.
-  StackReserve stack_reserve;
-  if (!options.manual) stack_reserve = StackGrowthReserve(maps, StackLimit(r->pid_));
-  if (stack_reserve.low < stack_reserve.high) {
-    STRETCH_RETURN_IF_ERROR(r->supervisor_->RunStopped(
-        r->pid_,
-        [&](pid_t t) -> absl::Status {
-          STRETCH_ASSIGN_OR_RETURN(auto thread, uffd::RemoteThread::Adopt(t));
-          const uint64_t len = stack_reserve.high - stack_reserve.low;
-          STRETCH_ASSIGN_OR_RETURN(
-              uint64_t at,
-              thread->SyscallOrError("mmap of the stack's room to grow", SYS_mmap,
-                                     {stack_reserve.low, len, PROT_READ | PROT_WRITE,
-                                      MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE,
-                                      static_cast<uint64_t>(-1), 0}));
-          if (at != stack_reserve.low) {
-            return absl::InternalError(
-                absl::StrFormat("mmap of the stack's room to grow landed at 0x%x, not 0x%x", at,
-                                stack_reserve.low));
-          }
-          return absl::OkStatus();
-        },
-        deadline));
-    STRETCH_ASSIGN_OR_RETURN(maps, ReadMappings(r->pid_));
-  }
-  std::vector<engine::NodeAgent::Range> ranges;
-  std::vector<std::pair<uintptr_t, std::vector<uint8_t>>> seeds;
-  // Pages of private file mappings still as their files have them (automatic mode), held from
-  // this node's own view of the files.
-  std::vector<FileView> file_views;
-  std::vector<std::pair<uintptr_t, absl::Span<const uint8_t>>> file_held;
-  const pid_t pid = r->pid_;
-  // Where each thread's kernel clears its tid at exit (pthread_join waits on it).
-  for (pid_t tid : r->supervisor_->Threads()) {
-    STRETCH_RETURN_IF_ERROR(r->supervisor_->RunStopped(
+// The main thread's stack grows on demand, one node at a time, behind the directory's back:
+// maps the room it may grow into now, identically on every node, as ordinary coherent memory.
+absl::Status Replica::ReserveStackRoom(Restoring& s, absl::Time deadline) {
+  s.stack_reserve = StackGrowthReserve(s.maps, StackLimit(pid_));
+  const StackReserve& reserve = s.stack_reserve;
+  if (reserve.low >= reserve.high) return absl::OkStatus();
+  STRETCH_RETURN_IF_ERROR(supervisor_->RunStopped(
+      pid_,
+      [&](pid_t t) -> absl::Status {
+        STRETCH_ASSIGN_OR_RETURN(auto thread, uffd::RemoteThread::Adopt(t));
+        const uint64_t len = reserve.high - reserve.low;
+        STRETCH_ASSIGN_OR_RETURN(
+            uint64_t at,
+            thread->SyscallOrError("mmap of the stack's room to grow", SYS_mmap,
+                                   {reserve.low, len, PROT_READ | PROT_WRITE,
+                                    MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE,
+                                    static_cast<uint64_t>(-1), 0}));
+        if (at != reserve.low) {
+          return absl::InternalError(absl::StrFormat(
+              "mmap of the stack's room to grow landed at 0x%x, not 0x%x", at, reserve.low));
+        }
+        return absl::OkStatus();
+      },
+      deadline));
+  STRETCH_ASSIGN_OR_RETURN(s.maps, ReadMappings(pid_));
+  return absl::OkStatus();
+}
+
+// Where each thread's kernel clears its tid at exit (pthread_join waits on it).
+absl::Status Replica::RecordTidAddresses(absl::Time deadline) {
+  const pid_t pid = pid_;
+  for (pid_t tid : supervisor_->Threads()) {
+    STRETCH_RETURN_IF_ERROR(supervisor_->RunStopped(
         tid,
         [&](pid_t t) -> absl::Status {
           STRETCH_ASSIGN_OR_RETURN(auto thread, uffd::RemoteThread::Adopt(t));
@@ -577,81 +608,82 @@ absl::StatusOr<std::unique_ptr<Replica>> Replica::Restore(engine::NodeAgent* age
           STRETCH_RETURN_IF_ERROR(uffd::RemoteMemory(pid).Read({&io, 1}));
           STRETCH_RETURN_IF_ERROR(
               thread->SyscallOrError("munmap", SYS_munmap, {scratch, kPageSize}).status());
-          absl::MutexLock l(&r->mu_);
-          r->ctid_[t] = ctid;
+          absl::MutexLock l(&mu_);
+          ctid_[t] = ctid;
           return absl::OkStatus();
         },
         deadline));
   }
-  if (options.manual) {
-    // Manual mode. Private memory: every page the checkpoint holds is copied in now and CRIU's
-    // uffd let go, so it is plain node-private memory from here on. Shared anonymous mappings
-    // (shmem) are the coherent ranges: their restored contents seed the server, the agent
-    // serves them through a uffd of our own (shmem needs features CRIU's lacks), and they
-    // start empty.
-    STRETCH_ASSIGN_OR_RETURN(
-        auto criu_uffd,
-        uffd::Userfaultfd::Adopt(UniqueFd(fcntl(uffd.get(), F_DUPFD_CLOEXEC, 0)), {}));
-    UniqueFd shared_uffd;
-    STRETCH_RETURN_IF_ERROR(r->supervisor_->RunStopped(
-        pid,
-        [&](pid_t tid) -> absl::Status {
-          uffd::RemoteMemory memory(pid);
-          for (const ReplicaMapping& m : maps) {
-            if (IsSpecial(m.path)) continue;
-            const size_t len = m.end - m.start;
-            if (IsSharedAnonymous(m)) {
-              std::vector<uint8_t> bytes(len);
-              uffd::RemoteIo io{m.start, bytes.data(), len};
-              STRETCH_RETURN_IF_ERROR(memory.Read({&io, 1}));
-              seeds.emplace_back(m.start, std::move(bytes));
-              ranges.push_back({RegionId(0), m.start, len});
-              continue;
-            }
-            if (!m.uffd_missing) continue;
-            for (uintptr_t page = m.start; page < m.end; page += kPageSize) {
-              auto content = mem.Find(page);
-              if (!content) continue;
-              uffd::UffdResult c = criu_uffd->Copy(page, content->data(), kPageSize);
-              if (!c.ok() && c.code != uffd::UffdResult::kExists) {
-                return c.ToStatus("UFFDIO_COPY (manual mode, private memory)", page);
-              }
-            }
-            STRETCH_RETURN_IF_ERROR(criu_uffd->Unregister(m.start, len));
-          }
-          if (ranges.empty()) return absl::OkStatus();
-          STRETCH_ASSIGN_OR_RETURN(auto thread, uffd::RemoteThread::Adopt(tid));
-          uffd::Userfaultfd::Options uo;
-          uo.required_features = UFFD_FEATURE_PAGEFAULT_FLAG_WP | UFFD_FEATURE_MISSING_SHMEM |
-                                 UFFD_FEATURE_WP_HUGETLBFS_SHMEM;
-          uo.optional_features = UFFD_FEATURE_THREAD_ID;
-          STRETCH_ASSIGN_OR_RETURN(auto own, uffd::OpenUffdInTarget(*thread, uo));
-          shared_uffd.reset(fcntl(own->fd(), F_DUPFD_CLOEXEC, 0));
-          return absl::OkStatus();
-        },
-        deadline));
-    server.Stop();
-    criu_uffd.reset();
-    uffd.reset();
-    if (ranges.empty()) {
-      return absl::FailedPreconditionError(
-          "manual mode: the program has no MAP_SHARED anonymous mapping at its migration point, "
-          "so nothing would be shared between nodes (map the shared data with "
-          "mmap(MAP_SHARED | MAP_ANONYMOUS) before creating the threads, or use automatic mode)");
-    }
-    STRETCH_RETURN_IF_ERROR(
-        r->Serve(std::move(ranges), std::move(shared_uffd), seeds, nullptr, {}, {}, deadline));
-    return r;
-  }
+  return absl::OkStatus();
+}
 
-  // A uffd of our own replaces CRIU's: it also reports the faulting thread (THREAD_ID, for
-  // statistics and fault traces; CRIU's has no such feature) and keeps the registration of
-  // memory mremap moves (EVENT_REMAP). Every call injected into a program thread makes the
-  // kernel update the thread's rseq area (its TLS) on the way back to user space, so all
-  // injections happen while CRIU's uffd still serves the checkpoint, and the pages are dropped
-  // last, by the helper thread (which has no rseq area).
-  UniqueFd own_uffd;
-  STRETCH_RETURN_IF_ERROR(r->supervisor_->RunStopped(
+// Manual mode. Private memory: every page the checkpoint holds is copied in now and CRIU's
+// uffd let go, so it is plain node-private memory from here on. Shared anonymous mappings
+// (shmem) are the coherent ranges: their restored contents seed the server, the agent serves
+// them through a uffd of our own (shmem needs features CRIU's lacks), and they start empty.
+absl::Status Replica::ServeManualMode(Restoring& s, absl::Time deadline) {
+  const pid_t pid = pid_;
+  STRETCH_ASSIGN_OR_RETURN(
+      auto criu_uffd,
+      uffd::Userfaultfd::Adopt(UniqueFd(fcntl(s.uffd.get(), F_DUPFD_CLOEXEC, 0)), {}));
+  STRETCH_RETURN_IF_ERROR(supervisor_->RunStopped(
+      pid,
+      [&](pid_t tid) -> absl::Status {
+        uffd::RemoteMemory memory(pid);
+        for (const ReplicaMapping& m : s.maps) {
+          if (IsSpecial(m.path)) continue;
+          const size_t len = m.end - m.start;
+          if (IsSharedAnonymous(m)) {
+            std::vector<uint8_t> bytes(len);
+            uffd::RemoteIo io{m.start, bytes.data(), len};
+            STRETCH_RETURN_IF_ERROR(memory.Read({&io, 1}));
+            s.seeds.emplace_back(m.start, std::move(bytes));
+            s.ranges.push_back({RegionId(0), m.start, len});
+            continue;
+          }
+          if (!m.uffd_missing) continue;
+          for (uintptr_t page = m.start; page < m.end; page += kPageSize) {
+            auto content = s.mem->Find(page);
+            if (!content) continue;
+            uffd::UffdResult c = criu_uffd->Copy(page, content->data(), kPageSize);
+            if (!c.ok() && c.code != uffd::UffdResult::kExists) {
+              return c.ToStatus("UFFDIO_COPY (manual mode, private memory)", page);
+            }
+          }
+          STRETCH_RETURN_IF_ERROR(criu_uffd->Unregister(m.start, len));
+        }
+        if (s.ranges.empty()) return absl::OkStatus();
+        STRETCH_ASSIGN_OR_RETURN(auto thread, uffd::RemoteThread::Adopt(tid));
+        uffd::Userfaultfd::Options uo;
+        uo.required_features = UFFD_FEATURE_PAGEFAULT_FLAG_WP | UFFD_FEATURE_MISSING_SHMEM |
+                               UFFD_FEATURE_WP_HUGETLBFS_SHMEM;
+        uo.optional_features = UFFD_FEATURE_THREAD_ID;
+        STRETCH_ASSIGN_OR_RETURN(auto own, uffd::OpenUffdInTarget(*thread, uo));
+        s.own_uffd.reset(fcntl(own->fd(), F_DUPFD_CLOEXEC, 0));
+        return absl::OkStatus();
+      },
+      deadline));
+  s.server.Stop();
+  criu_uffd.reset();
+  s.uffd.reset();
+  if (s.ranges.empty()) {
+    return absl::FailedPreconditionError(
+        "manual mode: the program has no MAP_SHARED anonymous mapping at its migration point, "
+        "so nothing would be shared between nodes (map the shared data with "
+        "mmap(MAP_SHARED | MAP_ANONYMOUS) before creating the threads, or use automatic mode)");
+  }
+  return Serve(std::move(s.ranges), std::move(s.own_uffd), s.seeds, nullptr, {}, {}, deadline);
+}
+
+// Automatic mode. A uffd of our own replaces CRIU's: it also reports the faulting thread
+// (THREAD_ID, for statistics and fault traces; CRIU's has no such feature) and keeps the
+// registration of memory mremap moves (EVENT_REMAP). Every call injected into a program
+// thread makes the kernel update the thread's rseq area (its TLS) on the way back to user
+// space, so all injections happen while CRIU's uffd still serves the checkpoint, and the pages
+// are dropped last, by the helper thread (which has no rseq area).
+absl::Status Replica::ServeAutomaticMode(Restoring& s, absl::Time deadline) {
+  const pid_t pid = pid_;
+  STRETCH_RETURN_IF_ERROR(supervisor_->RunStopped(
       pid,
       [&](pid_t tid) -> absl::Status {
         STRETCH_ASSIGN_OR_RETURN(auto thread, uffd::RemoteThread::Adopt(tid));
@@ -660,12 +692,46 @@ absl::StatusOr<std::unique_ptr<Replica>> Replica::Restore(engine::NodeAgent* age
         uo.optional_features =
             UFFD_FEATURE_THREAD_ID | UFFD_FEATURE_EVENT_UNMAP | UFFD_FEATURE_EVENT_REMOVE;
         STRETCH_ASSIGN_OR_RETURN(auto own, uffd::OpenUffdInTarget(*thread, uo));
-        own_uffd.reset(fcntl(own->fd(), F_DUPFD_CLOEXEC, 0));
-        if (!own_uffd.valid()) return ErrnoStatus(errno, "dup of the replica's uffd");
+        s.own_uffd.reset(fcntl(own->fd(), F_DUPFD_CLOEXEC, 0));
+        if (!s.own_uffd.valid()) return ErrnoStatus(errno, "dup of the replica's uffd");
         return absl::OkStatus();
       },
       deadline));
-  STRETCH_RETURN_IF_ERROR(r->supervisor_->RunStopped(
+  STRETCH_RETURN_IF_ERROR(MakeMemoryCoherent(s, deadline));
+  s.server.Stop();
+  {
+    STRETCH_ASSIGN_OR_RETURN(
+        auto criu_uffd,
+        uffd::Userfaultfd::Adopt(UniqueFd(fcntl(s.uffd.get(), F_DUPFD_CLOEXEC, 0)), {}));
+    for (const ReplicaMapping& m : s.maps) {
+      if (m.uffd_missing) STRETCH_RETURN_IF_ERROR(criu_uffd->Unregister(m.start, m.end - m.start));
+    }
+  }
+  s.uffd.reset();
+  // Before the filter traces address-space calls, the service for them.
+  STRETCH_ASSIGN_OR_RETURN(auto address_space,
+                           AddressSpaceService::Start(agent_, supervisor_.get(), pid));
+  {
+    absl::MutexLock l(&mu_);
+    address_space_ = std::move(address_space);
+  }
+  std::vector<std::pair<uintptr_t, uintptr_t>> lazy;
+  if (options_.hold_checkpoint) {
+    for (const ReplicaMapping& m : s.maps) {
+      if (m.uffd_missing && !IsSpecial(m.path)) lazy.emplace_back(m.start, m.end);
+    }
+  }
+  return Serve(std::move(s.ranges), std::move(s.own_uffd), s.seeds, &*s.mem, lazy, s.file_held,
+               deadline);
+}
+
+// Which memory becomes coherent, with what initial contents: every private writable mapping
+// and what the restore left to CRIU's uffd, file mappings turned into anonymous memory where
+// the program wrote to them.
+absl::Status Replica::MakeMemoryCoherent(Restoring& s, absl::Time deadline) {
+  const pid_t pid = pid_;
+  const ReplicaOptions& options = options_;
+  return supervisor_->RunStopped(
       pid,
       [&](pid_t tid) -> absl::Status {
         STRETCH_ASSIGN_OR_RETURN(auto thread, uffd::RemoteThread::Adopt(tid));
@@ -683,18 +749,18 @@ absl::StatusOr<std::unique_ptr<Replica>> Replica::Restore(engine::NodeAgent* age
             return absl::InternalError(
                 absl::StrFormat("mmap over %s landed at 0x%x, not 0x%x", m.path, at, m.start));
           }
-          ranges.push_back({RegionId(0), m.start, len});
+          s.ranges.push_back({RegionId(0), m.start, len});
           return absl::OkStatus();
         };
-        for (const ReplicaMapping& m : maps) {
+        for (const ReplicaMapping& m : s.maps) {
           if (IsSpecial(m.path)) continue;
           size_t len = m.end - m.start;
           const bool writable_private =
               m.perms.size() >= 4 && m.perms[1] == 'w' && m.perms[3] == 'p';
           if (!m.uffd_missing && !writable_private) continue;
-          if (m.start == stack_reserve.low && m.end == stack_reserve.high) {
+          if (m.start == s.stack_reserve.low && m.end == s.stack_reserve.high) {
             // Never touched: its pages are zeros at the server too.
-            ranges.push_back({RegionId(0), m.start, len});
+            s.ranges.push_back({RegionId(0), m.start, len});
             continue;
           }
           if (!m.uffd_missing && !m.path.empty() && m.path[0] == '/') {
@@ -727,12 +793,12 @@ absl::StatusOr<std::unique_ptr<Replica>> Replica::Restore(engine::NodeAgent* age
                 std::vector<uint8_t> bytes(kPageSize);
                 uffd::RemoteIo io{page, bytes.data(), kPageSize};
                 STRETCH_RETURN_IF_ERROR(memory.Read({&io, 1}));
-                seeds.emplace_back(page, std::move(bytes));
+                s.seeds.emplace_back(page, std::move(bytes));
               } else {
-                file_held.emplace_back(page, view.Page(page));
+                s.file_held.emplace_back(page, view.Page(page));
               }
             }
-            file_views.push_back(std::move(view));
+            s.file_views.push_back(std::move(view));
             STRETCH_RETURN_IF_ERROR(make_anonymous(m, len));
             continue;
           }
@@ -741,44 +807,18 @@ absl::StatusOr<std::unique_ptr<Replica>> Replica::Restore(engine::NodeAgent* age
             std::vector<uint8_t> bytes(len);
             uffd::RemoteIo io{m.start, bytes.data(), len};
             STRETCH_RETURN_IF_ERROR(memory.Read({&io, 1}));
-            seeds.emplace_back(m.start, std::move(bytes));
+            s.seeds.emplace_back(m.start, std::move(bytes));
             if (!m.path.empty() && m.path[0] == '/') {
               STRETCH_RETURN_IF_ERROR(make_anonymous(m, len));
               continue;
             }
           }
           // What the restore put there is dropped below; the directory has the pages.
-          ranges.push_back({RegionId(0), m.start, len});
+          s.ranges.push_back({RegionId(0), m.start, len});
         }
         return absl::OkStatus();
       },
-      deadline));
-  server.Stop();
-  {
-    STRETCH_ASSIGN_OR_RETURN(
-        auto criu_uffd,
-        uffd::Userfaultfd::Adopt(UniqueFd(fcntl(uffd.get(), F_DUPFD_CLOEXEC, 0)), {}));
-    for (const ReplicaMapping& m : maps) {
-      if (m.uffd_missing) STRETCH_RETURN_IF_ERROR(criu_uffd->Unregister(m.start, m.end - m.start));
-    }
-  }
-  uffd.reset();
-  // Before the filter traces address-space calls, the service for them.
-  STRETCH_ASSIGN_OR_RETURN(auto address_space,
-                           AddressSpaceService::Start(agent, r->supervisor_.get(), pid));
-  {
-    absl::MutexLock l(&r->mu_);
-    r->address_space_ = std::move(address_space);
-  }
-  std::vector<std::pair<uintptr_t, uintptr_t>> lazy;
-  if (options.hold_checkpoint) {
-    for (const ReplicaMapping& m : maps) {
-      if (m.uffd_missing && !IsSpecial(m.path)) lazy.emplace_back(m.start, m.end);
-    }
-  }
-  STRETCH_RETURN_IF_ERROR(
-      r->Serve(std::move(ranges), std::move(own_uffd), seeds, &mem, lazy, file_held, deadline));
-  return r;
+      deadline);
 }
 
 absl::Status Replica::Serve(

@@ -147,6 +147,16 @@ class Replica {
  private:
   Replica() = default;
 
+  // Restore()'s steps, in order (replica.cc).
+  struct Restoring;
+  absl::Status RestoreWithCriu(Restoring& s, absl::Time deadline);
+  absl::Status Supervise(absl::Time deadline);
+  absl::Status ReserveStackRoom(Restoring& s, absl::Time deadline);
+  absl::Status RecordTidAddresses(absl::Time deadline);
+  absl::Status ServeManualMode(Restoring& s, absl::Time deadline);
+  absl::Status ServeAutomaticMode(Restoring& s, absl::Time deadline);
+  absl::Status MakeMemoryCoherent(Restoring& s, absl::Time deadline);
+
   // A thread is at the entry of a traced call; true holds it (AddressSpaceService).
   bool OnSeccomp(pid_t tid);
   // A thread is at the entry of exit(): publish its exit cluster-wide (see replica.cc).
