@@ -31,25 +31,10 @@ absl::Status Exchange(const std::string& socket_path, const wire::RegionAttach& 
     return Annotate(connected, "stretch_attach: connecting to the node agent");
   }
   std::vector<uint8_t> frame = wire::Encode(ra);
-  struct iovec iov = {frame.data(), frame.size()};
-  alignas(struct cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-  struct msghdr msg = {};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  msg.msg_control = control;
-  msg.msg_controllen = sizeof(control);
-  struct cmsghdr* c = CMSG_FIRSTHDR(&msg);
-  c->cmsg_level = SOL_SOCKET;
-  c->cmsg_type = SCM_RIGHTS;
-  c->cmsg_len = CMSG_LEN(sizeof(int));
-  std::memcpy(CMSG_DATA(c), &fd, sizeof(int));
-  if (fd < 0) {
-    msg.msg_control = nullptr;
-    msg.msg_controllen = 0;
-  }
-  if (sendmsg(sock.get(), &msg, MSG_NOSIGNAL) < 0) {
-    return ErrnoStatus(errno, "stretch_attach: sending to the node agent");
-  }
+  absl::Status sent = SendFd(
+      sock.get(), fd,
+      absl::string_view(reinterpret_cast<const char*>(frame.data()), frame.size()));
+  if (!sent.ok()) return Annotate(sent, "stretch_attach: sending to the node agent");
   uint8_t reply[4096];
   ssize_t n;
   do {

@@ -1666,31 +1666,16 @@ class NodeAgent::Impl {
   }
 
   void ServeAttach(int conn) {
-    uint8_t buf[512];
-    struct iovec iov = {buf, sizeof(buf)};
-    alignas(struct cmsghdr) char control[CMSG_SPACE(sizeof(int))];
-    struct msghdr msg = {};
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control;
-    msg.msg_controllen = sizeof(control);
-    struct pollfd p = {conn, POLLIN, 0};
-    if (poll(&p, 1, 5000) <= 0) return;
-    ssize_t n = recvmsg(conn, &msg, MSG_CMSG_CLOEXEC);
-    if (n <= 0) return;
-    UniqueFd uffd;
-    for (struct cmsghdr* c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c)) {
-      if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS &&
-          c->cmsg_len == CMSG_LEN(sizeof(int))) {
-        int fd;
-        std::memcpy(&fd, CMSG_DATA(c), sizeof(fd));
-        uffd.reset(fd);
-      }
-    }
+    auto received = ReceiveMessage(conn, 512, absl::Now() + absl::Seconds(5));
+    if (!received.ok() || received->data.empty()) return;
+    UniqueFd uffd = std::move(received->fd);
+    const std::string& buf = received->data;
+    const size_t n = buf.size();
     absl::Status result;
     struct ucred cred;
     socklen_t len = sizeof(cred);
-    auto decoded = wire::Decode(absl::Span<const uint8_t>(buf, static_cast<size_t>(n)));
+    auto decoded =
+        wire::Decode(absl::Span<const uint8_t>(reinterpret_cast<const uint8_t*>(buf.data()), n));
     if (!decoded.ok()) {
       result = decoded.status();
     } else if (!std::holds_alternative<wire::RegionAttach>(*decoded)) {

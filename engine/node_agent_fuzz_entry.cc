@@ -180,7 +180,7 @@ Child ForkChild() {
   Child c;
   c.pid = pid;
   c.sock.reset(sv[0]);
-  auto m = uffd::ReceiveMessage(c.sock.get(), 16, absl::Now() + absl::Seconds(10));
+  auto m = ReceiveMessage(c.sock.get(), 16, absl::Now() + absl::Seconds(10));
   if (!m.ok()) Die(absl::StrCat("the attached child: ", m.status().ToString()));
   if (!m->fd.valid()) Die("the attached child could not make a userfaultfd");
   c.uffd = std::move(m->fd);

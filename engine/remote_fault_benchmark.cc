@@ -85,6 +85,7 @@
 #include "core/fd_io.h"
 #include "core/page.h"
 #include "core/unique_fd.h"
+#include "core/unix_socket.h"
 #include "engine/node_agent.h"
 #include "engine/server.h"
 #include "engine/testdata/fault_bench_protocol.h"
@@ -372,18 +373,9 @@ class ChildUffd {
     }
     close(sv[1]);
     sock_ = sv[0];
-    char byte;
-    struct iovec iov = {&byte, 1};
-    alignas(struct cmsghdr) char control[CMSG_SPACE(sizeof(int))];
-    struct msghdr msg = {};
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control;
-    msg.msg_controllen = sizeof control;
-    if (recvmsg(sock_, &msg, MSG_CMSG_CLOEXEC) != 1) Die("the floor's child sent no uffd");
-    struct cmsghdr* c = CMSG_FIRSTHDR(&msg);
-    if (c == nullptr || c->cmsg_type != SCM_RIGHTS) Die("the floor's child sent no uffd");
-    memcpy(&uffd_, CMSG_DATA(c), sizeof(int));
+    auto got = ReceiveMessage(sock_, 1, absl::Now() + absl::Seconds(30));
+    if (!got.ok() || !got->fd.valid()) Die("the floor's child sent no uffd");
+    uffd_ = got->fd.release();
     uint64_t stop;
     if (recv(sock_, &stop, sizeof stop, 0) != sizeof stop) Die("floor child: stop page");
     thread_ = std::thread([this, stop] { ServeUffd(uffd_, stop); });

@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "core/fd_io.h"
 #include "core/status.h"
 #include "core/unix_socket.h"
 
@@ -32,21 +33,7 @@ LazyPagesListener::~LazyPagesListener() {
 }
 
 absl::Status LazyPagesListener::WaitReadable(int fd, absl::Time deadline, const char* what) {
-  for (;;) {
-    absl::Duration left = deadline - absl::Now();
-    if (left <= absl::ZeroDuration()) {
-      return absl::DeadlineExceededError(
-          absl::StrCat("lazy-pages socket ", path_, ": timed out ", what));
-    }
-    struct pollfd pfd = {fd, POLLIN, 0};
-    int ms =
-        left == absl::InfiniteDuration()
-            ? -1
-            : static_cast<int>(std::min<int64_t>(absl::ToInt64Milliseconds(left) + 1, 1 << 30));
-    int r = poll(&pfd, 1, ms);
-    if (r < 0 && errno != EINTR) return ErrnoStatus(errno, "poll lazy-pages socket");
-    if (r > 0) return absl::OkStatus();
-  }
+  return ::stretch::WaitReadable(fd, deadline, -1, absl::StrCat("lazy-pages socket ", path_, ": ", what));
 }
 
 absl::Status LazyPagesListener::Accept(absl::Time deadline) {
@@ -88,29 +75,18 @@ absl::StatusOr<LazyPagesListener::Event> LazyPagesListener::Next(absl::Time dead
   }
   if (word == 0) return absl::InvalidArgumentError("lazy-pages: CRIU sent pid 0");
   ev.pid = word;
-  STRETCH_RETURN_IF_ERROR(WaitReadable(conn_.get(), deadline, "waiting for a uffd"));
-  char byte;
-  struct iovec iov = {&byte, 1};
-  alignas(struct cmsghdr) char control[CMSG_SPACE(sizeof(int))];
-  struct msghdr msg = {};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  msg.msg_control = control;
-  msg.msg_controllen = sizeof(control);
-  ssize_t r;
-  while ((r = recvmsg(conn_.get(), &msg, MSG_CMSG_CLOEXEC)) < 0 && errno == EINTR) {
+  auto received = ReceiveMessage(conn_.get(), 1, deadline);
+  if (!received.ok()) {
+    return Annotate(received.status(), absl::StrCat("lazy-pages socket ", path_, ": a uffd"));
   }
-  if (r < 0) return ErrnoStatus(errno, "recvmsg lazy-pages socket");
-  if (r == 0) return absl::UnavailableError("CRIU closed the lazy-pages socket before the uffd");
-  struct cmsghdr* c = CMSG_FIRSTHDR(&msg);
-  if (c == nullptr || c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS ||
-      c->cmsg_len != CMSG_LEN(sizeof(int))) {
+  if (received->data.empty()) {
+    return absl::UnavailableError("CRIU closed the lazy-pages socket before the uffd");
+  }
+  if (!received->fd.valid()) {
     return absl::InvalidArgumentError(
         absl::StrFormat("lazy-pages: no uffd descriptor after pid %d", ev.pid));
   }
-  int fd;
-  std::memcpy(&fd, CMSG_DATA(c), sizeof(fd));
-  ev.uffd.reset(fd);
+  ev.uffd = std::move(received->fd);
   return ev;
 }
 

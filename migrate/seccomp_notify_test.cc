@@ -11,6 +11,7 @@
 
 #include <cstring>
 
+#include "core/unix_socket.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -19,36 +20,9 @@ namespace {
 
 absl::Time Deadline() { return absl::Now() + absl::Seconds(20); }
 
-void SendFd(int sock, int fd) {
-  char byte = 0;
-  struct iovec iov = {&byte, 1};
-  alignas(struct cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-  struct msghdr msg = {};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  msg.msg_control = control;
-  msg.msg_controllen = sizeof(control);
-  struct cmsghdr* c = CMSG_FIRSTHDR(&msg);
-  c->cmsg_level = SOL_SOCKET;
-  c->cmsg_type = SCM_RIGHTS;
-  c->cmsg_len = CMSG_LEN(sizeof(int));
-  std::memcpy(CMSG_DATA(c), &fd, sizeof(int));
-  sendmsg(sock, &msg, 0);
-}
-
 int RecvFd(int sock) {
-  char byte;
-  struct iovec iov = {&byte, 1};
-  alignas(struct cmsghdr) char control[CMSG_SPACE(sizeof(int))];
-  struct msghdr msg = {};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  msg.msg_control = control;
-  msg.msg_controllen = sizeof(control);
-  if (recvmsg(sock, &msg, 0) != 1) return -1;
-  int fd;
-  std::memcpy(&fd, CMSG_DATA(CMSG_FIRSTHDR(&msg)), sizeof(int));
-  return fd;
+  auto m = ReceiveMessage(sock, 1, Deadline());
+  return m.ok() ? m->fd.release() : -1;
 }
 
 void* CallGetppidInThread(void* out) {
@@ -64,7 +38,7 @@ pid_t StartFilteredChild(int sock, int report) {
     prctl(PR_SET_PDEATHSIG, SIGKILL);
     auto fd = InstallNotifyFilterOnSelf({SYS_getppid, SYS_getuid});
     if (!fd.ok()) _exit(3);
-    SendFd(sock, fd->get());
+    (void)SendFd(sock, fd->get());
     fd->reset();
     long results[3];
     results[0] = syscall(SYS_getppid);

@@ -1,13 +1,11 @@
-// Cross-process control for the node agent: descriptors passed over Unix sockets (SCM_RIGHTS)
-// or taken from another process (pidfd_getfd), a pidfd that notices a target's death, and
-// batched reads and writes of another process's memory (process_vm_readv/writev).
+// Cross-process control for the node agent: descriptors taken from another process
+// (pidfd_getfd), a pidfd that notices a target's death, and batched reads and writes of
+// another process's memory (process_vm_readv/writev). Descriptors passed over Unix sockets
+// (SCM_RIGHTS) are core/unix_socket.h's, included here for this package's users.
 //
 //   STRETCH_ASSIGN_OR_RETURN(Pidfd target, Pidfd::Open(pid));
 //   STRETCH_ASSIGN_OR_RETURN(UniqueFd uffd, target.GetFd(remote_uffd_number));
 //   ... poll target.fd() for POLLIN: readable once the target has exited.
-//
-//   STRETCH_ASSIGN_OR_RETURN(ReceivedMessage m, ReceiveMessage(sock, 64, deadline));
-//   // m.fd holds the descriptor sent with SCM_RIGHTS, if any.
 //
 //   RemoteMemory mem(pid);
 //   STRETCH_RETURN_IF_ERROR(mem.ReadPages(pages, buffer));   // one syscall per 1024 pages
@@ -32,25 +30,10 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "core/unique_fd.h"
+#include "core/unix_socket.h"
 
 namespace stretch {
 namespace uffd {
-
-// Sends `data` (at least one byte) and, if `fd` >= 0, the descriptor `fd` as SCM_RIGHTS in one
-// message on the Unix socket `sock`.
-absl::Status SendFd(int sock, int fd, absl::string_view data = absl::string_view("F", 1));
-
-struct ReceivedMessage {
-  std::string data;  // Empty at end of stream.
-  UniqueFd fd;       // The descriptor that came with the message, if any.
-};
-
-// Receives one message of at most `max_bytes` bytes (the rest of a datagram is dropped; on a
-// stream socket fewer bytes may arrive) and the descriptor sent with it. Waits until
-// `deadline` (DeadlineExceeded) or until `cancel_fd` (if >= 0, e.g. an eventfd) is readable
-// (Cancelled). Extra descriptors in the same message are closed.
-absl::StatusOr<ReceivedMessage> ReceiveMessage(int sock, size_t max_bytes, absl::Time deadline,
-                                               int cancel_fd = -1);
 
 // The scheduler state of thread `tid` (in this PID namespace) from /proc/TID/stat: 'R'
 // running or runnable, 'S' sleeping, 'D' in an uninterruptible wait, 'T'/'t' stopped or
