@@ -127,6 +127,26 @@ const std::vector<Activity> kComputeBound = {{0.1, 0.001, 10, 0}, {0.1, 0.001, 1
 // All threads on node 0 (consolidated), its one core busy, nothing remote.
 const std::vector<Activity> kNodeZeroSaturated = {{0.1, 0.0, 0, 0}, {0.0, 0.0, 0, 0}};
 
+// Start-up and two DSM-bound windows: every thread on node 0. The moves are forgotten.
+void Consolidate(FakeCluster& cluster, PlacementController& c) {
+  cluster.Window(c, kComputeBound);
+  cluster.Window(c, kDsmBound);
+  cluster.Window(c, kDsmBound);
+  ASSERT_TRUE(c.consolidated());
+  cluster.moves.clear();
+}
+
+// Windows of `activity` until a thread moves (at most `limit`); how many it took.
+int WindowsUntilAMove(FakeCluster& cluster, PlacementController& c,
+                      const std::vector<Activity>& activity, int limit) {
+  int windows = 0;
+  while (cluster.moves.empty() && windows < limit) {
+    cluster.Window(c, activity);
+    ++windows;
+  }
+  return windows;
+}
+
 TEST(PlacementControllerTest, TwoDsmBoundWindowsInARowConsolidateOnNodeZero) {
   FakeCluster cluster({{1, 2}, {3}});
   PlacementController c(Adaptive(), &cluster);
@@ -181,18 +201,10 @@ TEST(PlacementControllerTest, ASerialPhaseOnNodeZeroIsNotDsmBound) {
 TEST(PlacementControllerTest, ProbesAfterTheBackoffAndReturnsWhenSpreadingDoesNotPay) {
   FakeCluster cluster({{1, 2}, {3}});
   PlacementController c(Adaptive(), &cluster);
-  cluster.Window(c, kComputeBound);
-  cluster.Window(c, kDsmBound);
-  cluster.Window(c, kDsmBound);
-  ASSERT_TRUE(c.consolidated());
-  cluster.moves.clear();
+  ASSERT_NO_FATAL_FAILURE(Consolidate(cluster, c));
   // Node 0 saturated: no probe before the backoff (1 s times what the model says one node
   // wins, up to 3 s), since the model predicts no gain from spreading as the threads shared.
-  int windows = 0;
-  while (cluster.moves.empty() && windows < 100) {
-    cluster.Window(c, kNodeZeroSaturated);
-    ++windows;
-  }
+  const int windows = WindowsUntilAMove(cluster, c, kNodeZeroSaturated, 100);
   ASSERT_THAT(cluster.moves, ElementsAre("3:0->1"));
   EXPECT_GE(windows, 10) << "probed before any backoff";
   EXPECT_LE(windows, 31) << "the backoff is at most 3 s";
@@ -204,11 +216,7 @@ TEST(PlacementControllerTest, ProbesAfterTheBackoffAndReturnsWhenSpreadingDoesNo
   EXPECT_THAT(cluster.moves, ElementsAre("3:1->0"));
   EXPECT_TRUE(c.consolidated());
   cluster.moves.clear();
-  int second = 0;
-  while (cluster.moves.empty() && second < 200) {
-    cluster.Window(c, kNodeZeroSaturated);
-    ++second;
-  }
+  const int second = WindowsUntilAMove(cluster, c, kNodeZeroSaturated, 200);
   EXPECT_THAT(cluster.moves, ElementsAre("3:0->1"));
   EXPECT_GE(second, 2 * windows - 2) << "the backoff doubles";
   EXPECT_THAT(c.DecisionsJson(), HasSubstr(R"("action":"probe")"));
@@ -217,12 +225,8 @@ TEST(PlacementControllerTest, ProbesAfterTheBackoffAndReturnsWhenSpreadingDoesNo
 TEST(PlacementControllerTest, AProbeThatPaysStaysSpread) {
   FakeCluster cluster({{1, 2}, {3}});
   PlacementController c(Adaptive(), &cluster);
-  cluster.Window(c, kComputeBound);
-  cluster.Window(c, kDsmBound);
-  cluster.Window(c, kDsmBound);
-  ASSERT_TRUE(c.consolidated());
-  cluster.moves.clear();
-  for (int i = 0; i < 100 && cluster.moves.empty(); ++i) cluster.Window(c, kNodeZeroSaturated);
+  ASSERT_NO_FATAL_FAILURE(Consolidate(cluster, c));
+  WindowsUntilAMove(cluster, c, kNodeZeroSaturated, 100);
   ASSERT_THAT(cluster.moves, ElementsAre("3:0->1"));
   cluster.moves.clear();
   cluster.Window(c, kComputeBound);  // 2 cores busy spread, against 1 on node 0 alone
