@@ -31,17 +31,18 @@
 #include "core/unique_fd.h"
 #include "engine/node_agent.h"
 #include "engine/server.h"
+#include "launch/netns_cluster.h"
 #include "glog/logging.h"
 #include "migrate/origin.h"
 #include "migrate/subprocess.h"
 #include "placement/affinity.h"
 #include "placement/controller.h"
 #include "placement/placement_history.h"
+#include "stretchd/agent_channel.h"
 #include "stretchd/control.h"
 #include "stretchd/remote.h"
 #include "stretchd/replica.h"
 #include "stretchd/standard_input.h"
-#include "launch/netns_cluster.h"
 #include "transport/fault_injecting_transport.h"
 
 namespace stretch {
@@ -57,34 +58,6 @@ std::vector<int> HereThreads(absl::string_view line) {
     if (absl::SimpleAtoi(t, &tid)) tids.push_back(tid);
   }
   return tids;
-}
-
-// A node's agent as the launcher sees it: its process (none for a node of a cluster), its
-// control channel, and the lines read from it while a request waited for another answer.
-struct Agent {
-  std::optional<Subprocess> process;
-  UniqueFd control;
-  int threads_run = 0;
-  bool done = false;
-  std::deque<std::string> pending;
-};
-
-// The next line from `a` whose first word is in `words`, within `timeout`; a line that is not
-// one of those (the program ended) is kept for the main loop, and nullopt returned.
-std::optional<std::string> Await(Agent& a, std::initializer_list<absl::string_view> words,
-                                 absl::Duration timeout) {
-  const absl::Time end = absl::Now() + timeout;
-  while (!a.done) {
-    bool closed = false;
-    int ms = static_cast<int>(std::max<int64_t>(0, absl::ToInt64Milliseconds(end - absl::Now())));
-    auto line = RecvLine(a.control.get(), ms, &closed);
-    if (!line) return std::nullopt;
-    const std::string first = line->substr(0, line->find(' '));
-    if (!closed && std::find(words.begin(), words.end(), first) != words.end()) return line;
-    a.pending.push_back(closed ? std::string() : *line);
-    return std::nullopt;
-  }
-  return std::nullopt;
 }
 
 // The program's nodes for placement (placement/controller.h), over the agents' control
@@ -886,12 +859,7 @@ bool Launcher::HandleAgentLines(const std::vector<struct pollfd>& p) {
     }
     if (!line) continue;
     // Late answers to a request that gave up waiting for them.
-    if (!closed && (absl::StartsWith(*line, "here") || absl::StartsWith(*line, "migrat") ||
-                    absl::StartsWith(*line, "notmine") || absl::StartsWith(*line, "cpu ") ||
-                    absl::StartsWith(*line, "cores ") || absl::StartsWith(*line, "sharing") ||
-                    absl::StartsWith(*line, "exclusive"))) {
-      continue;
-    }
+    if (!closed && IsAnswer(*line)) continue;
     agents_[i].done = true;
     int value = 0;
     if (!closed && absl::StartsWith(*line, "exit ") && absl::SimpleAtoi(line->substr(5), &value)) {
