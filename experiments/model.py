@@ -55,6 +55,9 @@ import re
 import statistics
 import sys
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import results  # noqa: E402  (experiments/results.py, also when imported as experiments.model)
+
 PAGE = 4096
 
 # Kinds of miss and the benchmark entry that measures each one's latency.
@@ -289,14 +292,12 @@ def fit(points):
     return best_gamma(r), r
 
 
-def load_campaign(results):
-    path = os.path.join(results, "runs.csv")
-    if not os.path.exists(path):
-        fail(f"{path} does not exist (experiments/run.py experiments/configs/trace_model.json)")
-    with open(path, newline="") as f:
-        rows = [r for r in csv.DictReader(f) if r["rc"] == "0" and r["compute_s"]]
+def load_campaign(folder):
+    if not os.path.exists(results.csv_path(folder)):
+        fail(f"{results.csv_path(folder)} does not exist "
+             "(experiments/run.py experiments/configs/trace_model.json)")
     by = {}
-    for r in rows:
+    for r in results.successful(results.load(folder)):
         by.setdefault((r["workload"], r["config"]), []).append(r)
     return by
 
@@ -335,11 +336,11 @@ def main():
             print(f"model.py: {w}: no vanilla-cpu0 run or no trace, skipped", file=sys.stderr)
             continue
         workloads.append(w)
-        work[w] = statistics.median(float(r["compute_s"]) for r in base)
+        work[w] = statistics.median(results.time_of(r) for r in base)
         traces[w] = read_trace(sorted(tr)[0])
         m = by.get((w, "stretch-2node-tcp"))
         if m:
-            measured[w] = statistics.median(float(r["compute_s"]) for r in m)
+            measured[w] = statistics.median(results.time_of(r) for r in m)
     if not workloads:
         fail(f"no workload in {a.results} has both a vanilla-cpu0 run and a trace")
 

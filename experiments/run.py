@@ -24,8 +24,9 @@ import subprocess
 import sys
 import time
 
-FIELDS = ["workload", "config", "rep", "rc", "wall_s", "compute_s", "output_sha", "stats",
-          "finished_at"]
+import results
+
+FIELDS = results.FIELDS
 
 
 def fail(msg):
@@ -125,9 +126,8 @@ def done_runs(csv_path):
     campaign runs them again."""
     if not os.path.exists(csv_path):
         return set()
-    with open(csv_path, newline="") as f:
-        rows = list(csv.DictReader(f))
-    ok = [r for r in rows if r["rc"] == "0"]
+    rows = results.load(os.path.dirname(csv_path))
+    ok = results.successful(rows)
     if len(ok) != len(rows):
         with open(csv_path, "w", newline="") as f:
             writer = csv.DictWriter(f, fieldnames=FIELDS)

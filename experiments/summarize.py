@@ -10,11 +10,12 @@ succeeded and whether all outputs were identical, and for Stretch runs the media
 invalidation counts summed over nodes.
 """
 import argparse
-import csv
 import json
 import os
 import statistics
 import sys
+
+import results
 
 
 def fail(msg):
@@ -27,7 +28,7 @@ def main():
     ap.add_argument("--baseline", help="configuration label to compare against "
                     "(default: the config's baseline, else the first configuration)")
     a = ap.parse_args()
-    csv_path = os.path.join(a.results, "runs.csv")
+    csv_path = results.csv_path(a.results)
     if not os.path.exists(csv_path):
         fail(f"{csv_path} does not exist (run experiments/run.py first)")
     config = {}
@@ -36,8 +37,7 @@ def main():
             config = json.load(f)
     except (OSError, ValueError):
         pass
-    with open(csv_path, newline="") as f:
-        rows = list(csv.DictReader(f))
+    rows = results.load(a.results)
     if not rows:
         fail(f"{csv_path} has no runs")
     workloads = list(dict.fromkeys(r["workload"] for r in rows))
@@ -45,9 +45,6 @@ def main():
     baseline = a.baseline or config.get("baseline") or labels[0]
     if baseline not in labels:
         fail(f"baseline '{baseline}' has no runs (configurations: {', '.join(labels)})")
-
-    def metric(r):
-        return float(r["compute_s"]) if r["compute_s"] else float(r["wall_s"])
 
     def counts(r):
         if not r["stats"]:
@@ -68,18 +65,18 @@ def main():
     for w in workloads:
         wrows = [r for r in rows if r["workload"] == w]
         shas = {r["output_sha"] for r in wrows if r["rc"] == "0"}
-        base = [metric(r) for r in wrows if r["config"] == baseline and r["rc"] == "0"]
-        base_med = statistics.median(base) if base else None
+        base = results.times(results.successful(wrows), w, baseline)
         for label in labels:
             rs = [r for r in wrows if r["config"] == label]
             ok = [r for r in rs if r["rc"] == "0"]
             if not ok:
                 print(f"| {w} | {label} | - | - | - | - | - | 0/{len(rs)} | - |")
                 continue
-            vals = [metric(r) for r in ok]
+            vals = [results.time_of(r) for r in ok]
             med = statistics.median(vals)
             walls = statistics.median(float(r["wall_s"]) for r in ok)
-            speed = f"{base_med / med:.2f}x" if base_med and med > 0 else "-"
+            s = results.speedup(base, vals) if med > 0 else None
+            speed = f"{s[0]:.2f}x" if s else "-"
             cs = [c for c in (counts(r) for r in ok) if c]
             faults = f"{statistics.median(c[0] for c in cs):.0f}" if cs else "-"
             invals = f"{statistics.median(c[1] for c in cs):.0f}" if cs else "-"

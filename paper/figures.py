@@ -16,6 +16,9 @@ import re
 import statistics
 import sys
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "experiments"))
+import results  # noqa: E402
+
 import matplotlib
 
 matplotlib.use("Agg")
@@ -35,24 +38,18 @@ def fail(msg):
 
 
 def runs(folder):
-    path = os.path.join(folder, "runs.csv")
-    if not os.path.exists(path):
-        fail(f"{path} does not exist (paper/make runs the campaigns)")
-    with open(path, newline="") as f:
-        return [r for r in csv.DictReader(f) if r["rc"] == "0" and r["compute_s"]]
+    if not os.path.exists(results.csv_path(folder)):
+        fail(f"{results.csv_path(folder)} does not exist (paper/make runs the campaigns)")
+    return results.successful(results.load(folder))
 
 
 def times(rows, w, label):
-    return [float(r["compute_s"]) for r in rows if r["workload"] == w and r["config"] == label]
+    return results.times(rows, w, label)
 
 
 def speedups(rows, w, base, label):
     """(median speedup, lowest, highest) of label against the base's median."""
-    b, t = times(rows, w, base), times(rows, w, label)
-    if not b or not t:
-        return None
-    mb = statistics.median(b)
-    return mb / statistics.median(t), mb / max(t), mb / min(t)
+    return results.speedup(times(rows, w, base), times(rows, w, label))
 
 
 def run_stats(folder, rows, w, label):
