@@ -29,6 +29,10 @@
 #include "core/unix_socket.h"
 #include "core/wire.h"
 #include "engine/address_space.h"
+#include "engine/attach_server.h"
+#include "engine/fault_observers.h"
+#include "engine/peer_mesh.h"
+#include "engine/service_router.h"
 #include "glog/logging.h"
 #include "transport/create_transport.h"
 #include "uffd/fault_loop.h"
@@ -107,10 +111,31 @@ class NodeAgent::Impl {
       break;
     }
     STRETCH_RETURN_IF_ERROR(SendMessage(server_, wire::Peers{{{self_, address_}}}));
+    mesh_ = std::make_unique<PeerMesh>(
+        PeerMesh::Options{self_, options_.connect_timeout}, transport_.get(),
+        PeerMesh::Counters{&stats_.messages_sent, &stats_.bytes_sent},
+        [this](const absl::Status& why) {
+          if (!stopping_) Fail(why);
+        });
     receiver_ = std::thread([this] { ReceiveLoop(); });
-    connector_ = std::thread([this] { ConnectLoop(); });
     watchdog_ = std::thread([this] { WatchdogLoop(); });
-    if (!options_.attach_socket.empty()) STRETCH_RETURN_IF_ERROR(StartAttachSocket());
+    if (!options_.attach_socket.empty()) {
+      AttachServer::Handler h;
+      h.attach = [this](pid_t pid, const wire::RegionAttach& r, UniqueFd uffd) {
+        AttachRequest req;
+        req.pid = pid;
+        req.uffd = std::move(uffd);
+        req.ranges = {Range{r.region, r.base, r.length}};
+        req.shared = (r.flags & wire::kRegionManual) != 0;
+        return Attach(std::move(req));
+      };
+      h.detach = [this](pid_t pid, RegionId region) {
+        absl::Status s = Detach(pid, region, absl::Now() + absl::Seconds(30));
+        ReapFinished();
+        return s;
+      };
+      STRETCH_ASSIGN_OR_RETURN(attach_server_, AttachServer::Start(options_.attach_socket, h));
+    }
     LOG(INFO) << "node " << self_.value() << ": up, listening on " << address_ << ", server "
               << options_.server;
     return absl::OkStatus();
@@ -119,11 +144,7 @@ class NodeAgent::Impl {
   void Stop() {
     bool expected = false;
     if (!stopping_.compare_exchange_strong(expected, true)) return;
-    if (attach_stop_.valid()) {
-      uint64_t one = 1;
-      (void)!write(attach_stop_.get(), &one, sizeof(one));
-    }
-    if (attacher_.joinable()) attacher_.join();
+    attach_server_.reset();
     {
       absl::MutexLock l(&watchdog_mu_);
       watchdog_stop_ = true;
@@ -143,12 +164,10 @@ class NodeAgent::Impl {
     for (auto& a : attachments) {
       if (a->loop) a->loop->Stop();
     }
-    {
-      absl::MutexLock l(&net_mu_);  // wakes the connector
-    }
+    if (mesh_) mesh_->Stop();
     if (transport_) transport_->Close();
     if (receiver_.joinable()) receiver_.join();
-    if (connector_.joinable()) connector_.join();
+    mesh_.reset();
     // Processes still attached cannot run without us: the keeper kills them as it goes
     // (releasing them would let their unfetched pages read as zeros).
     int alive = 0;
@@ -166,7 +185,6 @@ class NodeAgent::Impl {
       absl::MutexLock l(&attach_mu_);
       targets_.clear();
     }
-    if (!options_.attach_socket.empty()) unlink(options_.attach_socket.c_str());
     WriteFaultTrace();
   }
 
@@ -508,13 +526,11 @@ class NodeAgent::Impl {
   }
 
   void SetThreadControlHandler(std::function<void(const wire::ThreadControl&)> handler) {
-    absl::MutexLock l(&handlers_mu_);
-    handlers_.thread = std::move(handler);
+    router_.Set<wire::ThreadControl>(std::move(handler));
   }
 
   void SetAddressSpaceHandler(std::function<void(const wire::AddressSpace&)> handler) {
-    absl::MutexLock l(&handlers_mu_);
-    handlers_.address_space = std::move(handler);
+    router_.Set<wire::AddressSpace>(std::move(handler));
   }
 
   absl::StatusOr<uintptr_t> HelperCodePage(pid_t pid) const {
@@ -523,30 +539,27 @@ class NodeAgent::Impl {
   }
 
   void SetFutexReplyHandler(std::function<void(const wire::FutexReply&)> handler) {
-    absl::MutexLock l(&handlers_mu_);
-    handlers_.futex = std::move(handler);
+    router_.Set<wire::FutexReply>(std::move(handler));
   }
 
   void SetFileOffsetReplyHandler(std::function<void(const wire::FileOffsetReply&)> handler) {
-    absl::MutexLock l(&handlers_mu_);
-    handlers_.file_offset = std::move(handler);
+    router_.Set<wire::FileOffsetReply>(std::move(handler));
   }
 
   void SetThreadCreatedHandler(std::function<void(const wire::ThreadCreated&)> handler) {
-    absl::MutexLock l(&handlers_mu_);
-    handlers_.thread_created = std::move(handler);
+    router_.Set<wire::ThreadCreated>(std::move(handler));
   }
 
   void SetLaunchHandler(std::function<void(PeerId, const wire::Launch&)> on_message,
                         std::function<void(PeerId, const absl::Status&)> on_gone) {
-    absl::MutexLock l(&handlers_mu_);
-    handlers_.launch = std::move(on_message);
-    handlers_.launcher_gone = std::move(on_gone);
+    absl::MutexLock l(&launchers_mu_);
+    on_launch_ = std::move(on_message);
+    on_launcher_gone_ = std::move(on_gone);
   }
 
   absl::Status SendLaunch(PeerId launcher, const wire::Launch& message) {
     {
-      absl::MutexLock l(&net_mu_);
+      absl::MutexLock l(&launchers_mu_);
       if (!launchers_.contains(launcher)) {
         return absl::NotFoundError(
             absl::StrCat("peer ", launcher.value(), " is not a connected launcher"));
@@ -745,9 +758,8 @@ class NodeAgent::Impl {
     Target* target = nullptr;
     std::vector<Range> ranges;
     bool shared = false;  // MAP_SHARED (shmem): invalidate by punching holes
-    // Per faulting thread (0: the uffd does not say), the page after which a read miss is
-    // sequential. Fault loop thread only (ReadAhead).
-    absl::flat_hash_map<int, uint64_t> last_read_miss;
+    // Which read misses are sequential. Fault loop thread only (ReadAhead).
+    SequentialReads reads;
     bool Contains(uintptr_t a) const {
       for (const Range& r : ranges) {
         if (a >= r.base && a - r.base < r.length) return true;
@@ -802,107 +814,6 @@ class NodeAgent::Impl {
     return transport_->Send(peer, buf);
   }
 
-  // Node-to-node connections: one per pair of nodes, made by the lower-numbered one (two
-  // nodes connecting to each other at once make rxm refuse one and retry seconds later) and
-  // used in both directions, so each channel is FIFO as the protocol requires. The connector
-  // thread connects as soon as the server says where the nodes are; the higher-numbered node
-  // learns the connection from the Hello that arrives on it. Until a node's connection is
-  // known, messages for it wait in its outbox, in order (waiting for it here instead could
-  // deadlock: the receive thread may be the one that has to read that Hello).
-  void SendToNode(NodeId node, std::vector<uint8_t> frame) {
-    absl::MutexLock l(&net_mu_);
-    if (auto failed = connect_failed_.find(node); failed != connect_failed_.end()) {
-      absl::Status why = failed->second;
-      net_mu_.Unlock();
-      if (!stopping_) {
-        Fail(absl::UnavailableError(
-            absl::StrCat("cannot reach node ", node.value(), ": ", why.message())));
-      }
-      net_mu_.Lock();
-      return;
-    }
-    auto& box = outbox_[node];
-    auto it = out_peers_.find(node);
-    if (it == out_peers_.end() || !box.empty()) {
-      box.push_back(std::move(frame));
-      return;
-    }
-    SendFrameLocked(node, it->second, frame);
-  }
-
-  void SendFrameLocked(NodeId node, PeerId peer, const std::vector<uint8_t>& frame)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(net_mu_) {
-    stats_.messages_sent.Add();
-    stats_.bytes_sent.Add(frame.size());
-    absl::Status s = transport_->Send(peer, frame);
-    if (!s.ok() && !stopping_) {
-      connect_failed_[node] = s;
-      LOG(ERROR) << "node " << self_.value() << ": send to node " << node.value() << ": " << s;
-    }
-  }
-
-  // The connection to `node` is known now: send what waited for it.
-  void PeerReadyLocked(NodeId node, PeerId peer) ABSL_EXCLUSIVE_LOCKS_REQUIRED(net_mu_) {
-    out_peers_[node] = peer;
-    in_peers_[peer] = node;
-    auto& box = outbox_[node];
-    while (!box.empty()) {
-      SendFrameLocked(node, peer, box.front());
-      box.pop_front();
-    }
-  }
-
-  // Connector thread: connects to every node the server announced.
-  void ConnectLoop() {
-    for (;;) {
-      NodeId node;
-      std::string address;
-      {
-        absl::MutexLock l(&net_mu_);
-        auto work = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(net_mu_) {
-          if (stopping_) return true;
-          for (const auto& [n, a] : addresses_) {
-            if (self_ < n && !out_peers_.contains(n) && !connect_failed_.contains(n)) return true;
-          }
-          return false;
-        };
-        net_mu_.Await(absl::Condition(&work));
-        if (stopping_) return;
-        for (const auto& [n, a] : addresses_) {
-          if (self_ < n && !out_peers_.contains(n) && !connect_failed_.contains(n)) {
-            node = n;
-            address = a;
-            break;
-          }
-        }
-      }
-      absl::StatusOr<PeerId> peer =
-          transport_->Connect(address, absl::Now() + options_.connect_timeout);
-      if (peer.ok()) {
-        {
-          // Known before the Hello goes out: the other node answers on this connection as soon
-          // as the Hello arrives, possibly before PeerReadyLocked below runs.
-          absl::MutexLock l(&net_mu_);
-          in_peers_[*peer] = node;
-        }
-        wire::Hello hello;
-        hello.role = wire::Role::kNode;
-        hello.node = self_;
-        hello.name = absl::StrCat("node", self_.value());
-        absl::Status s = SendMessage(*peer, hello);
-        if (!s.ok()) peer = s;
-      }
-      absl::MutexLock l(&net_mu_);
-      if (peer.ok()) {
-        PeerReadyLocked(node, *peer);
-      } else {
-        LOG(ERROR) << "node " << self_.value() << ": cannot connect to node " << node.value()
-                   << " at " << address << ": " << peer.status();
-        connect_failed_[node] = peer.status();
-      }
-    }
-  }
-
   void SendCoherence(NodeId dst, const wire::CoherenceMsg& msg) {
     if (dst == wire::kServerEndpoint) {
       absl::Status s = SendMessage(server_, msg);
@@ -913,7 +824,7 @@ class NodeAgent::Impl {
       }
       return;
     }
-    SendToNode(dst, wire::Encode(msg));
+    mesh_->Send(dst, wire::Encode(msg));
   }
 
   // ---------------------------------------------------------------- the engine
@@ -1152,8 +1063,13 @@ class NodeAgent::Impl {
     const bool store = f.kind == uffd::FaultKind::kWriteProtect || f.write;
     (store ? stats_.write_faults : stats_.read_faults).Add();
     const PageId page = PageId::Containing(f.page);
-    if (!options_.fault_trace.empty()) TraceFault(f, store);
-    if (store && options_.track_write_sharing) NoteWriter(page, f.tid);
+    if (!options_.fault_trace.empty()) {
+      trace_.Record(f.received_ns ? f.received_ns : NowNs(), f.tid, f.page,
+                    !store                                     ? FaultTrace::Access::kRead
+                    : f.kind == uffd::FaultKind::kWriteProtect ? FaultTrace::Access::kUpgrade
+                                                               : FaultTrace::Access::kWrite);
+    }
+    if (store && options_.track_write_sharing) sharing_.Note(page, f.tid);
     HandleLocal(att, page,
                 LocalEvent{store ? coherence::LocalOp::kStore : coherence::LocalOp::kLoad,
                            ThreadId(static_cast<uint32_t>(f.tid))},
@@ -1161,105 +1077,39 @@ class NodeAgent::Impl {
     if (!store) ReadAhead(att, page, f.tid);
   }
 
-  void NoteWriter(PageId page, pid_t tid) {
-    absl::MutexLock l(&sharing_mu_);
-    auto it = writers_.find(page);
-    if (it == writers_.end()) {
-      if (writers_.size() >= kMaxSharingPages) return;  // a window this busy says enough
-      it = writers_.emplace(page, NodeAgent::PageWriters{page, 0, {}}).first;
-    }
-    NodeAgent::PageWriters& w = it->second;
-    ++w.faults;
-    if (tid != 0 && w.writers.size() < NodeAgent::kMaxWritersPerPage &&
-        std::find(w.writers.begin(), w.writers.end(), tid) == w.writers.end()) {
-      w.writers.push_back(tid);
-    }
-  }
-
  public:
-  std::vector<NodeAgent::PageWriters> TakeWriteSharing(size_t max_pages) {
-    absl::flat_hash_map<PageId, NodeAgent::PageWriters> taken;
-    {
-      absl::MutexLock l(&sharing_mu_);
-      taken.swap(writers_);
-    }
-    std::vector<NodeAgent::PageWriters> out;
-    out.reserve(taken.size());
-    for (auto& [page, w] : taken) out.push_back(std::move(w));
-    std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) {
-      return a.faults != b.faults ? a.faults > b.faults : a.page < b.page;
-    });
-    if (out.size() > max_pages) out.resize(max_pages);
-    return out;
-  }
+  std::vector<PageWriters> TakeWriteSharing(size_t max_pages) { return sharing_.Take(max_pages); }
 
  private:
-  // One line per fault: when (CLOCK_MONOTONIC ns), which thread (its id in the program; 0
-  // if the uffd does not say), which page, and the access: read, write (a missing page
-  // written), upgrade (a write to a read-only copy).
-  void TraceFault(const uffd::Fault& f, bool store) {
-    absl::MutexLock l(&trace_mu_);
-    if (trace_.size() >= kMaxTrace) {
-      ++trace_dropped_;
-      return;
-    }
-    trace_.push_back(
-        TraceEntry{f.received_ns ? f.received_ns : NowNs(), f.tid, f.page,
-                   static_cast<uint8_t>(!store                                     ? 0
-                                        : f.kind == uffd::FaultKind::kWriteProtect ? 2
-                                                                                   : 1)});
-  }
-
   void WriteFaultTrace() {
     if (options_.fault_trace.empty()) return;
-    absl::MutexLock l(&trace_mu_);
-    FILE* f = std::fopen(options_.fault_trace.c_str(), "w");
-    if (f == nullptr) {
-      LOG(ERROR) << "node " << self_.value() << ": cannot write the fault trace "
-                 << options_.fault_trace << ": " << ErrnoName(errno);
-      return;
+    if (absl::Status s = trace_.WriteCsv(options_.fault_trace); !s.ok()) {
+      LOG(ERROR) << "node " << self_.value() << ": " << s.message();
     }
-    static const char* const kAccess[] = {"read", "write", "upgrade"};
-    std::fprintf(f, "t_ns,thread,page,access\n");
-    for (const TraceEntry& e : trace_) {
-      std::fprintf(f, "%lld,%d,0x%llx,%s\n", static_cast<long long>(e.t_ns), e.tid,
-                   static_cast<unsigned long long>(e.page), kAccess[e.access]);
-    }
-    std::fclose(f);
-    if (trace_dropped_ > 0) {
-      LOG(WARNING) << "node " << self_.value() << ": fault trace full, " << trace_dropped_
+    if (const uint64_t dropped = trace_.dropped(); dropped > 0) {
+      LOG(WARNING) << "node " << self_.value() << ": fault trace full, " << dropped
                    << " faults not recorded";
     }
   }
 
-  // Sequential read misses (a thread's miss on the page after its previous one, or after its
-  // previous read-ahead window, so that a scan misses once per window): ask for the next pages
-  // too, as ordinary read misses nobody waits for yet, so their round trips overlap with this
-  // one's and with the program's work. Only pages this node holds no copy of and has no
-  // transaction for, inside the attachment's ranges. Per thread, so that threads scanning
-  // their own slices side by side all qualify.
+  // Sequential read misses (SequentialReads) ask for the next pages too, as ordinary read
+  // misses nobody waits for yet, so that their round trips overlap with this one's and with
+  // the program's work. Only pages this node holds no copy of and has no transaction for,
+  // inside the attachment's ranges.
   void ReadAhead(Attachment& att, PageId page, int tid) {
-    if (options_.read_ahead <= 0) return;
-    if (att.last_read_miss.size() >= kMaxReadAheadThreads) att.last_read_miss.clear();
-    uint64_t& last_of_thread = att.last_read_miss[tid];
-    const uint64_t last = last_of_thread;
-    last_of_thread = page.address();
-    if (page.address() != last + kPageSize) return;
-    for (int i = 1; i <= options_.read_ahead; ++i) {
-      const uintptr_t next = page.address() + static_cast<uintptr_t>(i) * kPageSize;
-      if (!att.Contains(next)) return;
-      last_of_thread = next;
+    const std::vector<uint64_t> next = att.reads.OnReadMiss(
+        page.address(), tid, options_.read_ahead, [&](uint64_t a) { return att.Contains(a); });
+    for (const uint64_t a : next) {
       {
         absl::MutexLock l(&mu_);
-        auto it = pages_.find(PageId::Containing(next));
+        auto it = pages_.find(PageId::Containing(a));
         if (it != pages_.end() && (it->second.busy || !it->second.pending.empty() ||
                                    it->second.page.line.state != coherence::NodeState::kI)) {
           continue;
         }
       }
       stats_.pages_read_ahead.Add();
-      HandleLocal(att, PageId::Containing(next), LocalEvent{coherence::LocalOp::kLoad, {}},
-                  NowNs());
+      HandleLocal(att, PageId::Containing(a), LocalEvent{coherence::LocalOp::kLoad, {}}, NowNs());
     }
   }
 
@@ -1401,25 +1251,16 @@ class NodeAgent::Impl {
              /*tell_server=*/false);
       return;
     }
-    bool launcher = false;
+    std::function<void(PeerId, const absl::Status&)> on_gone;
     {
-      absl::MutexLock l(&net_mu_);
-      launcher = launchers_.erase(peer) > 0;
-    }
-    if (launcher) {
-      if (auto gone = handlers().launcher_gone) gone(peer, why);
-      return;
-    }
-    absl::MutexLock l(&net_mu_);
-    for (auto it = out_peers_.begin(); it != out_peers_.end(); ++it) {
-      if (it->second == peer) {
-        // A node we send to went away: anything we owe it can no longer be delivered.
-        connect_failed_[it->first] = why;
-        out_peers_.erase(it);
-        break;
+      absl::MutexLock l(&launchers_mu_);
+      if (launchers_.erase(peer) == 0) {
+        mesh_->OnDisconnected(peer, why);
+        return;
       }
+      on_gone = on_launcher_gone_;
     }
-    in_peers_.erase(peer);
+    if (on_gone) on_gone(peer, why);
   }
 
   void OnFrame(PeerId peer, std::vector<uint8_t> frame) {
@@ -1430,88 +1271,61 @@ class NodeAgent::Impl {
       if (peer == server_) Fail(decoded.status(), /*tell_server=*/false);
       return;
     }
-    if (auto* hello = std::get_if<wire::Hello>(&*decoded)) {
-      if (hello->role == wire::Role::kNode && IsValidNode(hello->node)) {
-        absl::MutexLock l(&net_mu_);
-        in_peers_[peer] = hello->node;
-        // A lower-numbered node connected to us: that connection is also how we reach it.
-        if (hello->node < self_) PeerReadyLocked(hello->node, peer);
-      } else if (hello->role == wire::Role::kLauncher && peer != server_) {
-        absl::MutexLock l(&net_mu_);
-        launchers_.insert(peer);
-      }
+    const wire::Message& m = *decoded;
+    if (auto* hello = std::get_if<wire::Hello>(&m)) return OnHello(peer, *hello);
+    if (auto* launch = std::get_if<wire::Launch>(&m)) return OnLaunch(peer, *launch);
+    if (auto* msg = std::get_if<wire::CoherenceMsg>(&m)) {
+      return OnCoherence(peer, *msg, std::move(frame));
+    }
+    if (peer == server_) return OnServerMessage(m);
+    // Only the directory may send the rest: an Error from anyone else, say, would let
+    // whoever can connect kill every attached process.
+    LOG_IF(ERROR, std::holds_alternative<wire::Error>(m))
+        << "node " << self_.value() << ": ignored an Error from peer " << peer.value()
+        << ", which is not the server: " << std::get<wire::Error>(m).message;
+    VLOG(1) << "node " << self_.value() << ": ignoring " << wire::Name(wire::TypeOf(m))
+            << " from peer " << peer.value();
+  }
+
+  void OnHello(PeerId peer, const wire::Hello& hello) {
+    if (hello.role == wire::Role::kNode && IsValidNode(hello.node)) {
+      mesh_->OnHello(peer, hello.node);
+    } else if (hello.role == wire::Role::kLauncher && peer != server_) {
+      absl::MutexLock l(&launchers_mu_);
+      launchers_.insert(peer);
+    }
+  }
+
+  void OnLaunch(PeerId peer, const wire::Launch& launch) {
+    bool from_launcher;
+    std::function<void(PeerId, const wire::Launch&)> handler;
+    {
+      absl::MutexLock l(&launchers_mu_);
+      from_launcher = launchers_.contains(peer);
+      handler = on_launch_;
+    }
+    if (!from_launcher || !handler) {
+      LOG(ERROR) << "node " << self_.value() << ": ignored a Launch (" << wire::Name(launch.op)
+                 << ") from peer " << peer.value()
+                 << (from_launcher ? ": this agent runs no replicas for launchers"
+                                   : ", which did not say it is a launcher");
       return;
     }
-    if (auto* launch = std::get_if<wire::Launch>(&*decoded)) {
-      bool from_launcher;
-      {
-        absl::MutexLock l(&net_mu_);
-        from_launcher = launchers_.contains(peer);
-      }
-      auto handler = handlers().launch;
-      if (!from_launcher || !handler) {
-        LOG(ERROR) << "node " << self_.value() << ": ignored a Launch (" << wire::Name(launch->op)
-                   << ") from peer " << peer.value()
-                   << (from_launcher ? ": this agent runs no replicas for launchers"
-                                     : ", which did not say it is a launcher");
-        return;
-      }
-      handler(peer, *launch);
+    handler(peer, launch);
+  }
+
+  // A message from the directory server that is not about a page.
+  void OnServerMessage(const wire::Message& m) {
+    if (auto* peers = std::get_if<wire::Peers>(&m)) {
+      for (const auto& e : peers->entries) mesh_->SetAddress(e.node, e.address);
       return;
     }
-    if (auto* peers = std::get_if<wire::Peers>(&*decoded)) {
-      if (peer != server_) return;
-      absl::MutexLock l(&net_mu_);
-      for (const auto& e : peers->entries) addresses_[e.node] = e.address;
-      return;
-    }
-    if (auto* reply = std::get_if<wire::FutexReply>(&*decoded)) {
-      if (peer != server_) return;
-      if (auto handler = handlers().futex) handler(*reply);
-      return;
-    }
-    if (auto* created = std::get_if<wire::ThreadCreated>(&*decoded)) {
-      if (peer != server_) return;
-      if (auto handler = handlers().thread_created) handler(*created);
-      return;
-    }
-    if (auto* reply = std::get_if<wire::FileOffsetReply>(&*decoded)) {
-      if (peer != server_) return;
-      if (auto handler = handlers().file_offset) handler(*reply);
-      return;
-    }
-    if (auto* held = std::get_if<wire::PagesHeldReply>(&*decoded)) {
-      if (peer != server_) return;
+    if (auto* held = std::get_if<wire::PagesHeldReply>(&m)) {
       absl::MutexLock l(&held_mu_);
       held_acked_.insert(held->seq);
       return;
     }
-    if (auto* tc = std::get_if<wire::ThreadControl>(&*decoded)) {
-      if (peer != server_) return;
-      if (auto handler = handlers().thread) handler(*tc);
-      return;
-    }
-    if (auto* as = std::get_if<wire::AddressSpace>(&*decoded)) {
-      if (peer != server_) return;
-      if (auto handler = handlers().address_space) {
-        handler(*as);
-      } else if (as->op != wire::AddressSpaceOp::kLock && as->op != wire::AddressSpaceOp::kDone) {
-        // Nothing of the program runs here: nothing to replay.
-        wire::AddressSpace done;
-        done.op = wire::AddressSpaceOp::kDone;
-        done.seq = as->seq;
-        (void)SendMessage(server_, done);
-      }
-      return;
-    }
-    if (auto* error = std::get_if<wire::Error>(&*decoded)) {
-      // Only the directory may stop this node (nodes never send each other an Error): from
-      // any other peer it would let whoever can connect kill every attached process.
-      if (peer != server_) {
-        LOG(ERROR) << "node " << self_.value() << ": ignored an Error from peer " << peer.value()
-                   << ", which is not the server: " << error->message;
-        return;
-      }
+    if (auto* error = std::get_if<wire::Error>(&m)) {
       // The processes are killed whatever the code says, so health() must report a failure:
       // a code that is not an error status (0 is OK) becomes kUnknown.
       absl::StatusCode code = static_cast<absl::StatusCode>(error->code);
@@ -1523,31 +1337,41 @@ class NodeAgent::Impl {
            /*tell_server=*/false);
       return;
     }
-    auto* msg = std::get_if<wire::CoherenceMsg>(&*decoded);
-    if (msg == nullptr) {
-      VLOG(1) << "node " << self_.value() << ": ignoring " << wire::Name(wire::TypeOf(*decoded));
+    if (router_.Deliver(m)) return;
+    if (auto* as = std::get_if<wire::AddressSpace>(&m)) {
+      if (as->op != wire::AddressSpaceOp::kLock && as->op != wire::AddressSpaceOp::kDone) {
+        // Nothing of the program runs here: nothing to replay.
+        wire::AddressSpace done;
+        done.op = wire::AddressSpaceOp::kDone;
+        done.seq = as->seq;
+        (void)SendMessage(server_, done);
+      }
       return;
     }
+    VLOG(1) << "node " << self_.value() << ": ignoring " << wire::Name(wire::TypeOf(m));
+  }
+
+  // A coherence message, from the server or a node. `frame` holds its page data.
+  void OnCoherence(PeerId peer, const wire::CoherenceMsg& msg, std::vector<uint8_t> frame) {
     // The sender must be who it says it is.
     NodeId from = wire::kServerEndpoint;
     if (peer != server_) {
-      absl::MutexLock l(&net_mu_);
-      auto it = in_peers_.find(peer);
-      if (it == in_peers_.end()) {
+      std::optional<NodeId> node = mesh_->NodeOf(peer);
+      if (!node) {
         LOG(ERROR) << "node " << self_.value() << ": coherence message from an unknown peer";
         return;
       }
-      from = it->second;
+      from = *node;
     }
-    const bool for_another = msg->op == wire::CohOp::kInv || msg->op == wire::CohOp::kFwdGetS ||
-                             msg->op == wire::CohOp::kFwdGetM;
-    if (msg->src != from || (msg->requester != self_ && !for_another)) {
-      LOG(ERROR) << "node " << self_.value() << ": rejected " << wire::Name(msg->op)
-                 << " claiming to come from endpoint " << msg->src.value() << " for node "
-                 << msg->requester.value();
+    const bool for_another = msg.op == wire::CohOp::kInv || msg.op == wire::CohOp::kFwdGetS ||
+                             msg.op == wire::CohOp::kFwdGetM;
+    if (msg.src != from || (msg.requester != self_ && !for_another)) {
+      LOG(ERROR) << "node " << self_.value() << ": rejected " << wire::Name(msg.op)
+                 << " claiming to come from endpoint " << msg.src.value() << " for node "
+                 << msg.requester.value();
       return;
     }
-    Incoming in{*msg, std::move(frame)};
+    Incoming in{msg, std::move(frame)};
     // msg->data points into `frame`, whose buffer moved with it.
     if (deferred_pages_.count(in.msg.page)) {
       Defer(std::move(in), 0);
@@ -1640,75 +1464,6 @@ class NodeAgent::Impl {
     }
   }
 
-  // ---------------------------------------------------------------- attach socket
-
-  absl::Status StartAttachSocket() {
-    UniqueFd fd(socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
-    if (!fd.valid()) return ErrnoStatus(errno, "socket(AF_UNIX)");
-    STRETCH_RETURN_IF_ERROR(BindUnixSocket(fd.get(), options_.attach_socket));
-    if (listen(fd.get(), 16) != 0) return ErrnoStatus(errno, "listen on the attach socket");
-    attach_stop_.reset(eventfd(0, EFD_CLOEXEC));
-    attach_listen_ = std::move(fd);
-    attacher_ = std::thread([this] { AttachLoop(); });
-    return absl::OkStatus();
-  }
-
-  void AttachLoop() {
-    for (;;) {
-      struct pollfd p[2] = {{attach_listen_.get(), POLLIN, 0}, {attach_stop_.get(), POLLIN, 0}};
-      if (poll(p, 2, -1) < 0 && errno != EINTR) return;
-      if (p[1].revents) return;
-      if (!(p[0].revents & POLLIN)) continue;
-      UniqueFd conn(accept4(attach_listen_.get(), nullptr, nullptr, SOCK_CLOEXEC));
-      if (!conn.valid()) continue;
-      ServeAttach(conn.get());
-    }
-  }
-
-  void ServeAttach(int conn) {
-    auto received = ReceiveMessage(conn, 512, absl::Now() + absl::Seconds(5));
-    if (!received.ok() || received->data.empty()) return;
-    UniqueFd uffd = std::move(received->fd);
-    const std::string& buf = received->data;
-    const size_t n = buf.size();
-    absl::Status result;
-    struct ucred cred;
-    socklen_t len = sizeof(cred);
-    auto decoded =
-        wire::Decode(absl::Span<const uint8_t>(reinterpret_cast<const uint8_t*>(buf.data()), n));
-    if (!decoded.ok()) {
-      result = decoded.status();
-    } else if (!std::holds_alternative<wire::RegionAttach>(*decoded)) {
-      result = absl::InvalidArgumentError("attach socket: expected RegionAttach");
-    } else if (!(std::get<wire::RegionAttach>(*decoded).flags & wire::kRegionDetach) &&
-               !uffd.valid()) {
-      result = absl::InvalidArgumentError("attach socket: RegionAttach without a userfaultfd");
-    } else if (getsockopt(conn, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) {
-      result = ErrnoStatus(errno, "SO_PEERCRED");
-    } else {
-      const auto& ra = std::get<wire::RegionAttach>(*decoded);
-      // The kernel says who is on the other end; the message cannot claim another process.
-      if (ra.pid != 0 && static_cast<pid_t>(ra.pid) != cred.pid) {
-        result = absl::PermissionDeniedError(
-            absl::StrFormat("attach socket: pid %d claimed to be pid %d", cred.pid, ra.pid));
-      } else if (ra.flags & wire::kRegionDetach) {
-        result = Detach(cred.pid, ra.region, absl::Now() + absl::Seconds(30));
-        ReapFinished();
-      } else {
-        AttachRequest req;
-        req.pid = cred.pid;
-        req.uffd = std::move(uffd);
-        req.ranges = {Range{ra.region, ra.base, ra.length}};
-        req.shared = (ra.flags & wire::kRegionManual) != 0;
-        result = Attach(std::move(req));
-      }
-    }
-    if (!result.ok()) LOG(ERROR) << "node " << self_.value() << ": attach failed: " << result;
-    std::vector<uint8_t> reply = wire::Encode(wire::RegionAttachReply{
-        static_cast<uint32_t>(result.code()), std::string(result.message())});
-    (void)!send(conn, reply.data(), reply.size(), MSG_NOSIGNAL);
-  }
-
   struct Deferred {
     int64_t ready_ns;
     Incoming in;
@@ -1725,23 +1480,20 @@ class NodeAgent::Impl {
   std::string address_;
   PeerId server_;
   std::thread receiver_;
-  std::thread attacher_;
-  UniqueFd attach_listen_;
-  UniqueFd attach_stop_;
+  std::unique_ptr<PeerMesh> mesh_;
+  std::unique_ptr<AttachServer> attach_server_;
+  ServiceRouter router_;
 
   // Receive thread only.
   std::deque<Deferred> deferred_;
   absl::flat_hash_map<PageId, int> deferred_pages_;
 
-  absl::Mutex net_mu_;
-  absl::flat_hash_map<NodeId, PeerId> out_peers_ ABSL_GUARDED_BY(net_mu_);
-  absl::flat_hash_map<PeerId, NodeId> in_peers_ ABSL_GUARDED_BY(net_mu_);
-  // Peers that said Hello as a launcher (SetLaunchHandler).
-  absl::flat_hash_set<PeerId> launchers_ ABSL_GUARDED_BY(net_mu_);
-  absl::flat_hash_map<NodeId, std::string> addresses_ ABSL_GUARDED_BY(net_mu_);
-  absl::flat_hash_map<NodeId, absl::Status> connect_failed_ ABSL_GUARDED_BY(net_mu_);
-  absl::flat_hash_map<NodeId, std::deque<std::vector<uint8_t>>> outbox_ ABSL_GUARDED_BY(net_mu_);
-  std::thread connector_;
+  // Peers that said Hello as a launcher, and where their messages go (SetLaunchHandler).
+  absl::Mutex launchers_mu_;
+  absl::flat_hash_set<PeerId> launchers_ ABSL_GUARDED_BY(launchers_mu_);
+  std::function<void(PeerId, const wire::Launch&)> on_launch_ ABSL_GUARDED_BY(launchers_mu_);
+  std::function<void(PeerId, const absl::Status&)> on_launcher_gone_
+      ABSL_GUARDED_BY(launchers_mu_);
 
   mutable absl::Mutex attach_mu_;
   std::vector<std::unique_ptr<Attachment>> attachments_ ABSL_GUARDED_BY(attach_mu_);
@@ -1759,48 +1511,18 @@ class NodeAgent::Impl {
   bool watchdog_stop_ ABSL_GUARDED_BY(watchdog_mu_) = false;
   std::thread watchdog_;
 
-  // Where server messages for the replica's services go; copied out to be called unlocked.
-  struct Handlers {
-    std::function<void(const wire::FutexReply&)> futex;
-    std::function<void(const wire::FileOffsetReply&)> file_offset;
-    std::function<void(const wire::ThreadCreated&)> thread_created;
-    std::function<void(const wire::ThreadControl&)> thread;
-    std::function<void(const wire::AddressSpace&)> address_space;
-    std::function<void(PeerId, const wire::Launch&)> launch;
-    std::function<void(PeerId, const absl::Status&)> launcher_gone;
-  };
-  Handlers handlers() const {
-    absl::MutexLock l(&handlers_mu_);
-    return handlers_;
-  }
-  mutable absl::Mutex handlers_mu_;
-  Handlers handlers_ ABSL_GUARDED_BY(handlers_mu_);
-
   // PagesHeld messages sent and the directory's answers to them.
   absl::Mutex held_mu_;
   uint64_t held_seq_ ABSL_GUARDED_BY(held_mu_) = 0;
   absl::flat_hash_set<uint64_t> held_acked_ ABSL_GUARDED_BY(held_mu_);
   bool held_failed_ ABSL_GUARDED_BY(held_mu_) = false;  // Fail() was called
 
-  struct TraceEntry {
-    int64_t t_ns;
-    pid_t tid;
-    uint64_t page;
-    uint8_t access;  // 0 read, 1 write, 2 upgrade
-  };
-  static constexpr size_t kMaxTrace = 20'000'000;
-  static constexpr size_t kMaxReadAheadThreads = 4096;
-  absl::Mutex trace_mu_;
-  std::vector<TraceEntry> trace_ ABSL_GUARDED_BY(trace_mu_);
-  uint64_t trace_dropped_ ABSL_GUARDED_BY(trace_mu_) = 0;
+  FaultTrace trace_;
+  WriteSharing sharing_;
 
   mutable absl::Mutex health_mu_;
   absl::Status health_ ABSL_GUARDED_BY(health_mu_);
 
-  // Write faults per page since the last TakeWriteSharing() (placement).
-  static constexpr size_t kMaxSharingPages = 1 << 16;
-  absl::Mutex sharing_mu_;
-  absl::flat_hash_map<PageId, NodeAgent::PageWriters> writers_ ABSL_GUARDED_BY(sharing_mu_);
 };
 
 NodeAgent::NodeAgent(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -1822,7 +1544,7 @@ absl::Status NodeAgent::Guard(pid_t pid, int uffd) { return impl_->Guard(pid, uf
 absl::Status NodeAgent::GuardGroup(pid_t pgid) { return impl_->GuardGroup(pgid); }
 absl::Status NodeAgent::ReleaseGroup(pid_t pgid) { return impl_->ReleaseGroup(pgid); }
 size_t NodeAgent::unresolved_faults() const { return impl_->unresolved_faults(); }
-std::vector<NodeAgent::PageWriters> NodeAgent::TakeWriteSharing(size_t max_pages) {
+std::vector<PageWriters> NodeAgent::TakeWriteSharing(size_t max_pages) {
   return impl_->TakeWriteSharing(max_pages);
 }
 absl::StatusOr<uintptr_t> NodeAgent::HelperCodePage(pid_t pid) const {

@@ -45,6 +45,7 @@
 #include "core/stats.h"
 #include "core/unique_fd.h"
 #include "core/wire.h"
+#include "engine/fault_observers.h"
 #include "transport/fault_injecting_transport.h"
 #include "uffd/invalidate.h"
 #include "transport/transport.h"
@@ -211,14 +212,8 @@ class NodeAgent {
 
   // Write sharing seen since the last call (placement): the pages its processes' threads
   // wrote with a fault (a missing page written, or a write to a read-only copy), each with
-  // its number of write faults and up to kMaxWritersPerPage writer thread ids; the
+  // its number of write faults and up to PageWriters::kMaxWriters writer thread ids; the
   // `max_pages` pages with the most write faults, most first. Forgets what it returns.
-  static constexpr size_t kMaxWritersPerPage = 4;
-  struct PageWriters {
-    PageId page;
-    uint64_t faults = 0;
-    std::vector<pid_t> writers;
-  };
   std::vector<PageWriters> TakeWriteSharing(size_t max_pages);
   // OK while healthy; the reason once the agent stopped its processes (lost node, lost page).
   absl::Status health() const;
