@@ -32,8 +32,7 @@ class AttachServer {
  public:
   // Called on the server's thread; the answer goes back to the process.
   struct Handler {
-    std::function<absl::Status(pid_t pid, const wire::RegionAttach& request, UniqueFd uffd)>
-        attach;
+    std::function<absl::Status(pid_t pid, const wire::RegionAttach& request, UniqueFd uffd)> attach;
     std::function<absl::Status(pid_t pid, RegionId region)> detach;
   };
 

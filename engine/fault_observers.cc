@@ -64,7 +64,8 @@ absl::Status FaultTrace::WriteCsv(const std::string& path) {
     std::fprintf(f, "%lld,%d,0x%llx,%s\n", static_cast<long long>(e.t_ns), e.tid,
                  static_cast<unsigned long long>(e.page), kAccess[static_cast<int>(e.access)]);
   }
-  if (std::fclose(f) != 0) return ErrnoStatus(errno, absl::StrCat("writing the fault trace ", path));
+  if (std::fclose(f) != 0)
+    return ErrnoStatus(errno, absl::StrCat("writing the fault trace ", path));
   return absl::OkStatus();
 }
 

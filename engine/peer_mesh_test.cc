@@ -22,12 +22,12 @@ struct Node {
   explicit Node(int id, absl::Duration connect_timeout = absl::Seconds(5))
       : transport(transport::TransportOptions{}) {
     address = transport.Listen("loop:").value();
-    mesh = std::make_unique<PeerMesh>(
-        PeerMesh::Options{NodeId(id), connect_timeout}, &transport,
-        PeerMesh::Counters{&sent, &bytes}, [this](const absl::Status& why) {
-          absl::MutexLock l(&mu);
-          unreachable.push_back(std::string(why.message()));
-        });
+    mesh = std::make_unique<PeerMesh>(PeerMesh::Options{NodeId(id), connect_timeout}, &transport,
+                                      PeerMesh::Counters{&sent, &bytes},
+                                      [this](const absl::Status& why) {
+                                        absl::MutexLock l(&mu);
+                                        unreachable.push_back(std::string(why.message()));
+                                      });
   }
   ~Node() {
     mesh->Stop();

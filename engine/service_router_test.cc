@@ -11,8 +11,7 @@ TEST(ServiceRouterTest, EachTypeGoesToItsOwnHandler) {
   ServiceRouter router;
   std::vector<uint64_t> futex_replies;
   std::vector<uint32_t> thread_controls;
-  router.Set<wire::FutexReply>(
-      [&](const wire::FutexReply& r) { futex_replies.push_back(r.seq); });
+  router.Set<wire::FutexReply>([&](const wire::FutexReply& r) { futex_replies.push_back(r.seq); });
   router.Set<wire::ThreadControl>(
       [&](const wire::ThreadControl& t) { thread_controls.push_back(t.thread.value()); });
 
