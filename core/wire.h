@@ -320,11 +320,11 @@ struct PagesHeldReply {
 };
 
 // A launcher (`stretchd run --server`) and the node agent of another machine running a replica
-// of its program for it (stretchd/remote.h describes the exchange).
+// of its program for it (launch/remote_replicas.h describes the exchange).
 enum class LaunchOp : uint8_t {
   kFile = 1,     // launcher -> node: `data` belongs at `offset` of checkpoint image file `name`
   kStart = 2,    // launcher -> node: restore a replica; `data` holds "key=value" lines
-  kControl = 3,  // both ways: one line of the control channel (stretchd/automatic.h)
+  kControl = 3,  // both ways: one line of the control channel (replica/control.h)
   kOutput = 4,   // node -> launcher: what the program appended to `name` ("stdout", "stderr")
   kStats = 5,    // node -> launcher: the replica agent's statistics (JSON in `data`)
   kEnded = 6,    // node -> launcher: the replica agent exited with status `offset`

@@ -186,7 +186,7 @@ class NodeAgent {
   // it that must not outlive it (CRIU restoring a replica).
   absl::Status GuardGroup(pid_t pgid);
   absl::Status ReleaseGroup(pid_t pgid);
-  // Launchers of other machines (`stretchd run --server`, stretchd/remote.h): a peer that
+  // Launchers of other machines (`stretchd run --server`, launch/remote_replicas.h): a peer that
   // said Hello as a launcher may send Launch messages, which go to `on_message` (network
   // thread; must not block); `on_gone` hears when such a peer disconnects. Without a handler,
   // Launch messages are logged and dropped. SendLaunch() answers a connected launcher.

@@ -1,5 +1,4 @@
 #include "launch/netns_cluster.h"
-#include "testing/netns.h"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -16,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/unique_fd.h"
 #include "gtest/gtest.h"
+#include "testing/netns.h"
 #include "testing/subprocess.h"
 
 namespace stretch::testing {

@@ -34,9 +34,11 @@
 #include "engine/server.h"
 #include "gflags/gflags.h"
 #include "glog/logging.h"
-#include "stretchd/automatic.h"
+#include "launch/launcher.h"
+#include "launch/remote_replicas.h"
+#include "replica/launch_service.h"
+#include "replica/replica_agent.h"
 #include "stretchd/check.h"
-#include "stretchd/remote.h"
 #include "transport/cluster_secret.h"
 #include "transport/create_transport.h"
 #include "transport/fabric_transport.h"
@@ -587,7 +589,7 @@ int RunNode(const std::vector<std::string>& args) {
   const std::string listen = FLAGS_listen.empty() ? "127.0.0.1:0" : FLAGS_listen;
   if (!ListenAllowed("node", listen, topts)) return 2;
   if (!FLAGS_replica_images.empty()) {
-    ReplicaAgentOptions r;
+    replica::ReplicaAgentOptions r;
     r.cluster_secret = topts.cluster_secret;
     r.heartbeat_interval = live.heartbeat;
     r.peer_timeout = live.peer_timeout;
@@ -613,7 +615,7 @@ int RunNode(const std::vector<std::string>& args) {
       std::fprintf(stderr, "stretchd node: bad --run_threads '%s'\n", FLAGS_run_threads.c_str());
       return 2;
     }
-    return RunReplicaAgent(r);
+    return replica::RunReplicaAgent(r);
   }
   engine::NodeOptions o;
   o.node = NodeId(static_cast<uint32_t>(FLAGS_node));
@@ -638,7 +640,7 @@ int RunNode(const std::vector<std::string>& args) {
     return 1;
   }
   // Replicas for launchers on other machines (`stretchd run --server`, remote.h).
-  LaunchServiceOptions lo;
+  replica::LaunchServiceOptions lo;
   lo.stretchd = SelfPath();
   lo.criu = CriuPath();
   if (!FLAGS_cluster_secret.empty()) {
@@ -650,7 +652,7 @@ int RunNode(const std::vector<std::string>& args) {
   const char* tmpdir = getenv("TMPDIR");
   lo.work_root = tmpdir != nullptr && tmpdir[0] == '/' ? tmpdir : "/tmp";
   lo.verbose = VLOG_IS_ON(1);
-  auto launches = LaunchService::Start(agent->get(), lo);
+  auto launches = replica::LaunchService::Start(agent->get(), lo);
   if (!launches.ok()) {
     std::fprintf(stderr, "stretchd node: %s\n", std::string(launches.status().message()).c_str());
     return 1;
@@ -788,7 +790,7 @@ std::string CriuPath() {
 }
 
 int RunRun(const std::vector<std::string>& args) {
-  LaunchOptions o;
+  launch::LaunchOptions o;
   o.argv = args;
   if (o.argv.empty()) {
     std::fprintf(stderr, "stretchd run: no program given (stretchd run [flags] -- PROG ARGS...)\n");

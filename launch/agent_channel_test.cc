@@ -1,11 +1,13 @@
-#include "stretchd/agent_channel.h"
+#include "launch/agent_channel.h"
 
 #include <sys/socket.h>
 
 #include "gtest/gtest.h"
-#include "stretchd/control.h"
+#include "replica/control.h"
 
-namespace stretch {
+namespace stretch::launch {
+
+using replica::SendLine;
 namespace {
 
 class AgentChannelTest : public ::testing::Test {
@@ -67,4 +69,4 @@ TEST(IsAnswerTest, AnswersAndEnds) {
 }
 
 }  // namespace
-}  // namespace stretch
+}  // namespace stretch::launch

@@ -20,8 +20,8 @@
 // every page starts missing and comes from the directory.
 //
 // The process needs SIGCHLD blocked in every thread (ThreadSupervisor). Not thread-safe.
-#ifndef STRETCH_STRETCHD_REPLICA_H_
-#define STRETCH_STRETCHD_REPLICA_H_
+#ifndef STRETCH_REPLICA_REPLICA_H_
+#define STRETCH_REPLICA_REPLICA_H_
 
 #include <sys/types.h>
 #include <sys/user.h>
@@ -42,11 +42,11 @@
 #include "migrate/criu_images.h"
 #include "migrate/subprocess.h"
 #include "migrate/thread_supervisor.h"
-#include "stretchd/address_space_service.h"
-#include "stretchd/file_offset_service.h"
-#include "stretchd/futex_service.h"
+#include "replica/address_space_service.h"
+#include "replica/file_offset_service.h"
+#include "replica/futex_service.h"
 
-namespace stretch {
+namespace stretch::replica {
 
 struct ReplicaOptions {
   std::string images_dir;  // the checkpoint (RunOrigin)
@@ -251,6 +251,6 @@ class Replica {
   absl::flat_hash_set<pid_t> pinned_by_program_ ABSL_GUARDED_BY(mu_);
 };
 
-}  // namespace stretch
+}  // namespace stretch::replica
 
-#endif  // STRETCH_STRETCHD_REPLICA_H_
+#endif  // STRETCH_REPLICA_REPLICA_H_

@@ -1,4 +1,4 @@
-#include "stretchd/control.h"
+#include "replica/control.h"
 
 #include <fcntl.h>
 #include <poll.h>
@@ -9,7 +9,7 @@
 
 #include "core/unique_fd.h"
 
-namespace stretch {
+namespace stretch::replica {
 
 bool SendLine(int fd, const std::string& line) {
   return send(fd, line.data(), line.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(line.size());
@@ -83,4 +83,4 @@ bool Tailer::Drain() {
   return any;
 }
 
-}  // namespace stretch
+}  // namespace stretch::replica

@@ -20,8 +20,8 @@
 // and waits again through the table in use.
 //
 // Thread-safe; one thread of its own handles notifications, value checks and timeouts.
-#ifndef STRETCH_STRETCHD_FUTEX_SERVICE_H_
-#define STRETCH_STRETCHD_FUTEX_SERVICE_H_
+#ifndef STRETCH_REPLICA_FUTEX_SERVICE_H_
+#define STRETCH_REPLICA_FUTEX_SERVICE_H_
 
 #include <sys/types.h>
 
@@ -34,7 +34,7 @@
 #include "core/unique_fd.h"
 #include "engine/node_agent.h"
 
-namespace stretch {
+namespace stretch::replica {
 
 struct FutexStats {
   Counter waits;
@@ -76,6 +76,6 @@ class FutexService {
   std::unique_ptr<Impl> impl_;
 };
 
-}  // namespace stretch
+}  // namespace stretch::replica
 
-#endif  // STRETCH_STRETCHD_FUTEX_SERVICE_H_
+#endif  // STRETCH_REPLICA_FUTEX_SERVICE_H_

@@ -1,27 +1,11 @@
-#include "stretchd/remote.h"
+#include "replica/remote_start.h"
 
 #include "gtest/gtest.h"
 
-namespace stretch {
+namespace stretch::replica {
 namespace {
 
-TEST(RemoteTest, ClusterNodesAreTheConnectedOnesFromTheServersStatistics) {
-  auto nodes = ParseClusterNodes(
-      "{\"nodes\":[{\"node\":3,\"address\":\"10.0.0.4:7001\",\"connected\":true,\"lost\":false},"
-      "{\"node\":1,\"address\":\"10.0.0.2:7001\",\"connected\":true,\"lost\":false},"
-      "{\"node\":2,\"address\":\"10.0.0.3:7001\",\"connected\":false,\"lost\":true}],"
-      "\"pages\":0}");
-  ASSERT_TRUE(nodes.ok()) << nodes.status();
-  ASSERT_EQ(nodes->size(), 2u);
-  EXPECT_EQ((*nodes)[0].node, 1);
-  EXPECT_EQ((*nodes)[0].address, "10.0.0.2:7001");
-  EXPECT_EQ((*nodes)[1].node, 3);
-  EXPECT_TRUE(ParseClusterNodes("{\"nodes\":[],\"pages\":0}")->empty());
-  EXPECT_FALSE(ParseClusterNodes("{\"pages\":0}").ok());
-  EXPECT_FALSE(ParseClusterNodes("{\"nodes\":[{\"address\":\"x\"}]}").ok());
-}
-
-TEST(RemoteTest, AStartRequestRoundTrips) {
+TEST(RemoteStartTest, AStartRequestRoundTrips) {
   RemoteStart r;
   r.node = 2;
   r.server = "10.0.0.1:7000";
@@ -59,7 +43,7 @@ TEST(RemoteTest, AStartRequestRoundTrips) {
   EXPECT_EQ(back->outputs[1].path, "/tmp/r:1/stderr");
 }
 
-TEST(RemoteTest, BadStartRequestsAreRefusedNamingTheLine) {
+TEST(RemoteStartTest, BadStartRequestsAreRefusedNamingTheLine) {
   const std::string base = "node=1\nserver=10.0.0.1:7000\n";
   EXPECT_TRUE(RemoteStart::Parse(base).ok());
   for (const std::string& bad : {
@@ -90,4 +74,4 @@ TEST(RemoteTest, BadStartRequestsAreRefusedNamingTheLine) {
 }
 
 }  // namespace
-}  // namespace stretch
+}  // namespace stretch::replica

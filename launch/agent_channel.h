@@ -9,8 +9,8 @@
 // the launcher waits for something else: Await drops such late answers. Lines that say the
 // program ended ("exit", "signal", "error", the channel closing) are kept for the launcher's
 // main loop. Thread-compatible.
-#ifndef STRETCH_STRETCHD_AGENT_CHANNEL_H_
-#define STRETCH_STRETCHD_AGENT_CHANNEL_H_
+#ifndef STRETCH_LAUNCH_AGENT_CHANNEL_H_
+#define STRETCH_LAUNCH_AGENT_CHANNEL_H_
 
 #include <deque>
 #include <initializer_list>
@@ -22,7 +22,7 @@
 #include "core/unique_fd.h"
 #include "migrate/subprocess.h"
 
-namespace stretch {
+namespace stretch::launch {
 
 struct Agent {
   std::optional<Subprocess> process;  // none for a node of a cluster (remote.h)
@@ -43,6 +43,6 @@ bool IsAnswer(absl::string_view line);
 std::optional<std::string> Await(Agent& a, std::initializer_list<absl::string_view> words,
                                  absl::Duration timeout);
 
-}  // namespace stretch
+}  // namespace stretch::launch
 
-#endif  // STRETCH_STRETCHD_AGENT_CHANNEL_H_
+#endif  // STRETCH_LAUNCH_AGENT_CHANNEL_H_

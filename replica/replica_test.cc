@@ -1,10 +1,10 @@
 // Replica's pure helpers: where the main stack may grow, and how much of a private file
 // mapping its file backs.
-#include "stretchd/replica.h"
+#include "replica/replica.h"
 
 #include "gtest/gtest.h"
 
-namespace stretch {
+namespace stretch::replica {
 namespace {
 
 ReplicaMapping Map(uintptr_t start, uintptr_t end, std::string path = "") {
@@ -64,4 +64,4 @@ TEST(FileBackedEndTest, StopsAtTheFilesLastPage) {
 }
 
 }  // namespace
-}  // namespace stretch
+}  // namespace stretch::replica

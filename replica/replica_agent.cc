@@ -1,5 +1,5 @@
 // The replica side of `stretchd node` in automatic mode (automatic.h).
-#include "stretchd/automatic.h"
+#include "replica/replica_agent.h"
 
 #include <fcntl.h>
 #include <poll.h>
@@ -32,20 +32,14 @@
 #include "core/status.h"
 #include "core/unique_fd.h"
 #include "engine/node_agent.h"
-#include "engine/server.h"
 #include "glog/logging.h"
-#include "migrate/origin.h"
-#include "migrate/subprocess.h"
 #include "placement/affinity.h"
-#include "placement/controller.h"
-#include "placement/placement_history.h"
-#include "stretchd/control.h"
-#include "stretchd/remote.h"
-#include "stretchd/replica.h"
-#include "stretchd/standard_input.h"
+#include "replica/control.h"
+#include "replica/replica.h"
+#include "replica/standard_input.h"
 #include "transport/fault_injecting_transport.h"
 
-namespace stretch {
+namespace stretch::replica {
 namespace {
 
 // A node's part of `stretchd migrate` (see the control channel above).
@@ -209,7 +203,8 @@ int RunReplicaAgent(const ReplicaAgentOptions& o) {
     } else if (line && *line == "sharing") {
       std::vector<placement::PageWriters> pages;
       for (auto& p : (*agent)->TakeWriteSharing(placement::kMaxReportPages)) {
-        pages.push_back({p.page.number(), p.faults, std::vector<int>(p.writers.begin(), p.writers.end())});
+        pages.push_back(
+            {p.page.number(), p.faults, std::vector<int>(p.writers.begin(), p.writers.end())});
       }
       SendLine(ctl, placement::FormatSharingReport(pages));
     } else if (line && (*line == "exclusive on" || *line == "exclusive off")) {
@@ -230,4 +225,4 @@ int RunReplicaAgent(const ReplicaAgentOptions& o) {
   }
 }
 
-}  // namespace stretch
+}  // namespace stretch::replica

@@ -26,8 +26,8 @@
 // and a warning.
 //
 // Thread-safe; two threads of its own (own changes, replays).
-#ifndef STRETCH_STRETCHD_ADDRESS_SPACE_SERVICE_H_
-#define STRETCH_STRETCHD_ADDRESS_SPACE_SERVICE_H_
+#ifndef STRETCH_REPLICA_ADDRESS_SPACE_SERVICE_H_
+#define STRETCH_REPLICA_ADDRESS_SPACE_SERVICE_H_
 
 #include <sys/types.h>
 #include <sys/user.h>
@@ -42,7 +42,7 @@
 #include "engine/node_agent.h"
 #include "migrate/thread_supervisor.h"
 
-namespace stretch {
+namespace stretch::replica {
 
 struct AddressSpaceStats {
   Counter changes;                  // made here and replayed everywhere
@@ -78,6 +78,6 @@ class AddressSpaceService {
   std::unique_ptr<Impl> impl_;
 };
 
-}  // namespace stretch
+}  // namespace stretch::replica
 
-#endif  // STRETCH_STRETCHD_ADDRESS_SPACE_SERVICE_H_
+#endif  // STRETCH_REPLICA_ADDRESS_SPACE_SERVICE_H_

@@ -2,15 +2,16 @@
 //
 // A cluster is a directory server (`stretchd server`) and a node agent on each machine
 // (`stretchd node --server=HOST:PORT`), all long-lived and sharing a cluster secret. A run on
-// it works like a run on emulated nodes (automatic.h), with the launcher's machine as node 0 of
+// it works like a run on emulated nodes (launcher.h), with the launcher's machine as node 0 of
 // the run and every node connected to the cluster's server as one more node:
 //
 //   1. The launcher asks the server which nodes are connected and where they listen
 //      (ListClusterNodes), and runs the program on its own machine up to its migration point.
 //   2. It starts the run's own directory server and node 0's agent on its machine, connects to
 //      each cluster node's agent as a launcher, sends it the checkpoint's image files and a
-//      start request (RemoteStart).
-//   3. The node agent's LaunchService writes the images to a work directory of its own,
+//      start request (replica::RemoteStart).
+//   3. The node agent's LaunchService (replica/launch_service.h) writes the images to a work
+//   directory of its own,
 //      creates the program's output files at the paths they had on the launcher's machine (so
 //      that CRIU finds them), and starts a replica agent (a child `stretchd node`, as on an
 //      emulated node), which restores the replica and joins the run's directory.
@@ -22,10 +23,8 @@
 // The messages are wire::Launch (see its LaunchOp). Each machine needs the program, its
 // libraries and any files it has open at the same paths as the launcher's machine (CRIU
 // restores them by path), and the same CPU features.
-#ifndef STRETCH_STRETCHD_REMOTE_H_
-#define STRETCH_STRETCHD_REMOTE_H_
-
-#include <sys/types.h>
+#ifndef STRETCH_LAUNCH_REMOTE_REPLICAS_H_
+#define STRETCH_LAUNCH_REMOTE_REPLICAS_H_
 
 #include <memory>
 #include <string>
@@ -33,11 +32,10 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "engine/node_agent.h"
-#include "migrate/subprocess.h"
+#include "replica/remote_start.h"
 #include "transport/transport.h"
 
-namespace stretch {
+namespace stretch::launch {
 
 // A node connected to a cluster's server.
 struct ClusterNode {
@@ -55,38 +53,6 @@ absl::StatusOr<std::vector<ClusterNode>> ParseClusterNodes(const std::string& st
 // The local IP address this machine uses to reach `host_port` ("IP:PORT").
 absl::StatusOr<std::string> LocalAddressToward(const std::string& host_port);
 
-// What a launcher asks a node to run (LaunchOp::kStart), as "key=value" lines.
-struct RemoteStart {
-  int node = 0;        // the node's number in the run (1..63)
-  std::string server;  // the run's directory server
-  std::vector<int> run_threads;
-  bool manual = false;
-  bool hold_checkpoint = true;
-  bool track_write_sharing = false;
-  int read_ahead = 8;
-  int busy_poll_us = 0;
-  int heartbeat_ms = 100;
-  int peer_timeout_ms = 1000;
-  int fault_timeout_ms = 2000;
-  std::string inject_faults;
-  // The program's standard input is node 0's: reading it on this node stops the run with an
-  // error (ReplicaOptions::stdin_elsewhere).
-  bool stdin_elsewhere = false;
-  // The program's output files as it has them open: "stdout" or "stderr", the absolute path,
-  // and the size and permission bits at the checkpoint (CRIU checks both).
-  struct Output {
-    std::string name;
-    std::string path;
-    uint64_t size = 0;
-    uint32_t mode = 0644;
-  };
-  std::vector<Output> outputs;
-
-  std::string Encode() const;
-  // InvalidArgument naming the line that is wrong.
-  static absl::StatusOr<RemoteStart> Parse(const std::string& text);
-};
-
 // The launcher's side: replicas started on cluster nodes, each seen through a control
 // descriptor that behaves like a local agent's end of the control channel (lines both ways;
 // closed once the remote replica agent has ended or its node is lost, after an "error" line
@@ -95,7 +61,7 @@ class RemoteReplicas {
  public:
   struct Node {
     ClusterNode cluster;
-    RemoteStart start;
+    replica::RemoteStart start;
     std::string stats_json;  // where its agent's statistics go
   };
   // Connects to every node, sends the images of `images_dir` and the start request. Output the
@@ -117,33 +83,6 @@ class RemoteReplicas {
   std::unique_ptr<Impl> impl_;
 };
 
-// The node's side, in a long-lived `stretchd node`: runs the replicas launchers ask for, one
-// run at a time.
-struct LaunchServiceOptions {
-  std::string stretchd;     // this binary, for the replica agents
-  std::string criu;         // CRIU binary
-  std::string secret_file;  // the cluster secret file (given to the replica agents)
-  std::string transport = "tcp";
-  std::string listen_ip;           // where replica agents listen for other nodes
-  std::string work_root = "/tmp";  // runs' work directories are made under it
-  bool verbose = false;            // replica agents log at INFO
-};
+}  // namespace stretch::launch
 
-class LaunchService {
- public:
-  // Takes the Launch messages of `agent` (which must outlive the service).
-  static absl::StatusOr<std::unique_ptr<LaunchService>> Start(engine::NodeAgent* agent,
-                                                              const LaunchServiceOptions& options);
-  // Kills a running replica agent and removes what its run created.
-  ~LaunchService();
-
-  class Impl;
-
- private:
-  explicit LaunchService(std::unique_ptr<Impl> impl);
-  std::unique_ptr<Impl> impl_;
-};
-
-}  // namespace stretch
-
-#endif  // STRETCH_STRETCHD_REMOTE_H_
+#endif  // STRETCH_LAUNCH_REMOTE_REPLICAS_H_

@@ -20,8 +20,8 @@
 // offset by what was asked. Descriptors that share one open file (dup) keep one offset each.
 //
 // Thread-safe; one thread of its own releases the held threads.
-#ifndef STRETCH_STRETCHD_FILE_OFFSET_SERVICE_H_
-#define STRETCH_STRETCHD_FILE_OFFSET_SERVICE_H_
+#ifndef STRETCH_REPLICA_FILE_OFFSET_SERVICE_H_
+#define STRETCH_REPLICA_FILE_OFFSET_SERVICE_H_
 
 #include <sys/types.h>
 #include <sys/user.h>
@@ -37,7 +37,7 @@
 #include "engine/node_agent.h"
 #include "migrate/thread_supervisor.h"
 
-namespace stretch {
+namespace stretch::replica {
 
 class FileOffsetService {
  public:
@@ -70,6 +70,6 @@ class FileOffsetService {
   std::unique_ptr<Impl> impl_;
 };
 
-}  // namespace stretch
+}  // namespace stretch::replica
 
-#endif  // STRETCH_STRETCHD_FILE_OFFSET_SERVICE_H_
+#endif  // STRETCH_REPLICA_FILE_OFFSET_SERVICE_H_

@@ -1,8 +1,9 @@
-// Automatic mode: `stretchd run` (the launcher) and the replica side of `stretchd node`.
+// Automatic mode's launcher: `stretchd run`. The replica side of `stretchd node` is
+// replica/replica_agent.h.
 //
 // The launcher runs the program natively until its migration point (migrate/origin.h),
 // checkpoints it, starts a directory server with the checkpoint as the pages' initial contents
-// and one node agent per node; each agent restores a replica (stretchd/replica.h) and reports
+// and one node agent per node; each agent restores a replica (replica/replica.h) and reports
 // "ready"; once all are ready the launcher says "go" and every agent lets its threads run. The
 // first replica to end decides the program's exit status; the launcher stops the others.
 // Agents talk to the launcher over a SOCK_SEQPACKET pair on their fd 3 with one-line
@@ -13,21 +14,9 @@
 // replicas append to them (the restores all finish before any replica runs, so CRIU's check of
 // the files' size holds), so each stream keeps the order in which the writes happened.
 //
-// The control channel, in full (one line per datagram):
-// Launcher -> node: "go", "stop", "kill SIG", "cpu" (answered "cpu NS N STALL FAULTS INV CPUS":
-// CPU time of the N threads running there and the time its faults took to resolve, both in ns
-// so far, how many faults and invalidations it had so far, and the CPUs it may use),
-// "sharing" (answered "sharing PAGE:FAULTS:TIDS ...", affinity.h: the pages written with a fault
-// since the last "sharing"), "cores TID:I,J ..." (affinity assignment: thread TID may use only
-// the node's CPUs with indexes I, J; answered "cores N", the threads pinned), "exclusive
-// on|off" (the node serves the program's futex calls itself while every running thread is
-// there, FutexService::SetExclusive; answered with the same line), and for
-// `stretchd migrate`: "where" (answered "here T1,T2,..."), "migrate-out T" (answered "migrated-out
-// T HEXSTATE", "notmine T" or "migrate-error T WHY"), "migrate-in T HEXSTATE" (answered
-// "migrated-in T" or "migrate-error T WHY"). Node -> launcher, once: "ready N", then "exit CODE",
-// "signal SIG" or "error WHY".
-#ifndef STRETCH_STRETCHD_AUTOMATIC_H_
-#define STRETCH_STRETCHD_AUTOMATIC_H_
+// The control channel's messages are in replica/control.h.
+#ifndef STRETCH_LAUNCH_LAUNCHER_H_
+#define STRETCH_LAUNCH_LAUNCHER_H_
 
 #include <optional>
 #include <string>
@@ -38,13 +27,13 @@
 #include "migrate/criu.h"
 #include "transport/cluster_secret.h"
 
-namespace stretch {
+namespace stretch::launch {
 
 struct LaunchOptions {
   std::vector<std::string> argv;  // the program and its arguments
   int nodes = 2;
   // A cluster's server ("HOST:PORT"): the run uses this machine as node 0 and every node
-  // connected to that server as one more (remote.h); `nodes` and `netns` are then ignored.
+  // connected to that server as one more (remote_replicas.h); `nodes` and `netns` are then ignored.
   // Empty: `nodes` emulated nodes on this machine.
   std::string server;
   std::string transport = "tcp";
@@ -111,37 +100,6 @@ struct LaunchOptions {
 // by signal S gives 128+S after re-raising is not possible), and prints errors on stderr.
 int RunLauncher(const LaunchOptions& options);
 
-struct ReplicaAgentOptions {
-  int node = 0;
-  std::string server;
-  std::string listen;
-  std::string transport = "tcp";
-  std::string images_dir;
-  std::string work_dir;
-  std::vector<int> run_threads;
-  bool manual = false;
-  bool hold_checkpoint = true;
-  int read_ahead = 8;
-  absl::Duration busy_poll = absl::ZeroDuration();  // NodeOptions::busy_poll
-  bool track_write_sharing = false;                 // NodeOptions::track_write_sharing
-  std::string fault_trace;                          // file
-  std::string stats_json;
-  std::optional<transport::ClusterSecret> cluster_secret;
-  CriuOptions criu;
-  int control_fd = 3;
-  // As in LaunchOptions.
-  absl::Duration heartbeat_interval = absl::Milliseconds(100);
-  absl::Duration peer_timeout = absl::Seconds(1);
-  absl::Duration fault_timeout = absl::Seconds(2);
-  std::string inject_faults;
-  // ReplicaOptions::stdin_key (the standard input is our fd 0) and stdin_elsewhere.
-  std::string stdin_key;
-  bool stdin_elsewhere = false;
-};
+}  // namespace stretch::launch
 
-// The replica side of a node agent in automatic mode; returns the process exit status.
-int RunReplicaAgent(const ReplicaAgentOptions& options);
-
-}  // namespace stretch
-
-#endif  // STRETCH_STRETCHD_AUTOMATIC_H_
+#endif  // STRETCH_LAUNCH_LAUNCHER_H_

@@ -20,8 +20,8 @@
 //   origin.program.stdin_fd = input->program_fd();
 //
 // Thread-compatible; the relay thread is internal and stops in the destructor.
-#ifndef STRETCH_STRETCHD_STANDARD_INPUT_H_
-#define STRETCH_STRETCHD_STANDARD_INPUT_H_
+#ifndef STRETCH_REPLICA_STANDARD_INPUT_H_
+#define STRETCH_REPLICA_STANDARD_INPUT_H_
 
 #include <memory>
 #include <string>
@@ -30,7 +30,7 @@
 #include "absl/status/statusor.h"
 #include "core/unique_fd.h"
 
-namespace stretch {
+namespace stretch::replica {
 
 class StandardInput {
  public:
@@ -61,6 +61,6 @@ class StandardInput {
   std::thread relay_;
 };
 
-}  // namespace stretch
+}  // namespace stretch::replica
 
-#endif  // STRETCH_STRETCHD_STANDARD_INPUT_H_
+#endif  // STRETCH_REPLICA_STANDARD_INPUT_H_

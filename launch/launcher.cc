@@ -1,4 +1,4 @@
-#include "stretchd/automatic.h"
+#include "launch/launcher.h"
 
 #include <fcntl.h>
 #include <poll.h>
@@ -31,21 +31,27 @@
 #include "core/unique_fd.h"
 #include "engine/node_agent.h"
 #include "engine/server.h"
-#include "launch/netns_cluster.h"
 #include "glog/logging.h"
+#include "launch/agent_channel.h"
+#include "launch/netns_cluster.h"
+#include "launch/remote_replicas.h"
 #include "migrate/origin.h"
 #include "migrate/subprocess.h"
 #include "placement/affinity.h"
 #include "placement/controller.h"
 #include "placement/placement_history.h"
-#include "stretchd/agent_channel.h"
-#include "stretchd/control.h"
-#include "stretchd/remote.h"
-#include "stretchd/replica.h"
-#include "stretchd/standard_input.h"
+#include "replica/control.h"
+#include "replica/remote_start.h"
+#include "replica/standard_input.h"
 #include "transport/fault_injecting_transport.h"
 
-namespace stretch {
+namespace stretch::launch {
+
+using replica::RecvLine;
+using replica::RemoteStart;
+using replica::SendLine;
+using replica::StandardInput;
+using replica::Tailer;
 
 namespace {
 
@@ -100,8 +106,7 @@ class ControlChannelCluster : public placement::Cluster {
     return true;
   }
 
-  bool Sharing(std::vector<std::string>* reports,
-               std::vector<std::vector<int>>* threads) override {
+  bool Sharing(std::vector<std::string>* reports, std::vector<std::vector<int>>* threads) override {
     threads->assign(agents_.size(), {});
     for (Agent& a : agents_) {
       SendLine(a.control.get(), "sharing");
@@ -238,7 +243,7 @@ class Launcher {
   // Adaptive placement's history: distribute this run, or leave the program on node 0.
   std::string history_key_, history_json_;
   std::optional<OriginResult> origin_;
-  std::optional<int> early_exit_;  // the program ended before (or instead of) migrating
+  std::optional<int> early_exit_;            // the program ended before (or instead of) migrating
   std::vector<std::vector<int>> placement_;  // node -> threads, at the migration
   uint64_t image_bytes_ = 0;
   absl::Duration restore_time_, transfer_time_;
@@ -290,7 +295,8 @@ absl::Status Launcher::Prepare() {
   work_.path = o_.work_dir;
   if (work_.path.empty()) {
     char tmpl[] = "/tmp/stretch-run-XXXXXX";
-    if (mkdtemp(tmpl) == nullptr) return absl::InternalError(ErrnoStatus(errno, "mkdtemp").ToString());
+    if (mkdtemp(tmpl) == nullptr)
+      return absl::InternalError(ErrnoStatus(errno, "mkdtemp").ToString());
     work_.path = tmpl;
     work_.remove = !o_.keep_work_dir;
   } else if (mkdir(work_.path.c_str(), 0700) != 0 && errno != EEXIST) {
@@ -332,8 +338,8 @@ absl::Status Launcher::Prepare() {
 
 void Launcher::RecordHistory(const placement::HistoryRun& run) {
   if (history_key_.empty()) return;
-  absl::Status s =
-      placement::AppendHistory(o_.placement_history, history_key_, run, absl::StrJoin(o_.argv, " "));
+  absl::Status s = placement::AppendHistory(o_.placement_history, history_key_, run,
+                                            absl::StrJoin(o_.argv, " "));
   if (!s.ok()) std::fprintf(stderr, "stretchd run: not recorded: %s\n", s.ToString().c_str());
 }
 
@@ -403,8 +409,7 @@ absl::Status Launcher::RunToMigrationPoint() {
   }
   if (!origin_->migration_error.ok()) {
     work_.remove = false;  // CRIU's log is in there
-    std::fprintf(stderr, "stretchd run: the program ran on one node only; kept %s\n",
-                 work.c_str());
+    std::fprintf(stderr, "stretchd run: the program ran on one node only; kept %s\n", work.c_str());
   } else if (!origin_->status.signaled && !origin_->stayed) {
     LOG(WARNING) << "stretchd run: the program ended before its migration point (it ran on "
                     "one node; --migrate_at_threads=N migrates as soon as it has N threads)";
@@ -418,12 +423,14 @@ absl::Status Launcher::WriteUndistributedStats() {
   if (o_.stats_json.empty()) return absl::OkStatus();
   FILE* f = std::fopen(o_.stats_json.c_str(), "w");
   if (f == nullptr) {
-    return absl::InternalError(ErrnoStatus(errno, absl::StrCat("write ", o_.stats_json)).ToString());
+    return absl::InternalError(
+        ErrnoStatus(errno, absl::StrCat("write ", o_.stats_json)).ToString());
   }
   std::string json = R"({"nodes":[],"migrated":false)";
   if (origin_->stayed) {
-    absl::StrAppend(&json, R"(,"after_point_ms":)", absl::ToDoubleMilliseconds(origin_->after_point),
-                    R"(,"placement":{"policy":")", o_.placement, R"(",)", history_json_, "}");
+    absl::StrAppend(&json, R"(,"after_point_ms":)",
+                    absl::ToDoubleMilliseconds(origin_->after_point), R"(,"placement":{"policy":")",
+                    o_.placement, R"(",)", history_json_, "}");
   }
   std::fprintf(f, "%s}\n", json.c_str());
   std::fclose(f);
@@ -451,7 +458,8 @@ absl::Status Launcher::StartNodes() {
     placement_[node].push_back(tid);
   }
   for (int i = 0; i < o_.nodes; ++i) {
-    LOG(INFO) << "stretchd run: node " << i << " runs threads " << absl::StrJoin(placement_[i], ",");
+    LOG(INFO) << "stretchd run: node " << i << " runs threads "
+              << absl::StrJoin(placement_[i], ",");
   }
 
   // Migration cost: stopping and dumping (done), then restoring every replica (below).
@@ -469,9 +477,9 @@ absl::Status Launcher::StartNodes() {
     co.nodes = o_.nodes;
     auto c = launch::NetnsCluster::Create(co);
     if (!c.ok()) {
-      return absl::UnavailableError(absl::StrCat("creating the nodes' network namespaces: ",
-                                                 c.status().message(),
-                                                 " (--nonetns runs every node on 127.0.0.1)"));
+      return absl::UnavailableError(
+          absl::StrCat("creating the nodes' network namespaces: ", c.status().message(),
+                       " (--nonetns runs every node on 127.0.0.1)"));
     }
     cluster_ = std::move(*c);
   }
@@ -521,8 +529,8 @@ absl::Status Launcher::StartNodes() {
   restore_time_ = absl::Now() - restore_start;
   LOG(INFO) << "stretchd run: migrated " << origin_->threads.size() << " threads: stop "
             << origin_->stop_time << ", checkpoint " << origin_->dump_time << " ("
-            << image_bytes_ / (1 << 20) << " MiB of images), restore on " << o_.nodes
-            << " nodes " << restore_time_;
+            << image_bytes_ / (1 << 20) << " MiB of images), restore on " << o_.nodes << " nodes "
+            << restore_time_;
   for (auto& a : agents_) SendLine(a.control.get(), "go");
   return absl::OkStatus();
 }
@@ -722,8 +730,7 @@ std::string Launcher::Migrate(pid_t tid, int to) {
   SendLine(agents_[to].control.get(), absl::StrCat("migrate-in ", tid, " ", state));
   auto r = AwaitLine(to, {"migrated-in", "migrate-error"}, absl::Seconds(15));
   if (r && absl::StartsWith(*r, "migrated-in")) {
-    LOG(INFO) << "stretchd run: thread " << tid << " moved from node " << from << " to node "
-              << to;
+    LOG(INFO) << "stretchd run: thread " << tid << " moved from node " << from << " to node " << to;
     return absl::StrCat("ok thread ", tid, " moved from node ", from, " to node ", to);
   }
   std::string failure = r ? r->substr(std::min(r->size(), r->find(' ', 14) + 1)) : "no answer";
@@ -937,21 +944,22 @@ absl::Status Launcher::Finish() {
                         node.size() > 2 ? "," : "", node.substr(1));
       }
     }
-    absl::StrAppend(
-        &json, "],\"server\":", server_->StatsJson(),
-        ",\"migrated\":true,\"threads\":", origin_->threads.size(),
-        ",\"migration\":{\"stop_ms\":", absl::ToDoubleMilliseconds(origin_->stop_time),
-        ",\"checkpoint_ms\":", absl::ToDoubleMilliseconds(origin_->dump_time),
-        ",\"image_bytes\":", image_bytes_,
-        ",\"transfer_ms\":", absl::ToDoubleMilliseconds(transfer_time_),
-        ",\"restore_ms\":", absl::ToDoubleMilliseconds(restore_time_), "}",
-        ",\"placement\":{\"policy\":\"", o_.placement, "\",\"model\":", placement_loop_->ModelJson(),
-        ",\"samples\":", placement_loop_->SamplesJson(),
-        ",\"decisions\":", placement_loop_->DecisionsJson(), history_json_.empty() ? "" : ",",
-        history_json_, "}}");
+    absl::StrAppend(&json, "],\"server\":", server_->StatsJson(),
+                    ",\"migrated\":true,\"threads\":", origin_->threads.size(),
+                    ",\"migration\":{\"stop_ms\":", absl::ToDoubleMilliseconds(origin_->stop_time),
+                    ",\"checkpoint_ms\":", absl::ToDoubleMilliseconds(origin_->dump_time),
+                    ",\"image_bytes\":", image_bytes_,
+                    ",\"transfer_ms\":", absl::ToDoubleMilliseconds(transfer_time_),
+                    ",\"restore_ms\":", absl::ToDoubleMilliseconds(restore_time_), "}",
+                    ",\"placement\":{\"policy\":\"", o_.placement,
+                    "\",\"model\":", placement_loop_->ModelJson(),
+                    ",\"samples\":", placement_loop_->SamplesJson(),
+                    ",\"decisions\":", placement_loop_->DecisionsJson(),
+                    history_json_.empty() ? "" : ",", history_json_, "}}");
     FILE* f = std::fopen(o_.stats_json.c_str(), "w");
     if (f == nullptr) {
-      return absl::InternalError(ErrnoStatus(errno, absl::StrCat("write ", o_.stats_json)).ToString());
+      return absl::InternalError(
+          ErrnoStatus(errno, absl::StrCat("write ", o_.stats_json)).ToString());
     }
     std::fprintf(f, "%s\n", json.c_str());
     std::fclose(f);
@@ -1021,4 +1029,4 @@ int RunLauncher(const LaunchOptions& options) {
   return RunLauncherOn(o, *nodes, *local_ip);
 }
 
-}  // namespace stretch
+}  // namespace stretch::launch

@@ -1,4 +1,4 @@
-#include "stretchd/address_space_service.h"
+#include "replica/address_space_service.h"
 
 #include <fcntl.h>
 #include <signal.h>
@@ -25,7 +25,7 @@
 #include "glog/logging.h"
 #include "uffd/process.h"
 
-namespace stretch {
+namespace stretch::replica {
 namespace {
 
 // How long a change may wait for the lock and for every node's replay.
@@ -502,4 +502,4 @@ bool AddressSpaceService::OnSyscall(pid_t tid, const struct user_regs_struct& re
 
 const AddressSpaceStats& AddressSpaceService::stats() const { return impl_->stats(); }
 
-}  // namespace stretch
+}  // namespace stretch::replica

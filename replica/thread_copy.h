@@ -18,8 +18,8 @@
 // Thread ids: each node's replica creates its threads with ids from its own range (replica.cc),
 // so a copy's id is free on the other nodes (a clash fails with EEXIST: the thread stays on
 // its node).
-#ifndef STRETCH_STRETCHD_THREAD_COPY_H_
-#define STRETCH_STRETCHD_THREAD_COPY_H_
+#ifndef STRETCH_REPLICA_THREAD_COPY_H_
+#define STRETCH_REPLICA_THREAD_COPY_H_
 
 #include <sys/types.h>
 
@@ -29,20 +29,20 @@
 #include "engine/node_agent.h"
 #include "migrate/thread_supervisor.h"
 
-namespace stretch {
+namespace stretch::replica {
 
 // A parked copy of program thread `inner` (its id in the program's PID namespace) in replica
 // `pid`, cloned through thread `via` (ours; stopped and restored as it was). Returns the copy's
 // tid in our namespace. AlreadyExists if the id is taken in this replica.
-absl::StatusOr<pid_t> CopyThread(engine::NodeAgent* agent, ThreadSupervisor* supervisor,
-                                 pid_t pid, pid_t via, pid_t inner, absl::Time deadline);
+absl::StatusOr<pid_t> CopyThread(engine::NodeAgent* agent, ThreadSupervisor* supervisor, pid_t pid,
+                                 pid_t via, pid_t inner, absl::Time deadline);
 
 // Ends the parked copy `ours` (the thread exited on the node that ran it): it drops its tid and
 // robust-list words first (the memory is the program's again), then exits at the helper's
 // syscall site. The supervisor sees it exit.
-absl::Status EndCopy(engine::NodeAgent* agent, ThreadSupervisor* supervisor, pid_t pid,
-                     pid_t ours, absl::Time deadline);
+absl::Status EndCopy(engine::NodeAgent* agent, ThreadSupervisor* supervisor, pid_t pid, pid_t ours,
+                     absl::Time deadline);
 
-}  // namespace stretch
+}  // namespace stretch::replica
 
-#endif  // STRETCH_STRETCHD_THREAD_COPY_H_
+#endif  // STRETCH_REPLICA_THREAD_COPY_H_

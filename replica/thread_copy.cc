@@ -1,4 +1,4 @@
-#include "stretchd/thread_copy.h"
+#include "replica/thread_copy.h"
 
 #include <linux/futex.h>
 #include <linux/sched.h>
@@ -16,7 +16,7 @@
 #include "glog/logging.h"
 #include "uffd/inject.h"
 
-namespace stretch {
+namespace stretch::replica {
 namespace {
 
 constexpr uint64_t kCopyFlags =
@@ -26,8 +26,8 @@ constexpr size_t kSetTidAt = 128;
 
 }  // namespace
 
-absl::StatusOr<pid_t> CopyThread(engine::NodeAgent* agent, ThreadSupervisor* supervisor,
-                                 pid_t pid, pid_t via, pid_t inner, absl::Time deadline) {
+absl::StatusOr<pid_t> CopyThread(engine::NodeAgent* agent, ThreadSupervisor* supervisor, pid_t pid,
+                                 pid_t via, pid_t inner, absl::Time deadline) {
   STRETCH_ASSIGN_OR_RETURN(auto scratch, agent->HelperScratch(pid));
   STRETCH_ASSIGN_OR_RETURN(uintptr_t site, agent->HelperSyscallSite(pid));
   struct clone_args args;
@@ -49,16 +49,16 @@ absl::StatusOr<pid_t> CopyThread(engine::NodeAgent* agent, ThreadSupervisor* sup
           return absl::UnavailableError(absl::StrCat("thread ", t, " is in a held call"));
         }
         thread->KeepClones();
-        STRETCH_ASSIGN_OR_RETURN(int64_t r,
-                                 thread->SyscallAt(site, SYS_clone3, {scratch.remote, sizeof(args)}));
+        STRETCH_ASSIGN_OR_RETURN(
+            int64_t r, thread->SyscallAt(site, SYS_clone3, {scratch.remote, sizeof(args)}));
         if (!thread->cloned_threads().empty()) child = thread->cloned_threads().back();
         if (r < 0) {
           return ErrnoStatus(static_cast<int>(-r),
                              absl::StrCat("clone3 of a copy of thread ", inner, " in pid ", pid));
         }
         if (child == 0) {
-          return absl::InternalError(absl::StrCat("clone3 of a copy of thread ", inner,
-                                                  " reported no new thread"));
+          return absl::InternalError(
+              absl::StrCat("clone3 of a copy of thread ", inner, " reported no new thread"));
         }
         return absl::OkStatus();
       },
@@ -69,8 +69,8 @@ absl::StatusOr<pid_t> CopyThread(engine::NodeAgent* agent, ThreadSupervisor* sup
   return child;
 }
 
-absl::Status EndCopy(engine::NodeAgent* agent, ThreadSupervisor* supervisor, pid_t pid,
-                     pid_t ours, absl::Time deadline) {
+absl::Status EndCopy(engine::NodeAgent* agent, ThreadSupervisor* supervisor, pid_t pid, pid_t ours,
+                     absl::Time deadline) {
   STRETCH_ASSIGN_OR_RETURN(uintptr_t site, agent->HelperSyscallSite(pid));
   STRETCH_RETURN_IF_ERROR(supervisor->Park(ours, deadline));
   STRETCH_RETURN_IF_ERROR(supervisor->RunStopped(
@@ -100,4 +100,4 @@ absl::Status EndCopy(engine::NodeAgent* agent, ThreadSupervisor* supervisor, pid
   return supervisor->Resume(ours, deadline);
 }
 
-}  // namespace stretch
+}  // namespace stretch::replica

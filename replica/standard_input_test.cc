@@ -1,6 +1,6 @@
 // StandardInput: what the program gets as fd 0 for each kind of standard input, and the relay
 // pipe's contents.
-#include "stretchd/standard_input.h"
+#include "replica/standard_input.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -12,7 +12,7 @@
 
 #include "gtest/gtest.h"
 
-namespace stretch {
+namespace stretch::replica {
 namespace {
 
 std::string ReadAll(int fd) {
@@ -90,4 +90,4 @@ TEST(StandardInputTest, StopsWhileWaitingForInput) {
 }
 
 }  // namespace
-}  // namespace stretch
+}  // namespace stretch::replica

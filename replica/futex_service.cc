@@ -1,4 +1,4 @@
-#include "stretchd/futex_service.h"
+#include "replica/futex_service.h"
 
 #include <errno.h>
 #include <linux/futex.h>
@@ -19,7 +19,7 @@
 #include "migrate/seccomp_notify.h"
 #include "uffd/process.h"
 
-namespace stretch {
+namespace stretch::replica {
 namespace {
 
 constexpr uint32_t kAnyBit = FUTEX_BITSET_MATCH_ANY;
@@ -421,4 +421,4 @@ absl::Status FutexService::WakeAll(uint64_t address, ThreadId thread) {
   return impl_->WakeAll(address, thread);
 }
 
-}  // namespace stretch
+}  // namespace stretch::replica

@@ -1,13 +1,16 @@
-#include "stretchd/agent_channel.h"
+#include "launch/agent_channel.h"
 
 #include <algorithm>
 #include <cstdint>
 
 #include "absl/strings/match.h"
 #include "absl/time/clock.h"
-#include "stretchd/control.h"
+#include "replica/control.h"
 
-namespace stretch {
+namespace stretch::launch {
+
+using replica::RecvLine;
+using replica::SendLine;
 
 bool IsAnswer(absl::string_view line) {
   const absl::string_view first = line.substr(0, line.find(' '));
@@ -39,4 +42,4 @@ std::optional<std::string> Await(Agent& a, std::initializer_list<absl::string_vi
   return std::nullopt;
 }
 
-}  // namespace stretch
+}  // namespace stretch::launch

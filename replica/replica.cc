@@ -1,4 +1,4 @@
-#include "stretchd/replica.h"
+#include "replica/replica.h"
 
 #include <dirent.h>
 #include <elf.h>
@@ -39,15 +39,15 @@
 #include "migrate/lazy_pages.h"
 #include "migrate/origin.h"
 #include "migrate/seccomp_notify.h"
-#include "stretchd/address_space_service.h"
-#include "stretchd/thread_copy.h"
+#include "replica/address_space_service.h"
+#include "replica/thread_copy.h"
 #include "uffd/inject.h"
 #include "uffd/process.h"
 #include "uffd/takeover.h"
 #include "uffd/uffd_compat.h"
 #include "uffd/userfaultfd.h"
 
-namespace stretch {
+namespace stretch::replica {
 namespace {
 
 // Serves the faults of CRIU's restore itself from the checkpoint (zero pages where it holds
@@ -148,8 +148,8 @@ absl::StatusOr<UniqueFd> InstallFilter(uffd::RemoteThread& thread, const uffd::P
   traced.push_back(SYS_tgkill);
   traced.push_back(SYS_tkill);
   traced.push_back(SYS_sched_setaffinity);
-  std::vector<sock_filter> prog = BuildFilter({SYS_futex}, traced, helper_code,
-                                              FileOffsetService::TracedCalls(), traced_fds);
+  std::vector<sock_filter> prog =
+      BuildFilter({SYS_futex}, traced, helper_code, FileOffsetService::TracedCalls(), traced_fds);
   STRETCH_ASSIGN_OR_RETURN(
       uint64_t scratch,
       thread.SyscallOrError("mmap", SYS_mmap,
@@ -416,10 +416,10 @@ absl::flat_hash_map<int, std::string> SharedOffsetFiles(pid_t pid) {
 // What a restore in progress holds, from CRIU's restore to the agent serving the replica.
 // Not moved once made: the restore server points into the checkpoint.
 struct Replica::Restoring {
-  std::optional<CheckpointMemory> mem;      // the checkpoint's pages
+  std::optional<CheckpointMemory> mem;  // the checkpoint's pages
   std::optional<LazyPagesListener> listener;
-  UniqueFd uffd;                            // CRIU's uffd of the replica
-  RestoreServer server;                     // serves `uffd` from `mem` until the pages drop
+  UniqueFd uffd;         // CRIU's uffd of the replica
+  RestoreServer server;  // serves `uffd` from `mem` until the pages drop
   std::vector<ReplicaMapping> maps;
   StackReserve stack_reserve;
   // What the agent gets: the coherent ranges, their pages' initial contents (seeds), and the
@@ -545,7 +545,8 @@ absl::Status Replica::Supervise(absl::Time deadline) {
   SupervisorOptions so;
   so.run_all_at_attach = false;
   so.wait_for_stop = true;  // --leave-stopped: CRIU's SIGSTOP may still be under way
-  STRETCH_ASSIGN_OR_RETURN(supervisor_, ThreadSupervisor::Attach(pid_, so, std::move(cb), deadline));
+  STRETCH_ASSIGN_OR_RETURN(supervisor_,
+                           ThreadSupervisor::Attach(pid_, so, std::move(cb), deadline));
   for (pid_t tid : supervisor_->Threads()) {
     auto inner = InnermostTid(tid);
     if (!inner.ok()) continue;
@@ -569,11 +570,10 @@ absl::Status Replica::ReserveStackRoom(Restoring& s, absl::Time deadline) {
         STRETCH_ASSIGN_OR_RETURN(auto thread, uffd::RemoteThread::Adopt(t));
         const uint64_t len = reserve.high - reserve.low;
         STRETCH_ASSIGN_OR_RETURN(
-            uint64_t at,
-            thread->SyscallOrError("mmap of the stack's room to grow", SYS_mmap,
-                                   {reserve.low, len, PROT_READ | PROT_WRITE,
-                                    MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE,
-                                    static_cast<uint64_t>(-1), 0}));
+            uint64_t at, thread->SyscallOrError("mmap of the stack's room to grow", SYS_mmap,
+                                                {reserve.low, len, PROT_READ | PROT_WRITE,
+                                                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE,
+                                                 static_cast<uint64_t>(-1), 0}));
         if (at != reserve.low) {
           return absl::InternalError(absl::StrFormat(
               "mmap of the stack's room to grow landed at 0x%x, not 0x%x", at, reserve.low));
@@ -1055,11 +1055,11 @@ void Replica::CopyLoop() {
       absl::MutexLock l(&mu_);
       if (ours == 0 || !late_.contains(ours) || runs_here_.contains(w.inner)) continue;
     }
-    absl::Status ended = EndCopy(agent_, supervisor_.get(), pid_, ours,
-                                 absl::Now() + absl::Seconds(10));
+    absl::Status ended =
+        EndCopy(agent_, supervisor_.get(), pid_, ours, absl::Now() + absl::Seconds(10));
     if (!ended.ok() && !absl::IsNotFound(ended)) {
-      LOG(WARNING) << "replica pid " << pid_ << ": ending the copy of thread " << w.inner
-                   << ": " << ended;
+      LOG(WARNING) << "replica pid " << pid_ << ": ending the copy of thread " << w.inner << ": "
+                   << ended;
       continue;
     }
     absl::MutexLock l(&mu_);
@@ -1542,4 +1542,4 @@ void Replica::Kill() {
   if (pid_ > 0) kill(pid_, SIGKILL);
 }
 
-}  // namespace stretch
+}  // namespace stretch::replica

@@ -1,4 +1,4 @@
-#include "stretchd/file_offset_service.h"
+#include "replica/file_offset_service.h"
 
 #include <signal.h>
 #include <sys/ptrace.h>
@@ -26,7 +26,7 @@
 #include "glog/logging.h"
 #include "uffd/process.h"
 
-namespace stretch {
+namespace stretch::replica {
 namespace {
 
 // The most one read or write moves (the kernel's MAX_RW_COUNT).
@@ -259,8 +259,7 @@ absl::StatusOr<std::unique_ptr<FileOffsetService>> FileOffsetService::Start(
 FileOffsetService::FileOffsetService(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 FileOffsetService::~FileOffsetService() = default;
 
-bool FileOffsetService::OnSyscall(pid_t tid, ThreadId thread,
-                                  const struct user_regs_struct& regs) {
+bool FileOffsetService::OnSyscall(pid_t tid, ThreadId thread, const struct user_regs_struct& regs) {
   return impl_->OnSyscall(tid, thread, regs);
 }
 
@@ -268,4 +267,4 @@ void FileOffsetService::Stop() { impl_->Stop(); }
 
 uint64_t FileOffsetService::calls() const { return impl_->calls(); }
 
-}  // namespace stretch
+}  // namespace stretch::replica

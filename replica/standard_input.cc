@@ -1,4 +1,4 @@
-#include "stretchd/standard_input.h"
+#include "replica/standard_input.h"
 
 #include <fcntl.h>
 #include <poll.h>
@@ -13,7 +13,7 @@
 #include "core/status.h"
 #include "glog/logging.h"
 
-namespace stretch {
+namespace stretch::replica {
 
 absl::StatusOr<std::unique_ptr<StandardInput>> StandardInput::Open(int fd) {
   std::unique_ptr<StandardInput> in(new StandardInput);
@@ -87,4 +87,4 @@ void StandardInput::Relay() {
   pipe_write_.reset();
 }
 
-}  // namespace stretch
+}  // namespace stretch::replica
