@@ -1,0 +1,158 @@
+// The launcher's run (launcher.h) as a class, in two files:
+//   launcher.cc       the phases up to the nodes running: options, work directory, the
+//                     program run to its migration point, the checkpoint, nodes and agents
+//   launcher_run.cc   the run once the nodes are up: the control socket, the main loop, the
+//                     agents' lines, placement's moves, stopping the nodes, the outcome
+// Only the launcher's files include this.
+#ifndef STRETCH_LAUNCH_LAUNCHER_INTERNAL_H_
+#define STRETCH_LAUNCH_LAUNCHER_INTERNAL_H_
+
+#include <poll.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <initializer_list>
+#include <memory>
+#include <optional>
+#include <string>
+#include <system_error>
+#include <vector>
+
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+#include "core/unique_fd.h"
+#include "engine/server.h"
+#include "launch/agent_channel.h"
+#include "launch/control_channel_cluster.h"
+#include "launch/launcher.h"
+#include "launch/netns_cluster.h"
+#include "launch/remote_replicas.h"
+#include "migrate/origin.h"
+#include "placement/controller.h"
+#include "placement/placement_history.h"
+#include "replica/control.h"
+#include "replica/standard_input.h"
+#include "transport/cluster_secret.h"
+
+namespace stretch::launch {
+
+// Prints "stretchd run: WHAT" and returns the exit status of a failed run.
+int Fail(const std::string& what);
+
+// Where node i's agent listens: its namespace's address, or this machine's.
+std::string NodeAddress(const launch::NetnsCluster* cluster, const std::string& local_ip, int i);
+
+// Removes the run's work directory when the run ends (declared first: it goes last).
+struct WorkDir {
+  std::string path;
+  bool remove = false;
+  ~WorkDir() {
+    std::error_code ec;
+    if (remove && !path.empty()) std::filesystem::remove_all(path, ec);
+  }
+};
+
+// Unlinks the control socket when the run ends.
+struct UnlinkOnExit {
+  std::string path;
+  ~UnlinkOnExit() {
+    if (!path.empty()) unlink(path.c_str());
+  }
+};
+
+// One run: nodes 1.. are emulated here, or the cluster nodes `remote` (with this machine, at
+// `local_ip`, as node 0). Run() goes through the phases in order; a phase that fails returns
+// the one line stretchd prints. Members are declared in the order they are made, so that they
+// go in reverse: the agents before the server, both before the nodes' namespaces, the work
+// directory last.
+class Launcher {
+ public:
+  Launcher(const LaunchOptions& o, const std::vector<ClusterNode>& remote,
+           const std::string& local_ip)
+      : o_(o), remote_(remote), local_ip_(local_ip) {}
+
+  int Run() {
+    if (absl::Status s = Prepare(); !s.ok()) return Failed(s);
+    if (absl::Status s = RunToMigrationPoint(); !s.ok()) return Failed(s);
+    if (early_exit_) return *early_exit_;
+    if (absl::Status s = StartNodes(); !s.ok()) return Failed(s);
+    if (absl::Status s = OpenControlSocket(); !s.ok()) return Failed(s);
+    Loop();
+    StopNodes();
+    if (absl::Status s = Finish(); !s.ok()) return Failed(s);
+    return result_;
+  }
+
+ private:
+  // The program's output so far, then the error line.
+  int Failed(const absl::Status& s) {
+    tail_.Stop();
+    return Fail(std::string(s.message()));
+  }
+
+  absl::Status Prepare();
+  absl::Status RunToMigrationPoint();
+  absl::Status WriteUndistributedStats();
+  absl::Status StartNodes();
+  absl::Status StartLocalAgent(int i);
+  absl::Status StartRemoteAgents();
+  absl::Status OpenControlSocket();
+  void Loop();
+  // Handles the lines the agents sent; true once the program's outcome is known.
+  bool HandleAgentLines(const std::vector<struct pollfd>& p);
+  void StopNodes();
+  absl::Status Finish();
+  void RecordHistory(const placement::HistoryRun& run);
+
+  std::optional<std::string> AwaitLine(int i, std::initializer_list<absl::string_view> words,
+                                       absl::Duration timeout) {
+    return Await(agents_[i], words, timeout);
+  }
+  void SetExclusive(bool on);
+  std::string Migrate(pid_t tid, int to);
+  std::string Where();
+  void ServeControl();
+
+  const LaunchOptions& o_;
+  const std::vector<ClusterNode>& remote_;
+  const std::string local_ip_;
+
+  WorkDir work_;
+  std::string secret_file_;
+  std::optional<transport::ClusterSecret> secret_;
+  std::string out_, err_;  // the program's stdout and stderr files
+  replica::Tailer tail_;
+  std::unique_ptr<replica::StandardInput> input_;
+  OriginOptions oo_;
+  // Adaptive placement's history: distribute this run, or leave the program on node 0.
+  std::string history_key_, history_json_;
+  std::optional<OriginResult> origin_;
+  std::optional<int> early_exit_;            // the program ended before (or instead of) migrating
+  std::vector<std::vector<int>> placement_;  // node -> threads, at the migration
+  uint64_t image_bytes_ = 0;
+  absl::Duration restore_time_, transfer_time_;
+  std::unique_ptr<launch::NetnsCluster> cluster_;
+  std::unique_ptr<engine::DirectoryServer> server_;
+  std::vector<Agent> agents_;
+  std::unique_ptr<RemoteReplicas> remote_replicas_;
+  UniqueFd control_listen_;
+  UnlinkOnExit unlink_control_;
+  // Node 0 serves the program's futex calls itself while every running thread is there.
+  bool node0_exclusive_ = false;
+
+  // The outcome: the first replica to end decides it.
+  int result_ = 1;
+  std::string error_;
+  int interrupts_ = 0;
+  // An error report may be collateral: when the program ends on one node, the pages that node
+  // held are lost to the others, which stop with an error. So after an error, the other nodes
+  // get a moment to report how the program ended, which is then the outcome, or their view of
+  // the failure.
+  absl::Time error_grace_end_ = absl::InfiniteFuture();
+  absl::Time run_start_, run_end_ = absl::InfiniteFuture();
+  std::unique_ptr<ControlChannelCluster> nodes_;
+  std::unique_ptr<placement::PlacementController> placement_loop_;
+};
+}  // namespace stretch::launch
+
+#endif  // STRETCH_LAUNCH_LAUNCHER_INTERNAL_H_
