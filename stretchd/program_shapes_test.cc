@@ -211,8 +211,8 @@ TEST_F(ProgramShapesTest, AFileOffsetIsOneForTheCluster) {
   for (const char* mode : {"pread", "read", "seek"}) {
     SCOPED_TRACE(mode);
     auto [native, stretch] = Both({Program("shared_fd"), path, mode});
-    EXPECT_THAT(native.out, ::testing::HasSubstr(std::string(mode) == "read" ? "256 bytes"
-                                                                             : "128 bytes"));
+    EXPECT_THAT(native.out,
+                ::testing::HasSubstr(std::string(mode) == "read" ? "256 bytes" : "128 bytes"));
     EXPECT_NATIVE_AND_DISTRIBUTED(native, stretch);
     if (std::string(mode) != "pread") {
       EXPECT_GE(StatNumber("file_offset_calls"), 2) << last_stats_;
