@@ -34,10 +34,13 @@ bool ControlChannelCluster::ReadCounters(std::vector<placement::NodeCounters>* c
     auto r = Await(agents_[i], {"cpu"}, absl::Seconds(2));
     std::vector<std::string> f;
     if (r) f = absl::StrSplit(*r, ' ');
-    if (f.size() != 7 || !absl::SimpleAtoi(f[1], &c[i].cpu_ns) ||
+    // The run-queue time (the 8th field) is absent from an agent of a build before it.
+    c[i].cpu_wait_ns = 0;
+    if ((f.size() != 7 && f.size() != 8) || !absl::SimpleAtoi(f[1], &c[i].cpu_ns) ||
         !absl::SimpleAtoi(f[2], &c[i].threads) || !absl::SimpleAtoi(f[3], &c[i].stall_ns) ||
         !absl::SimpleAtoi(f[4], &c[i].faults) || !absl::SimpleAtoi(f[5], &c[i].invalidations) ||
-        !absl::SimpleAtoi(f[6], &c[i].cpus)) {
+        !absl::SimpleAtoi(f[6], &c[i].cpus) ||
+        (f.size() == 8 && !absl::SimpleAtoi(f[7], &c[i].cpu_wait_ns))) {
       return false;
     }
   }

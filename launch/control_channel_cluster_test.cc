@@ -54,10 +54,12 @@ class ControlChannelClusterTest : public ::testing::Test {
 };
 
 TEST_F(ControlChannelClusterTest, CountersAreEveryNodesCpuAnswer) {
-  Answer(0, "cpu 100 2 30 4 5 1");
-  Answer(1, "cpu 200 1 60 8 9 2");
+  Answer(0, "cpu 100 2 30 4 5 1 70");
+  Answer(1, "cpu 200 1 60 8 9 2");  // an agent that does not say how long its threads waited
   std::vector<placement::NodeCounters> c(2);
   ASSERT_TRUE(cluster_.ReadCounters(&c));
+  EXPECT_EQ(c[0].cpu_wait_ns, 70u);
+  EXPECT_EQ(c[1].cpu_wait_ns, 0u);
   EXPECT_EQ(c[0].cpu_ns, 100u);
   EXPECT_EQ(c[0].threads, 2);
   EXPECT_EQ(c[0].stall_ns, 30u);

@@ -327,6 +327,7 @@ void PlacementController::Sample() {
     NodeWindow& n = w.nodes[i];
     n.seconds = secs;
     n.cpu = delta(c[i].cpu_ns, was.cpu_ns) / 1e9;
+    n.cpu_wait = delta(c[i].cpu_wait_ns, was.cpu_wait_ns) / 1e9;
     n.stall = delta(c[i].stall_ns, was.stall_ns) / 1e9;
     n.faults = delta(c[i].faults, was.faults);
     n.invalidations = delta(c[i].invalidations, was.invalidations);
@@ -400,13 +401,16 @@ void PlacementController::Sample() {
     }
     spread_stall_per_cpu_ = cpu > 0 ? stall / cpu : 1e6;
   }
+  const double other = ThroughputModel::OtherWork(w.nodes[0]);
   Consolidate(absl::StrFormat(
                   "over the last %.0f ms the program's threads kept %.2f cores busy on %d nodes "
                   "and waited for pages %.2f cores' worth; the model (a fault costs %.0f us of "
-                  "stall, an invalidation %.0f us) predicts %.2f cores busy all on node 0",
+                  "stall, an invalidation %.0f us) predicts %.2f cores busy all on node 0%s",
                   absl::ToDoubleMilliseconds(o_.window), w.cores, o_.nodes, w.waiting,
                   model_.fit().per_fault_s * 1e6, model_.fit().per_invalidation_s * 1e6,
-                  one_node),
+                  one_node,
+                  other > 0 ? absl::StrFormat(", beside the %.1f other tasks running there", other)
+                            : ""),
               w.cores, one_node);
   // Try spreading again after a while, doubling each time it does not pay (a phase that shares
   // is no reason to give up the other nodes for good): 1 s, longer the more the model says one

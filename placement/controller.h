@@ -33,7 +33,8 @@ namespace placement {
 // running there (CPU time of its running threads, time its faults took to resolve, faults,
 // invalidations), and now: threads running there and the CPUs it may use.
 struct NodeCounters {
-  uint64_t cpu_ns = 0, stall_ns = 0, faults = 0, invalidations = 0;
+  // cpu_wait_ns: the time the running threads were runnable but waited for a CPU.
+  uint64_t cpu_ns = 0, cpu_wait_ns = 0, stall_ns = 0, faults = 0, invalidations = 0;
   int threads = 0, cpus = 1;
 };
 

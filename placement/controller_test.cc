@@ -27,6 +27,7 @@ constexpr absl::Duration kWindow = absl::Milliseconds(100);
 struct Activity {
   double cpu = 0, stall = 0;
   uint64_t faults = 0, invalidations = 0;
+  double cpu_wait = 0;  // thread-seconds runnable but waiting for a CPU
 };
 
 // A cluster of nodes with one CPU each whose threads move when the controller says so; time
@@ -41,6 +42,7 @@ class FakeCluster : public Cluster {
     now_ += kWindow;
     for (size_t i = 0; i < activity.size(); ++i) {
       counters_[i].cpu_ns += static_cast<uint64_t>(activity[i].cpu * 1e9);
+      counters_[i].cpu_wait_ns += static_cast<uint64_t>(activity[i].cpu_wait * 1e9);
       counters_[i].stall_ns += static_cast<uint64_t>(activity[i].stall * 1e9);
       counters_[i].faults += activity[i].faults;
       counters_[i].invalidations += activity[i].invalidations;
@@ -171,6 +173,36 @@ TEST(PlacementControllerTest, ComputeBoundThreadsStaySpread) {
   EXPECT_FALSE(c.consolidated());
   EXPECT_FALSE(c.done());
   EXPECT_THAT(c.SamplesJson(), HasSubstr(R"("cores":2.000)"));
+}
+
+// Matrix multiply on a machine busy with other work (run_test under load, recorded): each
+// node's thread got a third of its core and waited for it the rest of the time, and its few
+// faults took long because the agents waited too. Read as DSM stall, those waits made one node
+// look 1.5x better; all on node 0 it would share the same loaded core.
+TEST(PlacementControllerTest, ALoadedMachineIsNotMistakenForRemoteFaults) {
+  FakeCluster cluster({{1, 2}, {3}});
+  PlacementController c(Adaptive(), &cluster);
+  const std::vector<Activity> loaded = {{0.031, 0.016, 40, 2, 0.07}, {0.031, 0.016, 40, 2, 0.07}};
+  for (int i = 0; i < 30; ++i) cluster.Window(c, loaded);
+  EXPECT_THAT(cluster.moves, IsEmpty());
+  EXPECT_FALSE(c.consolidated());
+  // Without the waits, the same windows consolidate: the waits are what tells them apart.
+  FakeCluster unloaded({{1, 2}, {3}});
+  PlacementController d(Adaptive(), &unloaded);
+  const std::vector<Activity> unknown = {{0.031, 0.016, 40, 2, 0}, {0.031, 0.016, 40, 2, 0}};
+  for (int i = 0; i < 3; ++i) unloaded.Window(d, unknown);
+  EXPECT_TRUE(d.consolidated());
+}
+
+// K-means on the same loaded machine still gains from one node: its threads wait for pages,
+// not for CPUs.
+TEST(PlacementControllerTest, ADsmBoundProgramOnALoadedMachineStillConsolidates) {
+  FakeCluster cluster({{1, 2}, {3}});
+  PlacementController c(Adaptive(), &cluster);
+  const std::vector<Activity> loaded = {{0.008, 0.17, 2000, 800, 0.008},
+                                        {0.008, 0.17, 2000, 800, 0.008}};
+  for (int i = 0; i < 3; ++i) cluster.Window(c, loaded);
+  EXPECT_TRUE(c.consolidated());
 }
 
 // A window in which threads ended (the program winding down) says nothing about placement,

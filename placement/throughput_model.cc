@@ -61,6 +61,32 @@ double ThroughputModel::Busy(const std::vector<int>& threads, const std::vector<
   return busy;
 }
 
+double ThroughputModel::OtherWork(const NodeWindow& w) {
+  const double runnable = w.cpu + w.cpu_wait;
+  // Waits this short are wake-up latency, not a node shared with other work.
+  if (w.seconds <= 0 || w.cpu <= 0 || w.cpu_wait < 0.05 * runnable) return 0;
+  const double share = w.cpu / runnable;
+  return std::max(0.0, w.cores / share - runnable / w.seconds);
+}
+
+double ThroughputModel::CoresFor(double demand, double cores, double other) {
+  if (demand <= 0) return 0;
+  return demand + other > cores ? cores * demand / (demand + other) : demand;
+}
+
+double ThroughputModel::BusyBeside(int threads, double cores, double k, double other) {
+  // A thread that gets a share s of a core while runnable computes 1/s seconds per CPU-second
+  // and stalls k: runnable a fraction 1 / (1 + k s) of the time. The share follows from how
+  // many are runnable; the two settle at a fixed point, which this converges to (the share only
+  // grows from 1 down or shrinks from 1, monotonically).
+  double share = 1;
+  for (int i = 0; i < 50; ++i) {
+    const double runnable = threads / (1 + k * share);
+    share = runnable + other > cores ? cores / (runnable + other) : 1;
+  }
+  return threads * share / (1 + k * share);
+}
+
 double ThroughputModel::PredictOneNode(const std::vector<NodeWindow>& windows) const {
   if (windows.empty()) return 0;
   const Fit f = fit();
@@ -71,10 +97,11 @@ double ThroughputModel::PredictOneNode(const std::vector<NodeWindow>& windows) c
     const double stall = f.samples > 0 && f.per_fault_s > 0
                              ? f.per_fault_s * w.faults + f.per_invalidation_s * w.invalidations
                              : w.stall;
-    demand += (w.cpu + std::min(stall, w.threads * w.seconds)) / w.seconds;
+    demand += (w.cpu + w.cpu_wait + std::min(stall, w.threads * w.seconds)) / w.seconds;
     threads += w.threads;
   }
-  return std::min({windows[0].cores, demand, static_cast<double>(threads)});
+  return std::min(CoresFor(demand, windows[0].cores, OtherWork(windows[0])),
+                  static_cast<double>(threads));
 }
 
 double ThroughputModel::PredictPlacement(const std::vector<NodeWindow>& windows) const {
@@ -82,7 +109,7 @@ double ThroughputModel::PredictPlacement(const std::vector<NodeWindow>& windows)
   for (const NodeWindow& w : windows) {
     if (w.threads <= 0) continue;
     const double k = StallPerCpuSecond(w);
-    busy += std::isinf(k) ? 0 : std::min(w.cores, w.threads / (1 + k));
+    busy += std::isinf(k) ? 0 : BusyBeside(w.threads, w.cores, k, OtherWork(w));
   }
   return busy;
 }

@@ -14,6 +14,14 @@
 // speedup over another is the ratio of their throughputs. Everything on one node is the
 // placement without remote faults (k = 0), with node 0's cores.
 //
+// Other work on a node (other programs, the agents themselves) takes CPU the program's threads
+// would otherwise have: it shows in the time they were runnable but waited for a CPU. With r of
+// them runnable on average and c cores shared fairly with F other runnable tasks, each gets
+// c / (r + F) of a core when r + F > c, which gives F (OtherWork). Threads waiting behind each
+// other give F = 0: a node crowded by the program itself is not a loaded node. Predictions give
+// the program its fair share of a node's cores beside that other work (CoresFor), so that a
+// loaded machine, which slows every placement alike, is not mistaken for remote faults.
+//
 // The cores kept busy are the program's useful work per second (it makes progress only while
 // its threads compute), so the prediction for the placement in use can be checked against the
 // measurement: a measurement well below it means costs the model does not see (the agents'
@@ -33,6 +41,7 @@ namespace placement {
 struct NodeWindow {
   double seconds = 0;        // the window's length
   double cpu = 0;            // CPU-seconds used by the threads running there
+  double cpu_wait = 0;       // thread-seconds they were runnable but waited for a CPU
   double stall = 0;          // thread-seconds its faults took to resolve
   double faults = 0;         // faults resolved there
   double invalidations = 0;  // invalidations it received
@@ -64,6 +73,15 @@ class ThroughputModel {
   // `demand` of a core busy (1: compute-bound).
   static double Busy(const std::vector<int>& threads, const std::vector<double>& cores, double k,
                      double demand = 1.0);
+
+  // Runnable tasks besides the program's threads on the node of `w`, on average over the window.
+  static double OtherWork(const NodeWindow& w);
+  // The cores `demand` runnable threads get of a node's `cores` CPUs shared fairly with `other`
+  // other runnable tasks.
+  static double CoresFor(double demand, double cores, double other);
+  // Cores kept busy by `threads` threads, each stalling `k` seconds per CPU-second of compute,
+  // on a node with `cores` CPUs shared fairly with `other` other runnable tasks.
+  static double BusyBeside(int threads, double cores, double k, double other);
 
   // For the placement measured in `windows` (one per node, the same window): the cores its
   // threads would keep busy all on node 0 (k = 0), given how much they computed and stalled

@@ -5,9 +5,10 @@
 // Control lines are datagrams of a SOCK_SEQPACKET socket, one line each.
 //
 // The control channel, in full (one line per datagram):
-// Launcher -> node: "go", "stop", "kill SIG", "cpu" (answered "cpu NS N STALL FAULTS INV CPUS":
-// CPU time of the N threads running there and the time its faults took to resolve, both in ns
-// so far, how many faults and invalidations it had so far, and the CPUs it may use),
+// Launcher -> node: "go", "stop", "kill SIG", "cpu" (answered
+// "cpu NS N STALL FAULTS INV CPUS WAIT": CPU time of the N threads running there and the time
+// its faults took to resolve, both in ns so far, how many faults and invalidations it had so
+// far, the CPUs it may use, and the time (ns) those threads waited for a CPU while runnable),
 // "sharing" (answered "sharing PAGE:FAULTS:TIDS ...", affinity.h: the pages written with a fault
 // since the last "sharing"), "cores TID:I,J ..." (affinity assignment: thread TID may use only
 // the node's CPUs with indexes I, J; answered "cores N", the threads pinned), "exclusive

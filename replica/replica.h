@@ -130,9 +130,14 @@ class Replica {
   // FutexService::SetExclusive: on while every running thread of the program runs here (the
   // launcher knows; it turns it off before a thread moves away). Not in manual mode.
   void SetFutexExclusive(bool on);
-  // CPU time (ns, /proc/PID/task/TID/schedstat) the threads running here have used in this
-  // replica so far.
-  uint64_t CpuTimeNs();
+  // What the threads running here had of their CPUs in this replica so far
+  // (/proc/PID/task/TID/schedstat): the time they ran, and the time they were runnable but
+  // waited for a CPU (behind each other or behind other work on the machine).
+  struct CpuTimes {
+    uint64_t run_ns = 0;
+    uint64_t wait_ns = 0;
+  };
+  CpuTimes CpuTime();
 
   // Why this node killed the replica, if it did (e.g. it read a standard input that is
   // another node's); OK otherwise.

@@ -215,10 +215,11 @@ int RunReplicaAgent(const ReplicaAgentOptions& o) {
       cpu_set_t set;
       CPU_ZERO(&set);
       const int cpus = sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : 1;
-      SendLine(ctl, absl::StrCat("cpu ", (*replica)->CpuTimeNs(), " ",
-                                 (*replica)->ThreadsRunningHere().size(), " ", latency.sum_ns, " ",
-                                 latency.count, " ", (*agent)->stats().invalidations_received.Get(),
-                                 " ", cpus));
+      const Replica::CpuTimes cpu = (*replica)->CpuTime();
+      SendLine(ctl, absl::StrCat("cpu ", cpu.run_ns, " ", (*replica)->ThreadsRunningHere().size(),
+                                 " ", latency.sum_ns, " ", latency.count, " ",
+                                 (*agent)->stats().invalidations_received.Get(), " ", cpus, " ",
+                                 cpu.wait_ns));
     } else if (line) {
       HandleMigration(**replica, ctl, *line);
     }

@@ -465,17 +465,21 @@ void Replica::SetFutexExclusive(bool on) {
   if (futexes_ && !options_.manual) futexes_->SetExclusive(on);
 }
 
-uint64_t Replica::CpuTimeNs() {
+Replica::CpuTimes Replica::CpuTime() {
   std::vector<pid_t> ours;
   {
     absl::MutexLock l(&mu_);
     for (const auto& [inner, our] : runs_here_) ours.push_back(our);
   }
-  uint64_t total = 0;
+  CpuTimes total;
   for (pid_t t : ours) {
+    // "RUN_NS WAIT_NS TIMESLICES"
     std::ifstream in(absl::StrCat("/proc/", pid_, "/task/", t, "/schedstat"));
-    uint64_t ns = 0;
-    if (in >> ns) total += ns;
+    uint64_t run = 0, wait = 0;
+    if (in >> run >> wait) {
+      total.run_ns += run;
+      total.wait_ns += wait;
+    }
   }
   return total;
 }
