@@ -313,6 +313,81 @@ bool WantPath(int argc, char** argv, const std::string& name) {
   return true;
 }
 
+// Every path's round trips and stream, each beside its socket floor where the path has one.
+void RegisterPaths(const std::vector<std::unique_ptr<Path>>& paths) {
+  for (const auto& p : paths) {
+    for (size_t size : {size_t{64}, size_t{4096}}) {
+      const std::string suffix = size == 64 ? "64" : "4k";
+      if (!p->socket_address.empty()) {
+        Register(absl::StrCat(p->name, "_rtt_", suffix, "/socket"), SocketRtt, p.get(), size);
+      }
+      Register(absl::StrCat(p->name, "_rtt_", suffix, "/transport"), TransportRtt, p.get(), size);
+    }
+    if (!p->socket_address.empty()) {
+      Register(absl::StrCat(p->name, "_stream_4k/socket"), SocketStream, p.get(), 4096);
+    }
+    Register(absl::StrCat(p->name, "_stream_4k/transport"), TransportStream, p.get(), 4096);
+  }
+}
+
+void RunBenchmarks(int argc, char** argv, Collector& collector) {
+  // Defaults (later command-line flags win): repetitions of all benchmarks are interleaved
+  // at random, so a floor and its transport see the same background load on this shared
+  // machine, and the medians are compared.
+  std::vector<char*> args = {argv[0]};
+  std::string interleave = "--benchmark_enable_random_interleaving=true";
+  std::string min_time = "--benchmark_min_time=0.2";
+  args.push_back(interleave.data());
+  args.push_back(min_time.data());
+  for (int i = 1; i < argc; ++i) args.push_back(argv[i]);
+  int args_count = static_cast<int>(args.size());
+  benchmark::Initialize(&args_count, args.data());
+  benchmark::RunSpecifiedBenchmarks(&collector);
+}
+
+// Each path's medians beside their floors, then the RATIO lines.
+void PrintResults(const std::vector<std::unique_ptr<Path>>& paths, const Collector& collector) {
+  printf(
+      "\nfloors are plain blocking TCP sockets (TCP_NODELAY, one write() per message) over "
+      "the same path, measured in this run\n");
+  for (const auto& p : paths) {
+    for (const char* what : {"rtt_64", "rtt_4k", "stream_4k"}) {
+      const std::string base = absl::StrCat(p->name, "_", what);
+      const auto* project = collector.Find(base + "/transport");
+      const auto* floor = collector.Find(base + "/socket");
+      if (project == nullptr) continue;
+      const bool stream = absl::StartsWith(what, "stream");
+      if (stream) {
+        printf("%s: transport %.0f msg/s", base.c_str(), project->items_per_second);
+      } else {
+        printf("%s: transport %.2f us", base.c_str(), project->us_per_iteration);
+      }
+      if (floor == nullptr) {
+        printf("\n");
+        continue;
+      }
+      if (stream) {
+        printf(", floor %.0f msg/s\n", floor->items_per_second);
+      } else {
+        printf(", floor %.2f us\n", floor->us_per_iteration);
+      }
+    }
+  }
+  for (const auto& p : paths) {
+    for (const char* what : {"rtt_64", "rtt_4k", "stream_4k"}) {
+      const std::string base = absl::StrCat(p->name, "_", what);
+      const auto* project = collector.Find(base + "/transport");
+      const auto* floor = collector.Find(base + "/socket");
+      if (project == nullptr || floor == nullptr) continue;
+      const double ratio = absl::StartsWith(what, "stream")
+                               ? floor->items_per_second / project->items_per_second
+                               : project->us_per_iteration / floor->us_per_iteration;
+      printf("RATIO %s %.3f\n", base.c_str(), ratio);
+    }
+  }
+  fflush(stdout);
+}
+
 int RunClient(int argc, char** argv) {
   const bool pin = std::thread::hardware_concurrency() >= 2;
   const bool realtime = HasFlag(argc, argv, "--realtime");
@@ -401,73 +476,10 @@ int RunClient(int argc, char** argv) {
     printf("veth path skipped: needs root for network namespaces\n");
   }
 
-  for (const auto& p : paths) {
-    for (size_t size : {size_t{64}, size_t{4096}}) {
-      const std::string suffix = size == 64 ? "64" : "4k";
-      if (!p->socket_address.empty()) {
-        Register(absl::StrCat(p->name, "_rtt_", suffix, "/socket"), SocketRtt, p.get(), size);
-      }
-      Register(absl::StrCat(p->name, "_rtt_", suffix, "/transport"), TransportRtt, p.get(), size);
-    }
-    if (!p->socket_address.empty()) {
-      Register(absl::StrCat(p->name, "_stream_4k/socket"), SocketStream, p.get(), 4096);
-    }
-    Register(absl::StrCat(p->name, "_stream_4k/transport"), TransportStream, p.get(), 4096);
-  }
-
-  // Defaults (later command-line flags win): repetitions of all benchmarks are interleaved
-  // at random, so a floor and its transport see the same background load on this shared
-  // machine, and the medians are compared.
-  std::vector<char*> args = {argv[0]};
-  std::string interleave = "--benchmark_enable_random_interleaving=true";
-  std::string min_time = "--benchmark_min_time=0.2";
-  args.push_back(interleave.data());
-  args.push_back(min_time.data());
-  for (int i = 1; i < argc; ++i) args.push_back(argv[i]);
-  int args_count = static_cast<int>(args.size());
-  benchmark::Initialize(&args_count, args.data());
+  RegisterPaths(paths);
   Collector collector;
-  benchmark::RunSpecifiedBenchmarks(&collector);
-
-  printf(
-      "\nfloors are plain blocking TCP sockets (TCP_NODELAY, one write() per message) over "
-      "the same path, measured in this run\n");
-  for (const auto& p : paths) {
-    for (const char* what : {"rtt_64", "rtt_4k", "stream_4k"}) {
-      const std::string base = absl::StrCat(p->name, "_", what);
-      const auto* project = collector.Find(base + "/transport");
-      const auto* floor = collector.Find(base + "/socket");
-      if (project == nullptr) continue;
-      const bool stream = absl::StartsWith(what, "stream");
-      if (stream) {
-        printf("%s: transport %.0f msg/s", base.c_str(), project->items_per_second);
-      } else {
-        printf("%s: transport %.2f us", base.c_str(), project->us_per_iteration);
-      }
-      if (floor == nullptr) {
-        printf("\n");
-        continue;
-      }
-      if (stream) {
-        printf(", floor %.0f msg/s\n", floor->items_per_second);
-      } else {
-        printf(", floor %.2f us\n", floor->us_per_iteration);
-      }
-    }
-  }
-  for (const auto& p : paths) {
-    for (const char* what : {"rtt_64", "rtt_4k", "stream_4k"}) {
-      const std::string base = absl::StrCat(p->name, "_", what);
-      const auto* project = collector.Find(base + "/transport");
-      const auto* floor = collector.Find(base + "/socket");
-      if (project == nullptr || floor == nullptr) continue;
-      const double ratio = absl::StartsWith(what, "stream")
-                               ? floor->items_per_second / project->items_per_second
-                               : project->us_per_iteration / floor->us_per_iteration;
-      printf("RATIO %s %.3f\n", base.c_str(), ratio);
-    }
-  }
-  fflush(stdout);
+  RunBenchmarks(argc, argv, collector);
+  PrintResults(paths, collector);
 
   for (auto& c : clients) c->Close();
   servers.clear();  // SIGKILL and reap
