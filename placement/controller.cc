@@ -111,8 +111,8 @@ bool PlacementController::Regroup(double cores) {
     ok ? ++moved : ++failed;
     if (!ok) LOG(WARNING) << "stretchd run: placement: " << result;
     absl::StrAppend(&moves_json, moves_json.empty() ? "" : ",",
-                    absl::StrFormat(R"({"thread":%d,"from":%d,"to":%d,"moved":%s})", m.tid,
-                                    m.from, m.to, ok ? "true" : "false"));
+                    absl::StrFormat(R"({"thread":%d,"from":%d,"to":%d,"moved":%s})", m.tid, m.from,
+                                    m.to, ok ? "true" : "false"));
   }
   std::vector<std::string> nodes_json;
   for (const auto& n : r.placement) {
@@ -142,8 +142,8 @@ void PlacementController::Decision(const char* action, double cores, int moved, 
       R"({"t_ms":%.0f,"action":"%s","cores":%.3f,%s"threads_moved":%d,"threads_not_moved":%d,)"
       R"("model":%s,"reason":"%s"})",
       Ms(cluster_->Now()), action, cores,
-      predicted >= 0 ? absl::StrFormat(R"("predicted_cores":%.3f,)", predicted) : "", moved,
-      failed, model_.FitJson(), reason));
+      predicted >= 0 ? absl::StrFormat(R"("predicted_cores":%.3f,)", predicted) : "", moved, failed,
+      model_.FitJson(), reason));
 }
 
 void PlacementController::Consolidate(const std::string& reason, double cores, double predicted) {
@@ -196,10 +196,14 @@ void PlacementController::Consolidate(const std::string& reason, double cores, d
 // node 0 alone did, they stay spread, otherwise they go back to node 0 and the backoff
 // doubles.
 void PlacementController::WatchConsolidated(absl::Time now, const Window& w) {
-  consolidated_cores_ =
-      consolidated_cores_ == 0 ? w.cores : (consolidated_cores_ + w.cores) / 2;
-  const bool saturated = w.cores >= 0.8 * node0_cores_ && w.waiting < 0.25 * w.cores &&
-                         static_cast<double>(w.threads) > node0_cores_ && !w.fewer_threads;
+  consolidated_cores_ = consolidated_cores_ == 0 ? w.cores : (consolidated_cores_ + w.cores) / 2;
+  // Node 0's cores are all busy: with the program's threads, or (on a machine busy with other
+  // work) also with other tasks, which the threads then wait behind.
+  const NodeWindow& zero = w.nodes[0];
+  const bool cores_full = w.cores >= 0.8 * node0_cores_ || zero.cpu_wait >= 0.25 * zero.cpu;
+  const bool saturated = cores_full && zero.cpu > 0 &&
+                         w.waiting<0.25 * w.cores&& static_cast<double>(w.threads)> node0_cores_ &&
+                         !w.fewer_threads;
   if (!saturated || spread_.empty()) return;
   // What spreading is predicted to give, if the threads shared as when they last ran spread.
   std::vector<int> per_node(o_.nodes, 0);
@@ -243,9 +247,9 @@ void PlacementController::JudgeProbe(absl::Time now, const Window& w) {
     Decision("stay_spread", spread_now, 0, 0,
              absl::StrFormat("spread, the threads keep %.2f cores busy (node 0 alone: %.2f)",
                              spread_now, consolidated_cores_));
-    cluster_->Say(absl::StrFormat(
-        "the threads stay spread: they keep %.2f cores busy (node 0 alone: %.2f)", spread_now,
-        consolidated_cores_));
+    cluster_->Say(
+        absl::StrFormat("the threads stay spread: they keep %.2f cores busy (node 0 alone: %.2f)",
+                        spread_now, consolidated_cores_));
     low_windows_ = 0;
     return;
   }
@@ -297,8 +301,8 @@ bool PlacementController::PlaceNewThreads(const std::vector<NodeCounters>& c) {
                                     most.first, fewest.first, ok ? "true" : "false"));
   }
   const std::string reason =
-      absl::StrFormat("node %d ran %d threads, node %d %d: the newest went to node %d",
-                      most.first, most.second, fewest.first, fewest.second, fewest.first);
+      absl::StrFormat("node %d ran %d threads, node %d %d: the newest went to node %d", most.first,
+                      most.second, fewest.first, fewest.second, fewest.first);
   cluster_->Say(absl::StrCat("placing new threads: ", reason));
   decisions_json_.push_back(absl::StrFormat(
       R"({"t_ms":%.0f,"action":"place_new_threads","moves":[%s],"threads_moved":%d,)"
@@ -387,8 +391,8 @@ void PlacementController::Sample() {
   // the data). Two windows in a row: one can be a transient (a burst of first-touch faults as
   // a program starts computing looks like heavy sharing for a window).
   const double gain = w.cores > 0 ? one_node / w.cores : (one_node > 0 ? HUGE_VAL : 1.0);
-  const bool dsm_bound = gain >= 1.1 && w.away > 0.05 &&
-                         (o_.min_cores <= 0 || w.cores < o_.min_cores);
+  const bool dsm_bound =
+      gain >= 1.1 && w.away > 0.05 && (o_.min_cores <= 0 || w.cores < o_.min_cores);
   low_windows_ = dsm_bound && !w.fewer_threads ? low_windows_ + 1 : 0;
   spread_cores_ = low_windows_ == 1 ? w.cores : (spread_cores_ + w.cores) / 2;
   if (low_windows_ < 2) return;
@@ -402,16 +406,15 @@ void PlacementController::Sample() {
     spread_stall_per_cpu_ = cpu > 0 ? stall / cpu : 1e6;
   }
   const double other = ThroughputModel::OtherWork(w.nodes[0]);
-  Consolidate(absl::StrFormat(
-                  "over the last %.0f ms the program's threads kept %.2f cores busy on %d nodes "
-                  "and waited for pages %.2f cores' worth; the model (a fault costs %.0f us of "
-                  "stall, an invalidation %.0f us) predicts %.2f cores busy all on node 0%s",
-                  absl::ToDoubleMilliseconds(o_.window), w.cores, o_.nodes, w.waiting,
-                  model_.fit().per_fault_s * 1e6, model_.fit().per_invalidation_s * 1e6,
-                  one_node,
-                  other > 0 ? absl::StrFormat(", beside the %.1f other tasks running there", other)
-                            : ""),
-              w.cores, one_node);
+  Consolidate(
+      absl::StrFormat(
+          "over the last %.0f ms the program's threads kept %.2f cores busy on %d nodes "
+          "and waited for pages %.2f cores' worth; the model (a fault costs %.0f us of "
+          "stall, an invalidation %.0f us) predicts %.2f cores busy all on node 0%s",
+          absl::ToDoubleMilliseconds(o_.window), w.cores, o_.nodes, w.waiting,
+          model_.fit().per_fault_s * 1e6, model_.fit().per_invalidation_s * 1e6, one_node,
+          other > 0 ? absl::StrFormat(", beside the %.1f other tasks running there", other) : ""),
+      w.cores, one_node);
   // Try spreading again after a while, doubling each time it does not pay (a phase that shares
   // is no reason to give up the other nodes for good): 1 s, longer the more the model says one
   // node wins (up to 3 s), so that a program that always shares pays for few probes.

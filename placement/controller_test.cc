@@ -64,8 +64,7 @@ class FakeCluster : public Cluster {
     *threads = where_[node];
     return true;
   }
-  bool Sharing(std::vector<std::string>* reports,
-               std::vector<std::vector<int>>* threads) override {
+  bool Sharing(std::vector<std::string>* reports, std::vector<std::vector<int>>* threads) override {
     for (size_t i = 0; i < where_.size(); ++i) {
       reports->push_back(FormatSharingReport(sharing_[i]));
     }
@@ -97,7 +96,8 @@ class FakeCluster : public Cluster {
   }
   const std::vector<int>& on(int node) const { return where_[node]; }
   void Exit(int tid) {
-    for (auto& threads : where_) threads.erase(std::remove(threads.begin(), threads.end(), tid), threads.end());
+    for (auto& threads : where_)
+      threads.erase(std::remove(threads.begin(), threads.end(), tid), threads.end());
   }
   void End(int node) { running_[node] = false; }
 
@@ -228,6 +228,25 @@ TEST(PlacementControllerTest, ASerialPhaseOnNodeZeroIsNotDsmBound) {
   const std::vector<Activity> serial = {{0.03, 0.15, 1500, 0}, {0.0, 0.0, 0, 0}};
   for (int i = 0; i < 20; ++i) cluster.Window(c, serial);
   EXPECT_THAT(cluster.moves, IsEmpty());
+}
+
+// Consolidated on a machine busy with other work: node 0's threads get a third of its core and
+// wait for it the rest of the time. That is a saturated node 0 too (run_test under load: the
+// compute phase was never probed, as node 0 never looked busy).
+TEST(PlacementControllerTest, ALoadedNodeZeroIsSaturatedAndProbed) {
+  FakeCluster cluster({{1, 2}, {3}});
+  PlacementController c(Adaptive(), &cluster);
+  ASSERT_NO_FATAL_FAILURE(Consolidate(cluster, c));
+  const std::vector<Activity> loaded = {{0.033, 0, 0, 0, 0.2}, {0, 0, 0, 0}};
+  WindowsUntilAMove(cluster, c, loaded, 100);
+  EXPECT_THAT(cluster.moves, ElementsAre("3:0->1"));
+  // Node 0 neither full nor waited for: no probe.
+  FakeCluster idle({{1, 2}, {3}});
+  PlacementController d(Adaptive(), &idle);
+  ASSERT_NO_FATAL_FAILURE(Consolidate(idle, d));
+  const std::vector<Activity> light = {{0.033, 0, 0, 0, 0.001}, {0, 0, 0, 0}};
+  WindowsUntilAMove(idle, d, light, 100);
+  EXPECT_THAT(idle.moves, IsEmpty());
 }
 
 TEST(PlacementControllerTest, ProbesAfterTheBackoffAndReturnsWhenSpreadingDoesNotPay) {
