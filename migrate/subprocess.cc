@@ -140,9 +140,10 @@ absl::StatusOr<Subprocess> Subprocess::Start(const SubprocessOptions& o) {
       dup2(in, 0);
       if (in != 0) close(in);
     }
+    if (o.stdout_fd >= 0 && dup2(o.stdout_fd, 1) != 1) ChildFail(report, errno);
     const std::string* outs[2] = {&o.stdout_path, &o.stderr_path};
     for (int fd = 1; fd <= 2; ++fd) {
-      if (outs[fd - 1]->empty()) continue;
+      if (outs[fd - 1]->empty() || (fd == 1 && o.stdout_fd >= 0)) continue;
       int f = open(outs[fd - 1]->c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
       if (f < 0) ChildFail(report, errno);
       dup2(f, fd);

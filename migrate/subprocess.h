@@ -31,8 +31,10 @@ struct SubprocessOptions {
   std::string stdin_path;
   std::string stdout_path;
   std::string stderr_path;
-  // A descriptor of ours the child gets as fd 0 instead of stdin_path, or -1.
+  // Descriptors of ours the child gets as fd 0 / fd 1 instead of stdin_path / stdout_path, or
+  // -1.
   int stdin_fd = -1;
+  int stdout_fd = -1;
   // A descriptor the child gets as fd 3 (a control channel), or -1. Every other descriptor is
   // closed in the child (CRIU cannot dump descriptors inherited from a launcher's
   // environment).

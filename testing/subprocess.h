@@ -1,5 +1,6 @@
-// Subprocess: a child process for tests and benchmarks, started with fork + exec, optionally
-// inside a network namespace and pinned to CPUs, with its stdout readable line by line.
+// Subprocess: a child process for tests and benchmarks, optionally inside a network namespace
+// and pinned to CPUs, with its stdout readable line by line. It is started by the production
+// launcher (migrate/subprocess.h); this adds the captured output and the raw wait status.
 //
 //   SpawnOptions o;
 //   o.netns = "/run/netns/stretch-123-0-1";
@@ -19,12 +20,14 @@
 
 #include <sys/types.h>
 
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "core/unique_fd.h"
+#include "migrate/subprocess.h"
 
 namespace stretch::testing {
 
@@ -45,9 +48,9 @@ class Subprocess {
   static absl::StatusOr<Subprocess> Spawn(const std::vector<std::string>& argv,
                                           const SpawnOptions& options = {});
 
+  // Moving keeps the child; destroying a running one kills (SIGKILL) and reaps it.
   Subprocess(Subprocess&& other) noexcept;
   Subprocess& operator=(Subprocess&& other) noexcept;
-  ~Subprocess();
 
   pid_t pid() const { return pid_; }
   bool running() const { return pid_ > 0 && !reaped_; }
@@ -70,7 +73,7 @@ class Subprocess {
   pid_t pid_ = -1;
   bool reaped_ = false;
   int wait_status_ = 0;
-  UniqueFd pidfd_;
+  std::optional<stretch::Subprocess> child_;
   UniqueFd stdout_;
   std::string buffer_;
   bool eof_ = false;

@@ -43,7 +43,8 @@ TEST(SubprocessTest, KillAndDeadlines) {
 TEST(SubprocessTest, ExecFailureIsAnError) {
   auto child = Subprocess::Spawn({"/nonexistent/program"});
   EXPECT_EQ(child.status().code(), absl::StatusCode::kNotFound) << child.status();
-  EXPECT_TRUE(absl::StrContains(child.status().message(), "execve")) << child.status();
+  EXPECT_TRUE(absl::StrContains(child.status().message(), "/nonexistent/program"))
+      << child.status();
 }
 
 TEST(SubprocessTest, PinsAndPassesEnvironmentAndNoDescriptors) {
