@@ -223,284 +223,348 @@ void BecomeM(NodeLine& n, uint64_t version) {
   n.acks_needed = 0;
 }
 
+// A transition that keeps the line (actions may still be added).
+NodeStep Unchanged(const NodeLine& line) {
+  NodeStep s;
+  s.next = line;
+  return s;
+}
+
+NodeStep Impossible(const NodeLine& line) {
+  NodeStep s = Unchanged(line);
+  s.kind = StepKind::kImpossible;
+  return s;
+}
+
+NodeStep Stall(const NodeLine& line) {
+  NodeStep s = Unchanged(line);
+  s.kind = StepKind::kStall;
+  return s;
+}
+
+// The rows of the table, one function per state, so that each row reads on its own against
+// its section of testdata/transitions.golden. Next() dispatches on the state.
+
+NodeStep FromI(const NodeLine& line, const NodeEvent& ev) {
+  NodeStep step = Unchanged(line);
+  NodeLine& n = step.next;
+  ActionList& a = step.actions;
+  switch (ev.type) {
+    case E::kLoad:
+      a.push_back(ToDir(CohOp::kGetS, line.version, 0, Payload::kNone, ev.thread));
+      n.state = St::kIS_D;
+      return step;
+    case E::kStore:
+      a.push_back(ToDir(CohOp::kGetM, line.version, 0, Payload::kNone, ev.thread));
+      n.state = St::kIM_AD;
+      n.acks_received = 0;
+      return step;
+    case E::kEvict:
+      return step;  // nothing to give up
+    default:
+      return Impossible(line);
+  }
+}
+
+NodeStep FromS(const NodeLine& line, const NodeEvent& ev) {
+  NodeStep step = Unchanged(line);
+  NodeLine& n = step.next;
+  ActionList& a = step.actions;
+  switch (ev.type) {
+    case E::kLoad:
+      a.push_back(MemoryAction(ActionKind::kWakeWaiters));  // a fault that raced the install
+      return step;
+    case E::kStore:
+      a.push_back(ToDir(CohOp::kGetM, line.version, wire::kCohHaveCopy, Payload::kNone, ev.thread));
+      n.state = St::kSM_AD;
+      n.acks_received = 0;
+      return step;
+    case E::kEvict:
+      a.push_back(MemoryAction(ActionKind::kDropPage));
+      a.push_back(ToDir(CohOp::kPutS, line.version));
+      n.state = St::kSI_A;
+      return step;
+    case E::kInv:
+      if (!STRETCH_MUTATION(kKeepPageOnInv)) a.push_back(MemoryAction(ActionKind::kDropPage));
+      if (!STRETCH_MUTATION(kNoInvAck)) {
+        a.push_back(ToRequester(CohOp::kInvAck, ev.requester, ev.version));
+      }
+      n.state = St::kI;
+      n.version = ev.version;
+      return step;
+    default:
+      return Impossible(line);
+  }
+}
+
+NodeStep FromM(const NodeLine& line, const NodeEvent& ev) {
+  NodeStep step = Unchanged(line);
+  NodeLine& n = step.next;
+  ActionList& a = step.actions;
+  switch (ev.type) {
+    case E::kLoad:
+    case E::kStore:
+      a.push_back(MemoryAction(ActionKind::kWakeWaiters));  // a fault that raced the install
+      return step;
+    case E::kEvict:
+      a.push_back(MemoryAction(ActionKind::kWriteProtect));
+      a.push_back(MemoryAction(ActionKind::kStashPage));
+      a.push_back(MemoryAction(ActionKind::kDropPage));
+      a.push_back(ToDir(CohOp::kPutM, line.version, 0, Payload::kStash));
+      n.state = St::kMI_A;
+      return step;
+    case E::kFwdGetS:
+      a.push_back(MemoryAction(ActionKind::kWriteProtect));
+      a.push_back(MemoryAction(ActionKind::kStashPage));
+      a.push_back(ToRequester(CohOp::kData, ev.requester, line.version, 0, Payload::kStash));
+      a.push_back(ToDir(CohOp::kWriteback, line.version, 0, Payload::kStash));
+      a.push_back(MemoryAction(ActionKind::kReleaseStash));
+      n.state = St::kS;
+      return step;
+    case E::kFwdGetM:
+      a.push_back(MemoryAction(ActionKind::kWriteProtect));
+      a.push_back(MemoryAction(ActionKind::kStashPage));
+      a.push_back(MemoryAction(ActionKind::kDropPage));
+      a.push_back(
+          ToRequester(CohOp::kData, ev.requester, ev.version, wire::kCohWritable, Payload::kStash));
+      a.push_back(MemoryAction(ActionKind::kReleaseStash));
+      n.state = St::kI;
+      n.version = ev.version;
+      return step;
+    default:
+      return Impossible(line);
+  }
+}
+
+NodeStep FromIS_D(const NodeLine& line, const NodeEvent& ev) {
+  NodeStep step = Unchanged(line);
+  NodeLine& n = step.next;
+  ActionList& a = step.actions;
+  switch (ev.type) {
+    case E::kLoad:
+      return step;  // merged: the GetS in flight serves it
+    case E::kStore:
+    case E::kEvict:
+      return Stall(line);
+    case E::kDataS:
+    case E::kDataSFwd:
+      a.push_back(MemoryAction(ActionKind::kInstallReadOnly));
+      a.push_back(MemoryAction(ActionKind::kWakeWaiters));
+      if (ev.type == E::kDataSFwd) a.push_back(ToDir(CohOp::kUnblock, ev.version));
+      n.state = St::kS;
+      n.version = ev.version;
+      return step;
+    default:
+      return Impossible(line);
+  }
+}
+
+NodeStep FromIM_AD(const NodeLine& line, const NodeEvent& ev) {
+  NodeStep step = Unchanged(line);
+  NodeLine& n = step.next;
+  ActionList& a = step.actions;
+  switch (ev.type) {
+    case E::kLoad:
+    case E::kStore:
+      return step;  // merged: the GetM in flight serves both
+    case E::kEvict:
+      return Stall(line);
+    case E::kDataM:
+    case E::kDataMUnblock:
+      a.push_back(MemoryAction(ActionKind::kInstallWritable));
+      a.push_back(MemoryAction(ActionKind::kWakeWaiters));
+      if (ev.type == E::kDataMUnblock) a.push_back(ToDir(CohOp::kUnblock, ev.version));
+      BecomeM(n, ev.version);
+      return step;
+    case E::kDataMWait:
+      // Until the last ack other nodes may still read the page, and so may we: install it
+      // read-only now and make it writable when the acks are in.
+      a.push_back(MemoryAction(ActionKind::kInstallReadOnly));
+      a.push_back(MemoryAction(ActionKind::kWakeWaiters));
+      if (STRETCH_MUTATION(kEarlyUnblock)) a.push_back(ToDir(CohOp::kUnblock, ev.version));
+      n.state = St::kM_A;
+      n.version = ev.version;
+      n.acks_needed = ev.ack_count;
+      return step;
+    case E::kInvAck:
+      ++n.acks_received;
+      return step;
+    default:
+      return Impossible(line);
+  }
+}
+
+NodeStep FromSM_AD(const NodeLine& line, const NodeEvent& ev) {
+  NodeStep step = Unchanged(line);
+  NodeLine& n = step.next;
+  ActionList& a = step.actions;
+  switch (ev.type) {
+    case E::kLoad:
+      a.push_back(MemoryAction(ActionKind::kWakeWaiters));  // still read-only: a racing fault
+      return step;
+    case E::kStore:
+      return step;  // merged into the upgrade in flight
+    case E::kEvict:
+      return Stall(line);
+    case E::kInv:
+      // Another node's GetM was ordered first: our copy goes, and the directory will treat
+      // our upgrade as a plain GetM (we are no longer a sharer) and send the page.
+      a.push_back(MemoryAction(ActionKind::kDropPage));
+      a.push_back(ToRequester(CohOp::kInvAck, ev.requester, ev.version));
+      n.state = St::kIM_AD;
+      n.version = ev.version;
+      return step;
+    case E::kUpgrade:
+    case E::kUpgradeUnblock:
+      a.push_back(MemoryAction(ActionKind::kMakeWritable));
+      a.push_back(MemoryAction(ActionKind::kWakeWaiters));
+      if (ev.type == E::kUpgradeUnblock) a.push_back(ToDir(CohOp::kUnblock, ev.version));
+      BecomeM(n, ev.version);
+      return step;
+    case E::kUpgradeWait:
+      if (STRETCH_MUTATION(kEarlyUnblock)) a.push_back(ToDir(CohOp::kUnblock, ev.version));
+      n.state = St::kM_A;
+      n.version = ev.version;
+      n.acks_needed = ev.ack_count;
+      return step;
+    case E::kInvAck:
+      ++n.acks_received;
+      return step;
+    default:
+      return Impossible(line);
+  }
+}
+
+NodeStep FromM_A(const NodeLine& line, const NodeEvent& ev) {
+  NodeStep step = Unchanged(line);
+  NodeLine& n = step.next;
+  ActionList& a = step.actions;
+  switch (ev.type) {
+    case E::kLoad:
+      a.push_back(MemoryAction(ActionKind::kWakeWaiters));  // read-only copy present
+      return step;
+    case E::kStore:
+      return step;  // merged: the last ack makes the page writable
+    case E::kEvict:
+      return Stall(line);
+    case E::kInvAck:
+      ++n.acks_received;
+      return step;
+    case E::kLastInvAck:
+      a.push_back(MemoryAction(ActionKind::kMakeWritable));
+      a.push_back(MemoryAction(ActionKind::kWakeWaiters));
+      if (!STRETCH_MUTATION(kEarlyUnblock)) a.push_back(ToDir(CohOp::kUnblock, line.version));
+      BecomeM(n, line.version);
+      return step;
+    default:
+      return Impossible(line);
+  }
+}
+
+NodeStep FromMI_A(const NodeLine& line, const NodeEvent& ev) {
+  NodeStep step = Unchanged(line);
+  NodeLine& n = step.next;
+  ActionList& a = step.actions;
+  switch (ev.type) {
+    case E::kLoad:
+    case E::kStore:
+      return Stall(line);  // page already dropped; fetch again after the PutAck
+    case E::kEvict:
+      return step;
+    case E::kFwdGetS:
+      // Our PutM crossed the FwdGetS: answer from the stash. The directory now counts us
+      // as a sharer and will take our PutM as a PutS.
+      a.push_back(ToRequester(CohOp::kData, ev.requester, line.version, 0, Payload::kStash));
+      a.push_back(ToDir(CohOp::kWriteback, line.version, 0, Payload::kStash));
+      a.push_back(MemoryAction(ActionKind::kReleaseStash));
+      n.state = St::kSI_A;
+      return step;
+    case E::kFwdGetM:
+      // Our PutM crossed the FwdGetM: answer from the stash; the PutM is now stale.
+      a.push_back(
+          ToRequester(CohOp::kData, ev.requester, ev.version, wire::kCohWritable, Payload::kStash));
+      a.push_back(MemoryAction(ActionKind::kReleaseStash));
+      n.state = St::kII_A;
+      n.version = ev.version;
+      return step;
+    case E::kPutAck:
+      a.push_back(MemoryAction(ActionKind::kReleaseStash));
+      n.state = St::kI;
+      return step;
+    default:
+      return Impossible(line);
+  }
+}
+
+NodeStep FromSI_A(const NodeLine& line, const NodeEvent& ev) {
+  NodeStep step = Unchanged(line);
+  NodeLine& n = step.next;
+  ActionList& a = step.actions;
+  switch (ev.type) {
+    case E::kLoad:
+    case E::kStore:
+      return Stall(line);
+    case E::kEvict:
+      return step;
+    case E::kInv:
+      // Our PutS crossed the Inv: ack it (the page is already gone); the PutS is stale.
+      a.push_back(ToRequester(CohOp::kInvAck, ev.requester, ev.version));
+      n.state = St::kII_A;
+      n.version = ev.version;
+      return step;
+    case E::kPutAck:
+      n.state = St::kI;
+      return step;
+    default:
+      return Impossible(line);
+  }
+}
+
+NodeStep FromII_A(const NodeLine& line, const NodeEvent& ev) {
+  NodeStep step = Unchanged(line);
+  NodeLine& n = step.next;
+  switch (ev.type) {
+    case E::kLoad:
+    case E::kStore:
+      return Stall(line);
+    case E::kEvict:
+      return step;
+    case E::kPutAck:
+      n.state = St::kI;
+      return step;
+    default:
+      return Impossible(line);
+  }
+}
+
 }  // namespace
 
 NodeStep Next(const NodeLine& line, const NodeEvent& ev) {
-  NodeStep step;
-  step.next = line;
-  NodeLine& n = step.next;
-  ActionList& a = step.actions;
-  const auto impossible = [&]() {
-    NodeStep s;
-    s.kind = StepKind::kImpossible;
-    s.next = line;
-    return s;
-  };
-  const auto stall = [&]() {
-    NodeStep s;
-    s.kind = StepKind::kStall;
-    s.next = line;
-    return s;
-  };
   // Every state drops a stale Inv/Fwd (only a duplicating or reordering transport makes one).
-  if (ev.type == E::kStale) return step;
-
+  if (ev.type == E::kStale) return Unchanged(line);
   switch (line.state) {
     case St::kI:
-      switch (ev.type) {
-        case E::kLoad:
-          a.push_back(ToDir(CohOp::kGetS, line.version, 0, Payload::kNone, ev.thread));
-          n.state = St::kIS_D;
-          return step;
-        case E::kStore:
-          a.push_back(ToDir(CohOp::kGetM, line.version, 0, Payload::kNone, ev.thread));
-          n.state = St::kIM_AD;
-          n.acks_received = 0;
-          return step;
-        case E::kEvict:
-          return step;  // nothing to give up
-        default:
-          return impossible();
-      }
-
+      return FromI(line, ev);
     case St::kS:
-      switch (ev.type) {
-        case E::kLoad:
-          a.push_back(MemoryAction(ActionKind::kWakeWaiters));  // a fault that raced the install
-          return step;
-        case E::kStore:
-          a.push_back(
-              ToDir(CohOp::kGetM, line.version, wire::kCohHaveCopy, Payload::kNone, ev.thread));
-          n.state = St::kSM_AD;
-          n.acks_received = 0;
-          return step;
-        case E::kEvict:
-          a.push_back(MemoryAction(ActionKind::kDropPage));
-          a.push_back(ToDir(CohOp::kPutS, line.version));
-          n.state = St::kSI_A;
-          return step;
-        case E::kInv:
-          if (!STRETCH_MUTATION(kKeepPageOnInv)) a.push_back(MemoryAction(ActionKind::kDropPage));
-          if (!STRETCH_MUTATION(kNoInvAck)) {
-            a.push_back(ToRequester(CohOp::kInvAck, ev.requester, ev.version));
-          }
-          n.state = St::kI;
-          n.version = ev.version;
-          return step;
-        default:
-          return impossible();
-      }
-
+      return FromS(line, ev);
     case St::kM:
-      switch (ev.type) {
-        case E::kLoad:
-        case E::kStore:
-          a.push_back(MemoryAction(ActionKind::kWakeWaiters));  // a fault that raced the install
-          return step;
-        case E::kEvict:
-          a.push_back(MemoryAction(ActionKind::kWriteProtect));
-          a.push_back(MemoryAction(ActionKind::kStashPage));
-          a.push_back(MemoryAction(ActionKind::kDropPage));
-          a.push_back(ToDir(CohOp::kPutM, line.version, 0, Payload::kStash));
-          n.state = St::kMI_A;
-          return step;
-        case E::kFwdGetS:
-          a.push_back(MemoryAction(ActionKind::kWriteProtect));
-          a.push_back(MemoryAction(ActionKind::kStashPage));
-          a.push_back(ToRequester(CohOp::kData, ev.requester, line.version, 0, Payload::kStash));
-          a.push_back(ToDir(CohOp::kWriteback, line.version, 0, Payload::kStash));
-          a.push_back(MemoryAction(ActionKind::kReleaseStash));
-          n.state = St::kS;
-          return step;
-        case E::kFwdGetM:
-          a.push_back(MemoryAction(ActionKind::kWriteProtect));
-          a.push_back(MemoryAction(ActionKind::kStashPage));
-          a.push_back(MemoryAction(ActionKind::kDropPage));
-          a.push_back(ToRequester(CohOp::kData, ev.requester, ev.version, wire::kCohWritable,
-                                  Payload::kStash));
-          a.push_back(MemoryAction(ActionKind::kReleaseStash));
-          n.state = St::kI;
-          n.version = ev.version;
-          return step;
-        default:
-          return impossible();
-      }
-
+      return FromM(line, ev);
     case St::kIS_D:
-      switch (ev.type) {
-        case E::kLoad:
-          return step;  // merged: the GetS in flight serves it
-        case E::kStore:
-        case E::kEvict:
-          return stall();
-        case E::kDataS:
-        case E::kDataSFwd:
-          a.push_back(MemoryAction(ActionKind::kInstallReadOnly));
-          a.push_back(MemoryAction(ActionKind::kWakeWaiters));
-          if (ev.type == E::kDataSFwd) a.push_back(ToDir(CohOp::kUnblock, ev.version));
-          n.state = St::kS;
-          n.version = ev.version;
-          return step;
-        default:
-          return impossible();
-      }
-
+      return FromIS_D(line, ev);
     case St::kIM_AD:
-      switch (ev.type) {
-        case E::kLoad:
-        case E::kStore:
-          return step;  // merged: the GetM in flight serves both
-        case E::kEvict:
-          return stall();
-        case E::kDataM:
-        case E::kDataMUnblock:
-          a.push_back(MemoryAction(ActionKind::kInstallWritable));
-          a.push_back(MemoryAction(ActionKind::kWakeWaiters));
-          if (ev.type == E::kDataMUnblock) a.push_back(ToDir(CohOp::kUnblock, ev.version));
-          BecomeM(n, ev.version);
-          return step;
-        case E::kDataMWait:
-          // Until the last ack other nodes may still read the page, and so may we: install it
-          // read-only now and make it writable when the acks are in.
-          a.push_back(MemoryAction(ActionKind::kInstallReadOnly));
-          a.push_back(MemoryAction(ActionKind::kWakeWaiters));
-          if (STRETCH_MUTATION(kEarlyUnblock)) a.push_back(ToDir(CohOp::kUnblock, ev.version));
-          n.state = St::kM_A;
-          n.version = ev.version;
-          n.acks_needed = ev.ack_count;
-          return step;
-        case E::kInvAck:
-          ++n.acks_received;
-          return step;
-        default:
-          return impossible();
-      }
-
+      return FromIM_AD(line, ev);
     case St::kSM_AD:
-      switch (ev.type) {
-        case E::kLoad:
-          a.push_back(MemoryAction(ActionKind::kWakeWaiters));  // still read-only: a racing fault
-          return step;
-        case E::kStore:
-          return step;  // merged into the upgrade in flight
-        case E::kEvict:
-          return stall();
-        case E::kInv:
-          // Another node's GetM was ordered first: our copy goes, and the directory will treat
-          // our upgrade as a plain GetM (we are no longer a sharer) and send the page.
-          a.push_back(MemoryAction(ActionKind::kDropPage));
-          a.push_back(ToRequester(CohOp::kInvAck, ev.requester, ev.version));
-          n.state = St::kIM_AD;
-          n.version = ev.version;
-          return step;
-        case E::kUpgrade:
-        case E::kUpgradeUnblock:
-          a.push_back(MemoryAction(ActionKind::kMakeWritable));
-          a.push_back(MemoryAction(ActionKind::kWakeWaiters));
-          if (ev.type == E::kUpgradeUnblock) a.push_back(ToDir(CohOp::kUnblock, ev.version));
-          BecomeM(n, ev.version);
-          return step;
-        case E::kUpgradeWait:
-          if (STRETCH_MUTATION(kEarlyUnblock)) a.push_back(ToDir(CohOp::kUnblock, ev.version));
-          n.state = St::kM_A;
-          n.version = ev.version;
-          n.acks_needed = ev.ack_count;
-          return step;
-        case E::kInvAck:
-          ++n.acks_received;
-          return step;
-        default:
-          return impossible();
-      }
-
+      return FromSM_AD(line, ev);
     case St::kM_A:
-      switch (ev.type) {
-        case E::kLoad:
-          a.push_back(MemoryAction(ActionKind::kWakeWaiters));  // read-only copy present
-          return step;
-        case E::kStore:
-          return step;  // merged: the last ack makes the page writable
-        case E::kEvict:
-          return stall();
-        case E::kInvAck:
-          ++n.acks_received;
-          return step;
-        case E::kLastInvAck:
-          a.push_back(MemoryAction(ActionKind::kMakeWritable));
-          a.push_back(MemoryAction(ActionKind::kWakeWaiters));
-          if (!STRETCH_MUTATION(kEarlyUnblock)) a.push_back(ToDir(CohOp::kUnblock, line.version));
-          BecomeM(n, line.version);
-          return step;
-        default:
-          return impossible();
-      }
-
+      return FromM_A(line, ev);
     case St::kMI_A:
-      switch (ev.type) {
-        case E::kLoad:
-        case E::kStore:
-          return stall();  // page already dropped; fetch again after the PutAck
-        case E::kEvict:
-          return step;
-        case E::kFwdGetS:
-          // Our PutM crossed the FwdGetS: answer from the stash. The directory now counts us
-          // as a sharer and will take our PutM as a PutS.
-          a.push_back(ToRequester(CohOp::kData, ev.requester, line.version, 0, Payload::kStash));
-          a.push_back(ToDir(CohOp::kWriteback, line.version, 0, Payload::kStash));
-          a.push_back(MemoryAction(ActionKind::kReleaseStash));
-          n.state = St::kSI_A;
-          return step;
-        case E::kFwdGetM:
-          // Our PutM crossed the FwdGetM: answer from the stash; the PutM is now stale.
-          a.push_back(ToRequester(CohOp::kData, ev.requester, ev.version, wire::kCohWritable,
-                                  Payload::kStash));
-          a.push_back(MemoryAction(ActionKind::kReleaseStash));
-          n.state = St::kII_A;
-          n.version = ev.version;
-          return step;
-        case E::kPutAck:
-          a.push_back(MemoryAction(ActionKind::kReleaseStash));
-          n.state = St::kI;
-          return step;
-        default:
-          return impossible();
-      }
-
+      return FromMI_A(line, ev);
     case St::kSI_A:
-      switch (ev.type) {
-        case E::kLoad:
-        case E::kStore:
-          return stall();
-        case E::kEvict:
-          return step;
-        case E::kInv:
-          // Our PutS crossed the Inv: ack it (the page is already gone); the PutS is stale.
-          a.push_back(ToRequester(CohOp::kInvAck, ev.requester, ev.version));
-          n.state = St::kII_A;
-          n.version = ev.version;
-          return step;
-        case E::kPutAck:
-          n.state = St::kI;
-          return step;
-        default:
-          return impossible();
-      }
-
+      return FromSI_A(line, ev);
     case St::kII_A:
-      switch (ev.type) {
-        case E::kLoad:
-        case E::kStore:
-          return stall();
-        case E::kEvict:
-          return step;
-        case E::kPutAck:
-          n.state = St::kI;
-          return step;
-        default:
-          return impossible();
-      }
+      return FromII_A(line, ev);
   }
-  return impossible();
+  return Impossible(line);
 }
 
 std::optional<StepError> Step(NodePage& page, const NodeEvent& ev, std::vector<Action>* out) {
