@@ -166,162 +166,201 @@ Action Invalidate(NodeSet sharers, NodeId requester, uint64_t version) {
 
 bool IsRequest(DirEventType e) { return e != E::kWriteback && e != E::kUnblock; }
 
+// A transition that keeps the line (actions may still be added).
+DirStep Unchanged(const DirLine& line) {
+  DirStep s;
+  s.next = line;
+  return s;
+}
+
+DirStep Impossible(const DirLine& line) {
+  DirStep s = Unchanged(line);
+  s.kind = StepKind::kImpossible;
+  return s;
+}
+
+DirStep Stall(const DirLine& line) {
+  DirStep s = Unchanged(line);
+  s.kind = StepKind::kStall;
+  return s;
+}
+
+// Grants M from S to `src`, invalidating `others` (their acks go to src).
+void GrantMFromS(const DirLine& line, NodeId src, NodeSet others, bool with_page, DirStep& step) {
+  DirLine& n = step.next;
+  ActionList& a = step.actions;
+  n.version = line.version + 1;
+  if (STRETCH_MUTATION(kSkipOneInv) && !others.empty()) {
+    NodeId skip;
+    others.ForEach([&skip](NodeId x) { skip = x; });
+    others.Remove(skip);
+  }
+  if (!others.empty()) a.push_back(Invalidate(others, src, n.version));
+  a.push_back(Reply(CohOp::kData, src, n.version, wire::kCohWritable,
+                    with_page ? Payload::kHome : Payload::kNone,
+                    static_cast<uint32_t>(others.size())));
+  n.owner = src;
+  n.sharers.Clear();
+  if (others.empty()) {
+    n.state = St::kM;  // our own grant, FIFO-ordered before anything we send later
+  } else {
+    n.state = St::kM_U;  // acks travel sharer -> requester: wait for the Unblock
+    n.requester = src;
+  }
+}
+
+// The rows of the table, one function per stable state and one for the transient states
+// (which share their rules), so that each reads on its own against its section of
+// testdata/transitions.golden. Next() dispatches on the state.
+
+DirStep FromI(const DirLine& line, const DirEvent& ev) {
+  DirStep step = Unchanged(line);
+  DirLine& n = step.next;
+  ActionList& a = step.actions;
+  const NodeId src = ev.src;
+  switch (ev.type) {
+    case E::kGetS:
+      a.push_back(Reply(CohOp::kData, src, line.version, 0, Payload::kHome));
+      n.state = St::kS;
+      n.sharers = NodeSet::Of(src);
+      return step;
+    case E::kGetM:
+      n.version = line.version + 1;
+      a.push_back(Reply(CohOp::kData, src, n.version, wire::kCohWritable, Payload::kHome));
+      n.state = St::kM;
+      n.owner = src;
+      return step;
+    case E::kPutStale:
+      a.push_back(Reply(CohOp::kPutAck, src, line.version));
+      return step;
+    default:
+      return Impossible(line);
+  }
+}
+
+DirStep FromS(const DirLine& line, const DirEvent& ev) {
+  DirStep step = Unchanged(line);
+  DirLine& n = step.next;
+  ActionList& a = step.actions;
+  const NodeId src = ev.src;
+  switch (ev.type) {
+    case E::kGetS:
+      a.push_back(Reply(CohOp::kData, src, line.version, 0, Payload::kHome));
+      n.sharers.Add(src);
+      return step;
+    case E::kGetM:
+      GrantMFromS(line, src, line.sharers, /*with_page=*/true, step);
+      return step;
+    case E::kUpgrade:
+    case E::kUpgradeAlone:
+      GrantMFromS(line, src, line.sharers.Without(src), /*with_page=*/false, step);
+      return step;
+    case E::kPutS:
+      a.push_back(Reply(CohOp::kPutAck, src, line.version));
+      n.sharers.Remove(src);
+      return step;
+    case E::kPutSLast:
+      a.push_back(Reply(CohOp::kPutAck, src, line.version));
+      n.sharers.Clear();
+      n.state = St::kI;
+      return step;
+    case E::kPutStale:
+      a.push_back(Reply(CohOp::kPutAck, src, line.version));
+      return step;
+    default:
+      return Impossible(line);
+  }
+}
+
+DirStep FromM(const DirLine& line, const DirEvent& ev) {
+  DirStep step = Unchanged(line);
+  DirLine& n = step.next;
+  ActionList& a = step.actions;
+  const NodeId src = ev.src;
+  switch (ev.type) {
+    case E::kGetS:
+      // The owner sends the page straight to the requester (3 hops) and a copy to us.
+      a.push_back(Forward(CohOp::kFwdGetS, line.owner, src, line.version));
+      n.state = St::kMS_WU;
+      n.sharers = NodeSet::Of(line.owner);
+      n.sharers.Add(src);
+      n.requester = src;
+      return step;
+    case E::kGetM:
+      n.version = line.version + 1;
+      a.push_back(Forward(CohOp::kFwdGetM, line.owner, src, n.version));
+      n.state = St::kM_U;
+      n.owner = src;
+      n.requester = src;
+      return step;
+    case E::kPutM:
+      a.push_back(MemoryAction(ActionKind::kStoreHome));
+      a.push_back(Reply(CohOp::kPutAck, src, line.version));
+      n.state = St::kI;
+      n.owner = kNoNode;
+      return step;
+    case E::kPutStale:
+      a.push_back(Reply(CohOp::kPutAck, src, line.version));
+      return step;
+    default:
+      return Impossible(line);
+  }
+}
+
+// MS_WU, MS_W, MS_U and M_U: requests stall; the awaited Writeback and Unblock end the
+// transaction.
+DirStep FromTransient(const DirLine& line, const DirEvent& ev) {
+  DirStep step = Unchanged(line);
+  DirLine& n = step.next;
+  ActionList& a = step.actions;
+  const NodeId src = ev.src;
+  if (IsRequest(ev.type)) return Stall(line);
+  if (ev.type == E::kWriteback && line.state != St::kM_U && line.state != St::kMS_U &&
+      src == line.owner && ev.version == line.version) {
+    a.push_back(MemoryAction(ActionKind::kStoreHome));
+    if (line.state == St::kMS_WU) {
+      n.state = St::kMS_U;
+    } else {
+      n.state = St::kS;
+      n.owner = kNoNode;
+      n.requester = kNoNode;
+    }
+    return step;
+  }
+  if (ev.type == E::kUnblock && line.state != St::kMS_W && src == line.requester &&
+      ev.version == line.version) {
+    if (line.state == St::kMS_WU) {
+      n.state = St::kMS_W;
+    } else if (line.state == St::kMS_U) {
+      n.state = St::kS;
+      n.owner = kNoNode;
+      n.requester = kNoNode;
+    } else {  // M_U
+      n.state = St::kM;
+      n.requester = kNoNode;
+    }
+    return step;
+  }
+  return Impossible(line);
+}
+
 }  // namespace
 
 DirStep Next(const DirLine& line, const DirEvent& ev) {
-  DirStep step;
-  step.next = line;
-  DirLine& n = step.next;
-  ActionList& a = step.actions;
-  const auto impossible = [&]() {
-    DirStep s;
-    s.kind = StepKind::kImpossible;
-    s.next = line;
-    return s;
-  };
-  const NodeId src = ev.src;
-
-  // Grant M to `src`, invalidating `others` (acks go to src). Used from S.
-  const auto grant_m_from_s = [&](NodeSet others, bool with_page) {
-    n.version = line.version + 1;
-    if (STRETCH_MUTATION(kSkipOneInv) && !others.empty()) {
-      NodeId skip;
-      others.ForEach([&skip](NodeId x) { skip = x; });
-      others.Remove(skip);
-    }
-    if (!others.empty()) a.push_back(Invalidate(others, src, n.version));
-    a.push_back(Reply(CohOp::kData, src, n.version, wire::kCohWritable,
-                      with_page ? Payload::kHome : Payload::kNone,
-                      static_cast<uint32_t>(others.size())));
-    n.owner = src;
-    n.sharers.Clear();
-    if (others.empty()) {
-      n.state = St::kM;  // our own grant, FIFO-ordered before anything we send later
-    } else {
-      n.state = St::kM_U;  // acks travel sharer -> requester: wait for the Unblock
-      n.requester = src;
-    }
-  };
-
   switch (line.state) {
     case St::kI:
-      switch (ev.type) {
-        case E::kGetS:
-          a.push_back(Reply(CohOp::kData, src, line.version, 0, Payload::kHome));
-          n.state = St::kS;
-          n.sharers = NodeSet::Of(src);
-          return step;
-        case E::kGetM:
-          n.version = line.version + 1;
-          a.push_back(Reply(CohOp::kData, src, n.version, wire::kCohWritable, Payload::kHome));
-          n.state = St::kM;
-          n.owner = src;
-          return step;
-        case E::kPutStale:
-          a.push_back(Reply(CohOp::kPutAck, src, line.version));
-          return step;
-        default:
-          return impossible();
-      }
-
+      return FromI(line, ev);
     case St::kS:
-      switch (ev.type) {
-        case E::kGetS:
-          a.push_back(Reply(CohOp::kData, src, line.version, 0, Payload::kHome));
-          n.sharers.Add(src);
-          return step;
-        case E::kGetM:
-          grant_m_from_s(line.sharers, /*with_page=*/true);
-          return step;
-        case E::kUpgrade:
-        case E::kUpgradeAlone:
-          grant_m_from_s(line.sharers.Without(src), /*with_page=*/false);
-          return step;
-        case E::kPutS:
-          a.push_back(Reply(CohOp::kPutAck, src, line.version));
-          n.sharers.Remove(src);
-          return step;
-        case E::kPutSLast:
-          a.push_back(Reply(CohOp::kPutAck, src, line.version));
-          n.sharers.Clear();
-          n.state = St::kI;
-          return step;
-        case E::kPutStale:
-          a.push_back(Reply(CohOp::kPutAck, src, line.version));
-          return step;
-        default:
-          return impossible();
-      }
-
+      return FromS(line, ev);
     case St::kM:
-      switch (ev.type) {
-        case E::kGetS:
-          // The owner sends the page straight to the requester (3 hops) and a copy to us.
-          a.push_back(Forward(CohOp::kFwdGetS, line.owner, src, line.version));
-          n.state = St::kMS_WU;
-          n.sharers = NodeSet::Of(line.owner);
-          n.sharers.Add(src);
-          n.requester = src;
-          return step;
-        case E::kGetM:
-          n.version = line.version + 1;
-          a.push_back(Forward(CohOp::kFwdGetM, line.owner, src, n.version));
-          n.state = St::kM_U;
-          n.owner = src;
-          n.requester = src;
-          return step;
-        case E::kPutM:
-          a.push_back(MemoryAction(ActionKind::kStoreHome));
-          a.push_back(Reply(CohOp::kPutAck, src, line.version));
-          n.state = St::kI;
-          n.owner = kNoNode;
-          return step;
-        case E::kPutStale:
-          a.push_back(Reply(CohOp::kPutAck, src, line.version));
-          return step;
-        default:
-          return impossible();
-      }
-
+      return FromM(line, ev);
     case St::kMS_WU:
     case St::kMS_W:
     case St::kMS_U:
     case St::kM_U:
-      if (IsRequest(ev.type)) {
-        DirStep s;
-        s.kind = StepKind::kStall;
-        s.next = line;
-        return s;
-      }
-      if (ev.type == E::kWriteback && line.state != St::kM_U && line.state != St::kMS_U &&
-          src == line.owner && ev.version == line.version) {
-        a.push_back(MemoryAction(ActionKind::kStoreHome));
-        if (line.state == St::kMS_WU) {
-          n.state = St::kMS_U;
-        } else {
-          n.state = St::kS;
-          n.owner = kNoNode;
-          n.requester = kNoNode;
-        }
-        return step;
-      }
-      if (ev.type == E::kUnblock && line.state != St::kMS_W && src == line.requester &&
-          ev.version == line.version) {
-        if (line.state == St::kMS_WU) {
-          n.state = St::kMS_W;
-        } else if (line.state == St::kMS_U) {
-          n.state = St::kS;
-          n.owner = kNoNode;
-          n.requester = kNoNode;
-        } else {  // M_U
-          n.state = St::kM;
-          n.requester = kNoNode;
-        }
-        return step;
-      }
-      return impossible();
+      return FromTransient(line, ev);
   }
-  return impossible();
+  return Impossible(line);
 }
 
 std::optional<StepError> Step(DirPage& page, const DirRequest& req, std::vector<Action>* out) {
