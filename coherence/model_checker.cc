@@ -1,20 +1,18 @@
 #include "coherence/model_checker.h"
 
 #include <algorithm>
-#include <cstdlib>
-#include <cstring>
 #include <memory>
 #include <optional>
 #include <string_view>
 #include <utility>
 
 #include "absl/container/flat_hash_set.h"
-#include "absl/hash/hash.h"
 #include "absl/numeric/int128.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "coherence/action.h"
+#include "coherence/model_state_store.h"
 #include "coherence/directory.h"
 #include "coherence/node.h"
 #include "glog/logging.h"
@@ -22,6 +20,8 @@
 namespace stretch::coherence {
 namespace {
 
+using model::FingerprintTable;
+using model::StateStore;
 using wire::CohOp;
 
 constexpr int kMaxModelNodes = 8;
@@ -30,118 +30,6 @@ constexpr int kMaxModelPages = 4;
 constexpr int kMaxWakeDepth = 16;
 constexpr int kNodeCells = kNumNodeStates * kNumNodeEvents;
 constexpr int kDirCells = kNumDirStates * kNumDirEvents;
-
-// ---------------------------------------------------------------------------------------------
-// Distinct states, stored once each in an append-only arena (chunks never move, so views stay
-// valid) and indexed by a hash set of offsets.
-class StateStore {
- public:
-  StateStore() : set_(0, Hasher{this}, Equal{this}) {}
-  StateStore(const StateStore&) = delete;
-  StateStore& operator=(const StateStore&) = delete;
-
-  // Returns the id of `bytes` and whether it was new.
-  std::pair<uint64_t, bool> Insert(std::string_view bytes) {
-    auto it = set_.find(bytes);
-    if (it != set_.end()) return {*it, false};
-    const uint64_t id = Append(bytes);
-    set_.insert(id);
-    return {id, true};
-  }
-  std::string_view Get(uint64_t id) const {
-    const char* p = chunks_[id >> kChunkShift].get() + (id & (kChunkSize - 1));
-    uint32_t len;
-    std::memcpy(&len, p, sizeof(len));
-    return std::string_view(p + sizeof(len), len);
-  }
-  uint64_t size() const { return set_.size(); }
-
- private:
-  static constexpr int kChunkShift = 26;  // 64 MiB
-  static constexpr uint64_t kChunkSize = uint64_t{1} << kChunkShift;
-
-  struct Hasher {
-    using is_transparent = void;
-    const StateStore* store;
-    size_t operator()(std::string_view s) const { return absl::Hash<std::string_view>()(s); }
-    size_t operator()(uint64_t id) const { return (*this)(store->Get(id)); }
-  };
-  struct Equal {
-    using is_transparent = void;
-    const StateStore* store;
-    std::string_view View(std::string_view s) const { return s; }
-    std::string_view View(uint64_t id) const { return store->Get(id); }
-    template <typename A, typename B>
-    bool operator()(const A& a, const B& b) const {
-      return View(a) == View(b);
-    }
-  };
-
-  uint64_t Append(std::string_view bytes) {
-    const uint64_t need = sizeof(uint32_t) + bytes.size();
-    CHECK_LT(need, kChunkSize);
-    if (chunks_.empty() || used_ + need > kChunkSize) {
-      chunks_.push_back(std::make_unique<char[]>(kChunkSize));
-      used_ = 0;
-    }
-    const uint64_t id = ((chunks_.size() - 1) << kChunkShift) | used_;
-    char* p = chunks_.back().get() + used_;
-    const uint32_t len = static_cast<uint32_t>(bytes.size());
-    std::memcpy(p, &len, sizeof(len));
-    std::memcpy(p + sizeof(len), bytes.data(), bytes.size());
-    used_ += need;
-    return id;
-  }
-
-  std::vector<std::unique_ptr<char[]>> chunks_;
-  uint64_t used_ = 0;
-  absl::flat_hash_set<uint64_t, Hasher, Equal> set_;
-};
-
-// Hash compaction (ModelOptions::hash_compaction): only a 128-bit fingerprint of each state is
-// kept, in a fixed open-addressing table sized for max_states. Two distinct states share a
-// fingerprint with probability about 2^-128 per pair, so the chance that the search skips a
-// state is below n^2 / 2^129 (under 10^-20 for 10^9 states).
-class FingerprintTable {
- public:
-  explicit FingerprintTable(uint64_t max_states) {
-    capacity_ = uint64_t{1} << 20;
-    while (capacity_ < max_states + max_states / 8) capacity_ <<= 1;
-    // calloc: the kernel hands out zero pages lazily, so an untouched table costs nothing.
-    slots_.reset(static_cast<absl::uint128*>(std::calloc(capacity_, sizeof(absl::uint128))));
-    CHECK(slots_ != nullptr) << "cannot allocate " << capacity_ * 16 << " bytes";
-  }
-
-  static absl::uint128 Fingerprint(std::string_view bytes) {
-    const uint64_t lo = absl::Hash<std::string_view>()(bytes) | 1;  // 0 marks an empty slot
-    const uint64_t hi =
-        absl::Hash<std::pair<std::string_view, uint64_t>>()({bytes, 0x9e3779b97f4a7c15u});
-    return absl::MakeUint128(hi, lo);
-  }
-
-  // Returns whether `fp` was new. CHECK-fails when the table is full (max_states exceeded by
-  // far: the caller stops at max_states).
-  bool Insert(absl::uint128 fp) {
-    const uint64_t mask = capacity_ - 1;
-    for (uint64_t i = absl::Uint128Low64(fp) & mask;; i = (i + 1) & mask) {
-      if (slots_[i] == fp) return false;
-      if (slots_[i] == 0) {
-        slots_[i] = fp;
-        CHECK_LT(++size_, capacity_ - capacity_ / 32) << "fingerprint table full";
-        return true;
-      }
-    }
-  }
-  uint64_t size() const { return size_; }
-
- private:
-  struct Free {
-    void operator()(absl::uint128* p) const { std::free(p); }
-  };
-  uint64_t capacity_ = 0;
-  uint64_t size_ = 0;
-  std::unique_ptr<absl::uint128[], Free> slots_;
-};
 
 // ---------------------------------------------------------------------------------------------
 // The world: every node's lines, memory and threads, the directory, the channels.
