@@ -38,8 +38,8 @@
 #include "core/unique_fd.h"
 #include "glog/logging.h"
 #include "transport/cluster_secret.h"
-#include "transport/fabric_frame.h"
 #include "transport/fabric_util.h"
+#include "transport/frame.h"
 #include "transport/handshake.h"
 #include "transport/inet_address.h"
 
@@ -62,27 +62,11 @@ void ConfigureLibfabricEnvironment() {
 
 namespace {
 
-using fabric::AckBody;
-using fabric::AuthBody;
 using fabric::FiCode;
 using fabric::Fid;
 using fabric::FiInfoPtr;
 using fabric::FiStatus;
-using fabric::FrameHeader;
-using fabric::FrameName;
-using fabric::FrameType;
 using fabric::GetInfo;
-using fabric::HelloBody;
-using fabric::kAuthHmac;
-using fabric::kAuthNone;
-using fabric::kAuthRefused;
-using fabric::kFirst;
-using fabric::kFrameMagic;
-using fabric::kFrameVersion;
-using fabric::kHeaderSize;
-using fabric::kLast;
-using fabric::kMinFrame;
-using fabric::kNonceSize;
 using fabric::ProviderAdvice;
 using fabric::Slab;
 // Frames that may wait for a missing earlier one (providers may complete out of order).
@@ -644,8 +628,7 @@ FabricTransport::PostResult FabricTransport::PostFrameLocked(Peer& p, FrameType 
   h.seq = seq;
   h.total_length = total;
   h.length = static_cast<uint32_t>(body.size());
-  memcpy(buf, &h, kHeaderSize);
-  if (!body.empty()) memcpy(buf + kHeaderSize, body.data(), body.size());
+  EncodeFrame(h, body, buf);
   ssize_t rc;
   if (inject) {
     rc = fi_inject(res_->ep.get(), buf, kHeaderSize + body.size(), p.addr);
@@ -840,34 +823,17 @@ void FabricTransport::ProtocolErrorLocked(Peer* p, absl::string_view what) {
 
 void FabricTransport::HandleFrameLocked(const uint8_t* data, size_t len) {
   stats_.fragments_received.Add();
-  if (len < kHeaderSize) return ProtocolErrorLocked(nullptr, absl::StrCat("short frame of ", len));
-  FrameHeader h;
-  memcpy(&h, data, kHeaderSize);
-  if (h.magic != kFrameMagic || h.version != kFrameVersion) {
-    return ProtocolErrorLocked(
-        nullptr, absl::StrCat("bad magic 0x", absl::Hex(h.magic), " or version ", h.version));
-  }
-  if (h.length != len - kHeaderSize) {
-    return ProtocolErrorLocked(nullptr, absl::StrCat("frame length ", h.length, " but ",
-                                                     len - kHeaderSize, " bytes arrived"));
-  }
-  const uint8_t* body = data + kHeaderSize;
-  switch (static_cast<FrameType>(h.type)) {
+  absl::StatusOr<Frame> frame = DecodeFrame(absl::MakeConstSpan(data, len));
+  if (!frame.ok()) return ProtocolErrorLocked(nullptr, frame.status().message());
+  const FrameHeader& h = frame->header;
+  const uint8_t* body = frame->body.data();
+  switch (frame->type()) {
     case FrameType::kHello:
-      if (h.length != sizeof(HelloBody)) return ProtocolErrorLocked(nullptr, "HELLO size");
       return HandleHelloLocked(h, body);
     case FrameType::kHelloAck:
-      if (h.length != sizeof(AckBody)) return ProtocolErrorLocked(nullptr, "HELLO_ACK size");
       return HandleAckLocked(h, body);
-    case FrameType::kAuth:
-      if (h.length != sizeof(AuthBody)) return ProtocolErrorLocked(nullptr, "AUTH size");
-      break;
-    case FrameType::kData:
-    case FrameType::kHeartbeat:
-    case FrameType::kBye:
-      break;
     default:
-      return ProtocolErrorLocked(nullptr, absl::StrCat("unknown frame type ", h.type));
+      break;
   }
   Peer* p = FindPeerLocked(h.dst_peer);
   // A peer still authenticating may only deliver its AUTH; frames that overtook it wait in
@@ -1113,8 +1079,8 @@ void FabricTransport::ApplySequencedLocked(Peer& p, const FrameHeader& h, const 
         /*say_bye=*/false, /*queue_event=*/true);
     return;
   }
-  const bool first = (h.flags & kFirst) != 0;
-  const bool last = (h.flags & kLast) != 0;
+  const bool first = (h.flags & kFirstFragment) != 0;
+  const bool last = (h.flags & kLastFragment) != 0;
   auto deliver = [&](std::vector<uint8_t> data) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     stats_.messages_received.Add();
     stats_.bytes_received.Add(data.size());
@@ -1480,7 +1446,7 @@ absl::Status FabricTransport::Send(PeerId peer, absl::Span<const uint8_t> messag
       if (closing_) return ClosedError();
       return unavailable();
     }
-    const uint8_t flags = (i == 0 ? kFirst : 0) | (i + 1 == fragments ? kLast : 0);
+    const uint8_t flags = (i == 0 ? kFirstFragment : 0) | (i + 1 == fragments ? kLastFragment : 0);
     const size_t chunk = std::min(max_payload, message.size() - offset);
     absl::Status error;
     PostResult r = PostFrameLocked(*p, FrameType::kData, flags, p->tx_seq,
