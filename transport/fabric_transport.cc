@@ -16,11 +16,9 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <array>
 #include <atomic>
 #include <cstdint>
 #include <deque>
-#include <map>
 #include <memory>
 #include <mutex>
 #include <random>
@@ -42,6 +40,7 @@
 #include "transport/frame.h"
 #include "transport/handshake.h"
 #include "transport/inet_address.h"
+#include "transport/session.h"
 
 namespace stretch::transport {
 
@@ -69,54 +68,10 @@ using fabric::FiStatus;
 using fabric::GetInfo;
 using fabric::ProviderAdvice;
 using fabric::Slab;
-// Frames that may wait for a missing earlier one (providers may complete out of order).
-constexpr size_t kMaxHeldFrames = 4096;
-constexpr absl::Duration kHelloResend = absl::Milliseconds(250);
-constexpr absl::Duration kHelloMaxBackoff = absl::Milliseconds(200);
 constexpr int kCqBatch = 16;
 constexpr int kMaxProgressRounds = 256;
 constexpr absl::Duration kMinSendBackoff = absl::Microseconds(50);
 constexpr absl::Duration kMaxSendBackoff = absl::Milliseconds(5);
-
-// ---- Cluster secret handshake ------------------------------------------------------------
-//
-// Authentication lives here, in the transport's own connection handshake, rather than in the
-// application's first message, so that every user (directory server, node agents, node-to-node
-// links, stretchd's clients) is covered alike and no frame from an unproven peer ever reaches
-// Receive(). With a secret on both sides:
-//
-//   connector                                        listener
-//   HELLO {auth=HMAC, Nc}                      ->    new peer in kAuthenticating, fresh Nl
-//                                              <-    HELLO_ACK {auth=HMAC, Nl, MACl}
-//   verify MACl; else AUTH{refused}, Connect fails PermissionDenied
-//   AUTH {MACc} (seq 1), then data (seq 2..)   ->    verify MACc, then kConnected event and
-//                                                    the held data; else log, count, forget
-//
-// MACl = HMAC(secret, "stretch-listener"  || transcript), MACc = HMAC(secret,
-// "stretch-connector" || transcript), transcript = Nc || Nl || connector incarnation and id
-// || listener incarnation and id. The labels keep a proof from being reflected to the other
-// role; the nonces (32 bytes of getrandom per attempt, on each side) make a recorded proof
-// worthless for a later connection; the incarnations and ids bind it to this connection.
-// Each side proves itself only to a peer that has already sent its own nonce, and the secret
-// never crosses the network. MACs are compared in constant time. A side without a secret
-// refuses a side with one and vice versa (kAuthRefused in HELLO_ACK), so a misconfigured
-// cluster fails loudly at Connect() instead of running half authenticated.
-//
-// Scope: this authenticates the two ends when a connection is made. Frames after the
-// handshake are neither encrypted nor MACed: an attacker able to inject packets into an
-// established TCP connection is out of scope (use a private network).
-using Nonce = std::array<uint8_t, kNonceSize>;
-
-static_assert(kNonceSize == kHandshakeNonceSize);
-
-ClusterSecret::Mac HandshakeMac(const ClusterSecret& secret, absl::string_view label,
-                                const Nonce& connector_nonce, const Nonce& listener_nonce,
-                                uint64_t connector_incarnation, uint64_t connector_id,
-                                uint64_t listener_incarnation, uint64_t listener_id) {
-  return HandshakeMac(secret, label,
-                      HandshakeTranscript{connector_nonce, listener_nonce, connector_incarnation,
-                                          connector_id, listener_incarnation, listener_id});
-}
 
 // ---- The transport ----------------------------------------------------------------------
 
@@ -200,39 +155,14 @@ class FabricTransport final : public Transport {
     absl::Status status;                 // kRma
   };
 
-  // kAuthenticating: an incoming peer whose HELLO we answered and whose AUTH (its cluster
-  // secret proof) has not arrived: not announced, nothing of it delivered.
-  enum class PeerState : uint8_t { kConnecting, kAuthenticating, kConnected, kDisconnected };
+  // A peer: the protocol state (Session) and what libfabric needs to reach it.
   struct Peer {
-    PeerId id;
-    PeerState state = PeerState::kConnecting;
-    bool incoming = false;
-    fi_addr_t addr = FI_ADDR_UNSPEC;
-    std::string address_text;
-    uint64_t remote_id = 0;           // the peer's PeerId for us
-    uint64_t remote_incarnation = 0;  // the peer transport's incarnation
-    size_t max_frame = 0;             // min(our fragment size, the peer's receive buffers)
-    uint64_t tx_seq = 1;
-    uint64_t rx_seq = 1;
+    Peer(PeerId id, fi_addr_t addr, Session session)
+        : id(id), addr(addr), session(std::move(session)) {}
+    const PeerId id;
+    const fi_addr_t addr;
+    Session session;
     bool sending = false;  // a Send() to this peer is posting its fragments
-    std::map<uint64_t, std::vector<uint8_t>> held;  // frames that arrived early, by seq
-    absl::Time gap_since;                           // when `held` became non-empty
-    std::vector<uint8_t> partial;                   // message being reassembled
-    uint64_t partial_total = 0;
-    bool in_message = false;
-    absl::Time last_heard;
-    absl::Time last_sent;
-    absl::Status why;  // once disconnected
-    // Connect() handshake.
-    absl::Time next_hello;
-    absl::Duration hello_backoff = absl::Milliseconds(10);
-    absl::Status hello_error;
-    // Cluster secret handshake (unused without a secret).
-    Nonce connector_nonce{};
-    Nonce listener_nonce{};
-    ClusterSecret::Mac proof{};  // listener: MACl (re-sent with repeated ACKs); connector: MACc
-    bool acked = false;          // connector: MACl verified, AUTH still to post
-    bool refused = false;        // listener: HELLO refused (re-sent with repeated HELLOs)
   };
 
   // libfabric objects in open order; destroyed in reverse: the endpoint first, then the
@@ -260,16 +190,18 @@ class FabricTransport final : public Transport {
   absl::Status EnsureBound(const EndpointAddress& destination) ABSL_LOCKS_EXCLUDED(mu_);
   absl::StatusOr<fi_addr_t> AvInsertLocked(const EndpointAddress& address)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  Peer* NewPeerLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  Peer* AddPeerLocked(PeerId id, fi_addr_t addr, Session session)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   Peer* FindPeerLocked(uint64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::string PeerName(const Peer& p) const;
 
-  // Posts one frame to `p`. kNoBuffer/kAgain: try again after progress.
-  PostResult PostFrameLocked(Peer& p, FrameType type, uint8_t flags, uint64_t seq, uint32_t total,
-                             absl::Span<const uint8_t> body, absl::Status* error)
+  // Posts one frame of `p`'s session and tells the session. kNoBuffer/kAgain: try again
+  // after progress.
+  PostResult PostLocked(Peer& p, const OutFrame& frame, absl::Status* error)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Best-effort control frame (heartbeat, ack, bye): true if posted.
-  bool SendControlLocked(Peer& p, FrameType type) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Performs what `p`'s session asked for, in order: frames are posted best effort, the
+  // rest becomes events for Receive(), statistics and log lines.
+  void ApplyLocked(Peer& p, SessionActions actions) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RepostRecvLocked(int index) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // Reads and handles completions without blocking until the CQ is empty (bounded), or, with
@@ -279,20 +211,19 @@ class FabricTransport final : public Transport {
   void HandleCompletionLocked(OpContext* ctx, size_t len) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void HandleCqErrorLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void HandleFrameLocked(const uint8_t* data, size_t len) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void HandleHelloLocked(const FrameHeader& h, const uint8_t* body)
+  // A HELLO: a new connector gets a session, a repeated HELLO goes to its session.
+  void HandleHelloLocked(const Frame& frame) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A frame that belongs to no session.
+  void ProtocolErrorLocked(absl::string_view what) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Connect()'s handshake: posts HELLOs (and AUTH) until the session is connected or closed,
+  // or `deadline` passes.
+  absl::StatusOr<PeerId> DriveConnectLocked(Peer& p, absl::Time deadline)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void HandleAckLocked(const FrameHeader& h, const uint8_t* body)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void ApplySequencedLocked(Peer& p, const FrameHeader& h, const uint8_t* body)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void HandleAuthLocked(Peer& p, const uint8_t* body) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Ends a handshake that failed authentication: logs one line naming the peer's address,
-  // counts it in auth_rejected, and forgets the peer (never announced; its held frames go).
-  // A connector (`tell_listener`) also sends AUTH{refused} so the listener forgets it at once.
-  void RejectPeerLocked(Peer& p, absl::string_view why, bool tell_listener)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void ProtocolErrorLocked(Peer* p, absl::string_view what) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void DisconnectPeerLocked(Peer& p, absl::Status why, bool say_bye, bool queue_event)
+  // Posts the fragments of `message` in order. `deadline` for buffers to free up: set at the
+  // first wait if infinite.
+  absl::Status SendFragmentsLocked(Peer& p, absl::Span<const uint8_t> message,
+                                   absl::Time deadline) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status UnavailableLocked(const Peer& p, absl::string_view op) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void MaybeHousekeepLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Queues an event for Receive() and wakes threads waiting for progress.
@@ -330,6 +261,7 @@ class FabricTransport final : public Transport {
   mutable absl::Mutex mu_;
   // --- guarded by mu_ ---
   std::unique_ptr<Resources> res_ ABSL_GUARDED_BY(mu_);
+  SessionOptions session_options_ ABSL_GUARDED_BY(mu_);  // set when bound; sessions point here
   size_t fragment_size_ ABSL_GUARDED_BY(mu_) = 0;
   bool register_local_ ABSL_GUARDED_BY(mu_) = false;  // verbs rules or FI_MR_LOCAL
   bool virt_addr_ ABSL_GUARDED_BY(mu_) = false;       // RMA addresses are virtual
@@ -399,7 +331,7 @@ absl::StatusOr<EndpointAddress> FabricTransport::LocalAddress() const {
 }
 
 std::string FabricTransport::PeerName(const Peer& p) const {
-  return absl::StrCat("peer ", p.id.value(), " (", p.address_text, ")");
+  return absl::StrCat("peer ", p.id.value(), " (", p.session.peer_address(), ")");
 }
 
 // ---- Opening ----------------------------------------------------------------------------
@@ -544,6 +476,15 @@ absl::Status FabricTransport::OpenLocked(const InetAddress& bind) {
     tx_free_.push_back(static_cast<int>(tx_count - 1 - i));
   }
   res_ = std::move(r);
+  session_options_ = SessionOptions{
+      .incarnation = incarnation_,
+      .local_address = local,
+      .fragment_size = fragment_size_,
+      .max_message_size = options_.max_message_size,
+      .heartbeat_interval = options_.heartbeat_interval,
+      .peer_timeout = options_.peer_timeout,
+      .cluster_secret = options_.cluster_secret.has_value() ? &*options_.cluster_secret : nullptr,
+  };
   cq_fd_ = fd;
   wake_fd_ = std::move(wake);
   local_address_ = local;
@@ -574,11 +515,10 @@ absl::StatusOr<fi_addr_t> FabricTransport::AvInsertLocked(const EndpointAddress&
   return fa;
 }
 
-FabricTransport::Peer* FabricTransport::NewPeerLocked() {
-  auto p = std::make_unique<Peer>();
-  p->id = PeerId(next_peer_++);
+FabricTransport::Peer* FabricTransport::AddPeerLocked(PeerId id, fi_addr_t addr, Session session) {
+  auto p = std::make_unique<Peer>(id, addr, std::move(session));
   Peer* raw = p.get();
-  peers_.emplace(raw->id.value(), std::move(p));
+  peers_.emplace(id.value(), std::move(p));
   return raw;
 }
 
@@ -603,97 +543,109 @@ void FabricTransport::RepostRecvLocked(int index) {
   rx_unposted_.push_back(index);  // retried after the next progress
 }
 
-FabricTransport::PostResult FabricTransport::PostFrameLocked(Peer& p, FrameType type, uint8_t flags,
-                                                             uint64_t seq, uint32_t total,
-                                                             absl::Span<const uint8_t> body,
-                                                             absl::Status* error) {
-  DCHECK_LE(body.size() + kHeaderSize, p.max_frame == 0 ? fragment_size_ : p.max_frame);
+FabricTransport::PostResult FabricTransport::PostLocked(Peer& p, const OutFrame& frame,
+                                                        absl::Status* error) {
+  const absl::Span<const uint8_t> body = frame.body();
+  DCHECK_LE(body.size() + kHeaderSize, p.session.max_frame());
   // Data frames that fit are injected: the provider copies them before fi_inject returns and
   // reports no completion. Everything else (and everything under the verbs rules) goes from a
   // registered send buffer with a completion, so send errors on control frames (heartbeats
   // in particular) still reveal a dead peer.
-  const bool inject = type == FrameType::kData && kHeaderSize + body.size() <= inject_limit_;
+  const bool inject = frame.type() == FrameType::kData && kHeaderSize + body.size() <= inject_limit_;
   if (!inject && tx_free_.empty()) return PostResult::kNoBuffer;
   const absl::Time now = absl::Now();
   const int index = inject ? -1 : tx_free_.back();
   uint8_t* buf = inject ? inject_buf_.data()
                         : res_->tx_slab.base() + static_cast<size_t>(index) * fragment_size_;
-  FrameHeader h{};
-  h.magic = kFrameMagic;
-  h.version = kFrameVersion;
-  h.type = static_cast<uint8_t>(type);
-  h.flags = flags;
-  h.dst_peer = type == FrameType::kHello ? 0 : p.remote_id;
-  h.src_incarnation = incarnation_;
-  h.seq = seq;
-  h.total_length = total;
-  h.length = static_cast<uint32_t>(body.size());
-  EncodeFrame(h, body, buf);
+  EncodeFrame(frame.header, body, buf);
   ssize_t rc;
   if (inject) {
     rc = fi_inject(res_->ep.get(), buf, kHeaderSize + body.size(), p.addr);
   } else {
     OpContext& ctx = tx_ctx_[index];
-    ctx.frame = type;
+    ctx.frame = frame.type();
     ctx.peer = p.id.value();
     rc = fi_send(res_->ep.get(), buf, kHeaderSize + body.size(), tx_desc_, p.addr, &ctx);
   }
   if (rc == 0) {
     if (!inject) tx_free_.pop_back();
-    p.last_sent = now;
     last_activity_ns_.store(absl::ToUnixNanos(now), std::memory_order_relaxed);
     stats_.fragments_sent.Add();
+    ApplyLocked(p, p.session.OnPosted(frame, now));
     return PostResult::kPosted;
   }
   if (rc == -FI_EAGAIN) return PostResult::kAgain;
   stats_.send_errors.Add();
   *error = FiStatus(static_cast<int>(rc),
-                    absl::StrCat("fi_send of ", FrameName(h.type), " to ", PeerName(p)));
+                    absl::StrCat("fi_send of ", Name(frame.type()), " to ", PeerName(p)));
   return PostResult::kFailed;
 }
 
-bool FabricTransport::SendControlLocked(Peer& p, FrameType type) {
-  absl::Status error;
-  PostResult r;
-  switch (type) {
-    case FrameType::kHelloAck: {
-      AckBody ack{};
-      ack.src_peer = p.id.value();
-      ack.rx_size = static_cast<uint32_t>(fragment_size_);
-      if (p.refused) {
-        ack.auth = kAuthRefused;
-      } else if (options_.cluster_secret.has_value()) {
-        ack.auth = kAuthHmac;
-        memcpy(ack.nonce, p.listener_nonce.data(), kNonceSize);
-        memcpy(ack.mac, p.proof.data(), sizeof ack.mac);
-      } else {
-        ack.auth = kAuthNone;
+void FabricTransport::ApplyLocked(Peer& p, SessionActions actions) {
+  using Kind = SessionAction::Kind;
+  for (SessionAction& a : actions) {
+    switch (a.kind) {
+      case Kind::kSend: {
+        if (res_ == nullptr) break;
+        absl::Status error;
+        const PostResult r = PostLocked(p, a.frame, &error);
+        if (r == PostResult::kPosted && a.frame.type() == FrameType::kHeartbeat) {
+          stats_.heartbeats_sent.Add();
+        }
+        if (r == PostResult::kFailed) VLOG(1) << local_text_ << ": " << error;
+        break;
       }
-      r = PostFrameLocked(p, type, 0, 0, 0,
-                          absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(&ack), sizeof ack),
-                          &error);
-      break;
+      case Kind::kDeliver: {
+        stats_.messages_received.Add();
+        stats_.bytes_received.Add(a.message.size());
+        Event e;
+        e.kind = Event::Kind::kMessage;
+        e.peer = p.id;
+        e.data = std::move(a.message);
+        QueueEventLocked(std::move(e));
+        break;
+      }
+      case Kind::kConnected: {
+        stats_.peers_connected.Add();
+        VLOG(1) << local_text_ << ": " << (p.session.incoming() ? "" : "connected to ")
+                << PeerName(p) << (p.session.incoming() ? " connected" : "");
+        // The connecting side learns it from Connect(), not from an event.
+        if (!p.session.incoming()) break;
+        Event e;
+        e.kind = Event::Kind::kConnected;
+        e.peer = p.id;
+        e.address = p.session.peer_address();
+        QueueEventLocked(std::move(e));
+        break;
+      }
+      case Kind::kLost:
+      case Kind::kClosed: {
+        stats_.peers_disconnected.Add();
+        VLOG(1) << local_text_ << ": " << PeerName(p) << " disconnected: " << a.status;
+        if (a.kind == Kind::kClosed || closing_) break;
+        Event e;
+        e.kind = Event::Kind::kDisconnected;
+        e.peer = p.id;
+        e.status = std::move(a.status);
+        QueueEventLocked(std::move(e));
+        break;
+      }
+      case Kind::kRejected:
+        stats_.auth_rejected.Add();
+        LOG(WARNING) << local_text_ << ": refused the connection "
+                     << (p.session.incoming() ? "from " : "to ") << p.session.peer_address()
+                     << ": " << a.detail;
+        break;
+      case Kind::kProtocolError:
+        stats_.protocol_errors.Add();
+        LOG_EVERY_N(WARNING, 100) << local_text_ << ": protocol error from " << PeerName(p)
+                                  << ": " << a.detail;
+        break;
+      case Kind::kHeartbeatReceived:
+        stats_.heartbeats_received.Add();
+        break;
     }
-    case FrameType::kBye:
-      r = PostFrameLocked(p, type, 0, p.tx_seq, 0, {}, &error);
-      if (r == PostResult::kPosted) ++p.tx_seq;
-      break;
-    case FrameType::kAuth: {
-      // Best effort only for the refusal (RejectPeerLocked); Connect() posts the proof itself.
-      AuthBody auth{};
-      auth.verdict = kAuthRefused;
-      r = PostFrameLocked(p, type, 0, p.tx_seq, 0,
-                          absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(&auth), sizeof auth),
-                          &error);
-      if (r == PostResult::kPosted) ++p.tx_seq;
-      break;
-    }
-    default:
-      r = PostFrameLocked(p, type, 0, 0, 0, {}, &error);
-      break;
   }
-  if (r == PostResult::kFailed) VLOG(1) << local_text_ << ": " << error;
-  return r == PostResult::kPosted;
 }
 
 // ---- Progress ---------------------------------------------------------------------------
@@ -789,17 +741,9 @@ void FabricTransport::HandleCqErrorLocked() {
       Peer* p = FindPeerLocked(ctx->peer);
       if (p == nullptr) return;
       absl::Status why(FiCode(err.err),
-                       absl::StrCat("send of ", FrameName(static_cast<uint8_t>(ctx->frame)), " to ",
-                                    PeerName(*p), " failed: ", text));
-      if (p->state == PeerState::kConnecting) {
-        // Nothing listens there (yet): Connect() retries with backoff until its deadline.
-        p->hello_error = why;
-        p->next_hello = absl::Now() + p->hello_backoff;
-        p->hello_backoff = std::min(p->hello_backoff * 2, kHelloMaxBackoff);
-      } else {
-        // A lost send breaks the ordered stream: the peer is gone for us.
-        DisconnectPeerLocked(*p, why, /*say_bye=*/false, /*queue_event=*/true);
-      }
+                       absl::StrCat("send of ", Name(ctx->frame), " to ", PeerName(*p),
+                                    " failed: ", text));
+      ApplyLocked(*p, p->session.OnSendFailed(std::move(why), absl::Now()));
       return;
     }
     case OpContext::Kind::kRma:
@@ -810,96 +754,37 @@ void FabricTransport::HandleCqErrorLocked() {
   }
 }
 
-void FabricTransport::ProtocolErrorLocked(Peer* p, absl::string_view what) {
+void FabricTransport::ProtocolErrorLocked(absl::string_view what) {
   stats_.protocol_errors.Add();
-  LOG_EVERY_N(WARNING, 100) << local_text_ << ": protocol error"
-                            << (p != nullptr ? absl::StrCat(" from ", PeerName(*p)) : "") << ": "
-                            << what;
-  if (p != nullptr && p->state == PeerState::kConnected) {
-    DisconnectPeerLocked(*p, absl::DataLossError(absl::StrCat("protocol error: ", what)),
-                         /*say_bye=*/true, /*queue_event=*/true);
-  }
+  LOG_EVERY_N(WARNING, 100) << local_text_ << ": protocol error: " << what;
 }
 
 void FabricTransport::HandleFrameLocked(const uint8_t* data, size_t len) {
   stats_.fragments_received.Add();
   absl::StatusOr<Frame> frame = DecodeFrame(absl::MakeConstSpan(data, len));
-  if (!frame.ok()) return ProtocolErrorLocked(nullptr, frame.status().message());
+  if (!frame.ok()) return ProtocolErrorLocked(frame.status().message());
+  if (frame->type() == FrameType::kHello) return HandleHelloLocked(*frame);
   const FrameHeader& h = frame->header;
-  const uint8_t* body = frame->body.data();
-  switch (frame->type()) {
-    case FrameType::kHello:
-      return HandleHelloLocked(h, body);
-    case FrameType::kHelloAck:
-      return HandleAckLocked(h, body);
-    default:
-      break;
-  }
   Peer* p = FindPeerLocked(h.dst_peer);
-  // A peer still authenticating may only deliver its AUTH; frames that overtook it wait in
-  // `held` (bounded) and are applied only once the proof verifies.
-  if (p == nullptr ||
-      (p->state != PeerState::kConnected && p->state != PeerState::kAuthenticating)) {
-    // From a peer we already gave up on (or never knew): drop.
+  if (p == nullptr) {
+    if (frame->type() == FrameType::kHelloAck) {
+      return ProtocolErrorLocked("HELLO_ACK for no pending Connect");
+    }
     VLOG(2) << local_text_ << ": dropped " << FrameName(h.type) << " for peer " << h.dst_peer;
     return;
   }
-  if (h.src_incarnation != p->remote_incarnation) {
-    return ProtocolErrorLocked(nullptr, absl::StrCat(FrameName(h.type), " for ", PeerName(*p),
-                                                     " from another incarnation"));
-  }
-  if (p->state == PeerState::kAuthenticating) {
-    // Its silence is timed from its HELLO: only a proof counts (see MaybeHousekeepLocked).
-    if (h.type == static_cast<uint8_t>(FrameType::kHeartbeat)) return;
-  } else {
-    p->last_heard = absl::Now();
-  }
-  if (h.type == static_cast<uint8_t>(FrameType::kHeartbeat)) {
-    stats_.heartbeats_received.Add();
-    return;
-  }
-  if (h.seq != p->rx_seq) {
-    if (h.seq < p->rx_seq) {
-      return ProtocolErrorLocked(
-          p, absl::StrCat("repeated seq ", h.seq, " (expected ", p->rx_seq, ")"));
-    }
-    if (p->held.size() >= kMaxHeldFrames) {
-      return ProtocolErrorLocked(
-          p, absl::StrCat("more than ", kMaxHeldFrames, " frames wait for seq ", p->rx_seq));
-    }
-    if (p->held.empty()) p->gap_since = absl::Now();
-    p->held.emplace(h.seq, std::vector<uint8_t>(data, data + len));
-    return;
-  }
-  ApplySequencedLocked(*p, h, body);
-  while (p->state == PeerState::kConnected && !p->held.empty() &&
-         p->held.begin()->first == p->rx_seq) {
-    std::vector<uint8_t> frame = std::move(p->held.begin()->second);
-    p->held.erase(p->held.begin());
-    FrameHeader held_header;
-    memcpy(&held_header, frame.data(), kHeaderSize);
-    ApplySequencedLocked(*p, held_header, frame.data() + kHeaderSize);
-    if (!p->held.empty()) p->gap_since = absl::Now();
-  }
+  ApplyLocked(*p, p->session.OnFrame(*frame, absl::Now()));
 }
 
-void FabricTransport::HandleHelloLocked(const FrameHeader& h, const uint8_t* body) {
-  HelloBody hello;
-  memcpy(&hello, body, sizeof hello);
-  auto address = EndpointAddress::FromBytes(
-      absl::MakeConstSpan(hello.addr, std::min<size_t>(hello.addr_len, sizeof hello.addr)));
-  if (!address.ok() || hello.rx_size < kMinFrame || hello.src_peer == 0) {
-    return ProtocolErrorLocked(nullptr, "malformed HELLO");
-  }
-  const auto key = std::make_pair(h.src_incarnation, hello.src_peer);
+void FabricTransport::HandleHelloLocked(const Frame& frame) {
+  const HelloBody hello = ReadBody<HelloBody>(frame);
+  absl::StatusOr<EndpointAddress> address = CheckHello(hello);
+  if (!address.ok()) return ProtocolErrorLocked(address.status().message());
+  const absl::Time now = absl::Now();
+  const auto key = std::make_pair(frame.header.src_incarnation, hello.src_peer);
   if (auto it = hellos_.find(key); it != hellos_.end()) {
-    // A repeated HELLO (the first ack was slow or lost in a reconnect): ack again, with the
-    // same nonce and proof (or the same refusal).
     Peer* p = FindPeerLocked(it->second);
-    if (p != nullptr && (p->state == PeerState::kConnected ||
-                         p->state == PeerState::kAuthenticating || p->refused)) {
-      SendControlLocked(*p, FrameType::kHelloAck);
-    }
+    if (p != nullptr) ApplyLocked(*p, p->session.OnFrame(frame, now));
     return;
   }
   auto fa = AvInsertLocked(*address);
@@ -909,274 +794,24 @@ void FabricTransport::HandleHelloLocked(const FrameHeader& h, const uint8_t* bod
     stats_.receive_errors.Add();
     return;
   }
-  const bool have_secret = options_.cluster_secret.has_value();
-  Nonce listener_nonce{};
-  if (have_secret) {
-    if (absl::Status s = FillRandom(absl::MakeSpan(listener_nonce)); !s.ok()) {
+  HandshakeNonce nonce{};
+  if (options_.cluster_secret.has_value()) {
+    if (absl::Status s = FillRandom(absl::MakeSpan(nonce)); !s.ok()) {
       LOG(ERROR) << local_text_ << ": HELLO from " << FormatAddress(*address) << ": " << s;
       return;  // the connector re-sends HELLO
     }
   }
-  Peer* p = NewPeerLocked();
-  p->incoming = true;
-  p->state = PeerState::kConnected;
-  p->addr = *fa;
-  p->address_text = FormatAddress(*address);
-  p->remote_id = hello.src_peer;
-  p->remote_incarnation = h.src_incarnation;
-  p->max_frame = std::min<size_t>(fragment_size_, hello.rx_size);
-  p->last_heard = p->last_sent = absl::Now();
-  hellos_.emplace(key, p->id.value());
-  if (hello.auth != (have_secret ? kAuthHmac : kAuthNone)) {
-    // One side has a cluster secret and the other has none: refuse, and say so in the ACK
-    // so that the connector's Connect() fails at once with the reason.
-    p->refused = true;
-    RejectPeerLocked(*p,
-                     have_secret ? "it has no cluster secret, and this listener requires one"
-                                 : "it offers a cluster secret proof, and this listener has no "
-                                   "cluster secret",
-                     /*tell_listener=*/false);
-    SendControlLocked(*p, FrameType::kHelloAck);
-    return;
-  }
-  if (have_secret) {
-    p->state = PeerState::kAuthenticating;
-    memcpy(p->connector_nonce.data(), hello.nonce, kNonceSize);
-    p->listener_nonce = listener_nonce;
-    p->proof = HandshakeMac(*options_.cluster_secret, kListenerLabel, p->connector_nonce,
-                            p->listener_nonce, h.src_incarnation, hello.src_peer, incarnation_,
-                            p->id.value());
-    SendControlLocked(*p, FrameType::kHelloAck);  // lost: the connector re-sends HELLO
-    return;                                       // announced once its AUTH verifies
-  }
-  SendControlLocked(*p, FrameType::kHelloAck);  // if it cannot go now, the connector re-sends HELLO
-  stats_.peers_connected.Add();
-  VLOG(1) << local_text_ << ": " << PeerName(*p) << " connected";
-  Event e;
-  e.kind = Event::Kind::kConnected;
-  e.peer = p->id;
-  e.address = p->address_text;
-  QueueEventLocked(std::move(e));
-}
-
-void FabricTransport::HandleAckLocked(const FrameHeader& h, const uint8_t* body) {
-  AckBody ack;
-  memcpy(&ack, body, sizeof ack);
-  Peer* p = FindPeerLocked(h.dst_peer);
-  if (p == nullptr || ack.src_peer == 0 || ack.rx_size < kMinFrame) {
-    return ProtocolErrorLocked(nullptr, "HELLO_ACK for no pending Connect");
-  }
-  if ((p->state == PeerState::kConnected || p->acked) &&
-      p->remote_incarnation == h.src_incarnation && p->remote_id == ack.src_peer) {
-    return;  // the answer to a repeated HELLO
-  }
-  if (p->state != PeerState::kConnecting) {
-    // Connect() gave up before the answer came: tell the listener to forget us.
-    if (p->state == PeerState::kDisconnected && p->remote_id == 0) {
-      p->remote_id = ack.src_peer;
-      p->max_frame = std::min<size_t>(fragment_size_, ack.rx_size);
-      SendControlLocked(*p, FrameType::kBye);
-    }
-    return;
-  }
-  p->remote_id = ack.src_peer;
-  p->remote_incarnation = h.src_incarnation;
-  p->max_frame = std::min<size_t>(fragment_size_, ack.rx_size);
-  p->last_heard = absl::Now();
-  const bool have_secret = options_.cluster_secret.has_value();
-  if (ack.auth == kAuthRefused) {
-    return RejectPeerLocked(
-        *p,
-        have_secret ? "it has no cluster secret, and this transport has one; give every server "
-                      "and node the same --cluster_secret"
-                    : "it requires a cluster secret proof; pass --cluster_secret=FILE with the "
-                      "file the server and nodes use",
-        /*tell_listener=*/false);
-  }
-  if (!have_secret) {
-    if (ack.auth != kAuthNone) {
-      return RejectPeerLocked(*p, "it answered with a cluster secret proof we did not ask for",
-                              /*tell_listener=*/true);
-    }
-    p->state = PeerState::kConnected;
-    return;
-  }
-  if (ack.auth != kAuthHmac) {
-    return RejectPeerLocked(*p, "it did not prove the cluster secret", /*tell_listener=*/true);
-  }
-  memcpy(p->listener_nonce.data(), ack.nonce, kNonceSize);
-  ClusterSecret::Mac expected =
-      HandshakeMac(*options_.cluster_secret, kListenerLabel, p->connector_nonce, p->listener_nonce,
-                   incarnation_, p->id.value(), h.src_incarnation, ack.src_peer);
-  ClusterSecret::Mac got;
-  memcpy(got.data(), ack.mac, got.size());
-  if (!MacEqual(expected, got)) {
-    return RejectPeerLocked(*p,
-                            "bad cluster secret proof (the two sides hold different cluster "
-                            "secrets)",
-                            /*tell_listener=*/true);
-  }
-  // Connect() posts AUTH with our proof (it can wait for a send buffer; we cannot here).
-  p->proof =
-      HandshakeMac(*options_.cluster_secret, kConnectorLabel, p->connector_nonce, p->listener_nonce,
-                   incarnation_, p->id.value(), h.src_incarnation, ack.src_peer);
-  p->acked = true;
-}
-
-void FabricTransport::HandleAuthLocked(Peer& p, const uint8_t* body) {
-  if (p.state != PeerState::kAuthenticating) {
-    return ProtocolErrorLocked(&p, "AUTH outside a cluster secret handshake");
-  }
-  AuthBody auth;
-  memcpy(&auth, body, sizeof auth);
-  if (auth.verdict == kAuthRefused) {
-    return RejectPeerLocked(p,
-                            "it refused our cluster secret proof (the two sides hold different "
-                            "cluster secrets)",
-                            /*tell_listener=*/false);
-  }
-  ClusterSecret::Mac expected =
-      HandshakeMac(*options_.cluster_secret, kConnectorLabel, p.connector_nonce, p.listener_nonce,
-                   p.remote_incarnation, p.remote_id, incarnation_, p.id.value());
-  ClusterSecret::Mac got;
-  memcpy(got.data(), auth.mac, got.size());
-  if (auth.verdict != kAuthHmac || !MacEqual(expected, got)) {
-    return RejectPeerLocked(p, "bad cluster secret proof", /*tell_listener=*/false);
-  }
-  p.state = PeerState::kConnected;
-  p.last_heard = absl::Now();
-  stats_.peers_connected.Add();
-  VLOG(1) << local_text_ << ": " << PeerName(p) << " connected (cluster secret proven)";
-  Event e;
-  e.kind = Event::Kind::kConnected;
-  e.peer = p.id;
-  e.address = p.address_text;
-  QueueEventLocked(std::move(e));
-}
-
-void FabricTransport::RejectPeerLocked(Peer& p, absl::string_view why, bool tell_listener) {
-  stats_.auth_rejected.Add();
-  LOG(WARNING) << local_text_ << ": refused the connection " << (p.incoming ? "from " : "to ")
-               << p.address_text << ": " << why;
-  if (tell_listener && res_ != nullptr) SendControlLocked(p, FrameType::kAuth);
-  p.state = PeerState::kDisconnected;
-  p.why = absl::PermissionDeniedError(
-      absl::StrCat(p.incoming ? "connection from " : "", p.address_text, " refused: ", why));
-  p.held.clear();
-  p.partial = std::vector<uint8_t>();
-  p.in_message = false;
-}
-
-void FabricTransport::ApplySequencedLocked(Peer& p, const FrameHeader& h, const uint8_t* body) {
-  ++p.rx_seq;
-  if (h.type == static_cast<uint8_t>(FrameType::kAuth)) return HandleAuthLocked(p, body);
-  if (p.state == PeerState::kAuthenticating && h.type != static_cast<uint8_t>(FrameType::kBye)) {
-    return RejectPeerLocked(p, "data before its cluster secret proof", /*tell_listener=*/false);
-  }
-  if (h.type == static_cast<uint8_t>(FrameType::kBye)) {
-    DisconnectPeerLocked(
-        p, absl::UnavailableError(absl::StrCat(p.address_text, " closed the connection")),
-        /*say_bye=*/false, /*queue_event=*/true);
-    return;
-  }
-  const bool first = (h.flags & kFirstFragment) != 0;
-  const bool last = (h.flags & kLastFragment) != 0;
-  auto deliver = [&](std::vector<uint8_t> data) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    stats_.messages_received.Add();
-    stats_.bytes_received.Add(data.size());
-    Event e;
-    e.kind = Event::Kind::kMessage;
-    e.peer = p.id;
-    e.data = std::move(data);
-    QueueEventLocked(std::move(e));
-  };
-  if (first) {
-    if (p.in_message) return ProtocolErrorLocked(&p, "new message inside a message");
-    if (h.total_length > options_.max_message_size || h.length > h.total_length) {
-      return ProtocolErrorLocked(&p, absl::StrCat("message of ", h.total_length, " bytes (max ",
-                                                  options_.max_message_size, ")"));
-    }
-    if (last) {
-      if (h.length != h.total_length) return ProtocolErrorLocked(&p, "short single fragment");
-      deliver(std::vector<uint8_t>(body, body + h.length));
-      return;
-    }
-    p.partial.clear();
-    p.partial.reserve(h.total_length);
-    p.partial.assign(body, body + h.length);
-    p.partial_total = h.total_length;
-    p.in_message = true;
-    return;
-  }
-  if (!p.in_message) return ProtocolErrorLocked(&p, "continuation without a first fragment");
-  if (p.partial.size() + h.length > p.partial_total) {
-    return ProtocolErrorLocked(&p, "fragments exceed the message length");
-  }
-  p.partial.insert(p.partial.end(), body, body + h.length);
-  if (last) {
-    if (p.partial.size() != p.partial_total) return ProtocolErrorLocked(&p, "message cut short");
-    p.in_message = false;
-    deliver(std::move(p.partial));
-    p.partial = std::vector<uint8_t>();
-  }
-}
-
-void FabricTransport::DisconnectPeerLocked(Peer& p, absl::Status why, bool say_bye,
-                                           bool queue_event) {
-  if (p.state == PeerState::kDisconnected) return;
-  const bool was_connected = p.state == PeerState::kConnected;
-  if (say_bye && was_connected && res_ != nullptr) SendControlLocked(p, FrameType::kBye);
-  VLOG(1) << local_text_ << ": " << PeerName(p) << " disconnected: " << why;
-  p.state = PeerState::kDisconnected;
-  p.why = std::move(why);
-  p.held.clear();
-  p.partial = std::vector<uint8_t>();
-  p.in_message = false;
-  if (was_connected) stats_.peers_disconnected.Add();
-  if (queue_event && was_connected && !closing_) {
-    Event e;
-    e.kind = Event::Kind::kDisconnected;
-    e.peer = p.id;
-    e.status = p.why;
-    QueueEventLocked(std::move(e));
-  }
+  const PeerId id(next_peer_++);
+  Peer* p = AddPeerLocked(
+      id, *fa, Session::Listener(session_options_, id.value(), FormatAddress(*address), nonce));
+  hellos_.emplace(key, id.value());
+  ApplyLocked(*p, p->session.OnFrame(frame, now));
 }
 
 void FabricTransport::MaybeHousekeepLocked(absl::Time now) {
   if (now < next_housekeeping_ || res_ == nullptr) return;
   next_housekeeping_ = now + options_.heartbeat_interval / 2;
-  for (auto& [id, peer] : peers_) {
-    Peer& p = *peer;
-    if (p.state == PeerState::kAuthenticating && now - p.last_heard >= options_.peer_timeout) {
-      RejectPeerLocked(p,
-                       absl::StrCat("no cluster secret proof within ",
-                                    absl::FormatDuration(options_.peer_timeout), " of its HELLO"),
-                       /*tell_listener=*/false);
-      continue;
-    }
-    if (p.state != PeerState::kConnected) continue;
-    if (now - p.last_heard >= options_.peer_timeout) {
-      DisconnectPeerLocked(p,
-                           absl::UnavailableError(absl::StrCat(
-                               "nothing heard from ", p.address_text, " for ",
-                               absl::FormatDuration(now - p.last_heard), " (peer_timeout ",
-                               absl::FormatDuration(options_.peer_timeout), ")")),
-                           /*say_bye=*/true, /*queue_event=*/true);
-      continue;
-    }
-    if (!p.held.empty() && now - p.gap_since >= options_.peer_timeout) {
-      DisconnectPeerLocked(p,
-                           absl::DataLossError(absl::StrCat(
-                               "frame ", p.rx_seq, " from ", p.address_text, " never arrived (",
-                               p.held.size(), " later frames waiting)")),
-                           /*say_bye=*/true, /*queue_event=*/true);
-      continue;
-    }
-    if (now - p.last_sent >= options_.heartbeat_interval &&
-        SendControlLocked(p, FrameType::kHeartbeat)) {
-      stats_.heartbeats_sent.Add();
-    }
-  }
+  for (auto& [id, peer] : peers_) ApplyLocked(*peer, peer->session.OnTick(now));
   // rxm reports nothing we act on through the endpoint's EQ; log whatever arrives.
   uint32_t event = 0;
   uint8_t buf[256];
@@ -1304,103 +939,80 @@ void FabricTransport::BackgroundLoop() {
 absl::StatusOr<PeerId> FabricTransport::ConnectTo(const EndpointAddress& address,
                                                   absl::Time deadline) {
   STRETCH_RETURN_IF_ERROR(EnsureBound(address));
-  const std::string target = FormatAddress(address);
-  const bool have_secret = options_.cluster_secret.has_value();
-  Nonce nonce{};
-  if (have_secret) STRETCH_RETURN_IF_ERROR(FillRandom(absl::MakeSpan(nonce)));
+  HandshakeNonce nonce{};
+  if (options_.cluster_secret.has_value()) STRETCH_RETURN_IF_ERROR(FillRandom(absl::MakeSpan(nonce)));
   absl::MutexLock l(&mu_);
   if (closing_) return ClosedError();
   STRETCH_ASSIGN_OR_RETURN(fi_addr_t fa, AvInsertLocked(address));
-  Peer* p = NewPeerLocked();
-  p->addr = fa;
-  p->address_text = target;
-  p->max_frame = fragment_size_;
-  p->next_hello = absl::Now();
-  p->connector_nonce = nonce;
-  HelloBody hello{};
-  hello.src_peer = p->id.value();
-  hello.rx_size = static_cast<uint32_t>(fragment_size_);
-  hello.addr_len = static_cast<uint8_t>(local_address_.size());
-  hello.auth = have_secret ? kAuthHmac : kAuthNone;
-  memcpy(hello.addr, local_address_.bytes().data(), local_address_.size());
-  memcpy(hello.nonce, nonce.data(), kNonceSize);
+  const PeerId id(next_peer_++);
+  Peer* p = AddPeerLocked(id, fa,
+                          Session::Connector(session_options_, id.value(), FormatAddress(address),
+                                             nonce, absl::Now()));
+  return DriveConnectLocked(*p, deadline);
+}
+
+absl::StatusOr<PeerId> FabricTransport::DriveConnectLocked(Peer& p, absl::Time deadline) {
+  Session& s = p.session;
   absl::Duration again_backoff = absl::Milliseconds(1);
   while (true) {
     if (closing_) {
-      p->state = PeerState::kDisconnected;
+      ApplyLocked(p, s.Close(ClosedError(), /*say_bye=*/false));
       return ClosedError();
     }
-    if (p->acked && p->state == PeerState::kConnecting) {
-      // The listener proved the secret: prove ours with AUTH, the first sequenced frame, so
-      // the listener applies it before any data we send after Connect() returns.
-      AuthBody auth{};
-      auth.verdict = kAuthHmac;
-      memcpy(auth.mac, p->proof.data(), sizeof auth.mac);
+    if (s.state() == SessionState::kProving) {
+      // Posted, our proof completes the handshake (the session says kConnected).
       absl::Status error;
-      PostResult r = PostFrameLocked(
-          *p, FrameType::kAuth, 0, p->tx_seq, 0,
-          absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(&auth), sizeof auth), &error);
-      if (r == PostResult::kPosted) {
-        ++p->tx_seq;
-        p->state = PeerState::kConnected;
-      } else if (r == PostResult::kFailed) {
-        p->state = PeerState::kDisconnected;
-        p->why = error;
+      if (PostLocked(p, s.AuthFrame(), &error) == PostResult::kFailed) {
+        ApplyLocked(p, s.Close(error, /*say_bye=*/false));
       }
     }
-    if (p->state == PeerState::kConnected) {
-      stats_.peers_connected.Add();
-      VLOG(1) << local_text_ << ": connected to " << PeerName(*p);
-      p->last_sent = absl::Now();
-      return p->id;
-    }
-    if (p->state == PeerState::kDisconnected) {
+    if (s.state() == SessionState::kConnected) return p.id;
+    if (s.state() == SessionState::kClosed) {
       // PermissionDenied (a refused cluster secret) stays what it is: retrying cannot help.
-      return absl::Status(p->why.code() == absl::StatusCode::kPermissionDenied
+      return absl::Status(s.why().code() == absl::StatusCode::kPermissionDenied
                               ? absl::StatusCode::kPermissionDenied
                               : absl::StatusCode::kUnavailable,
-                          absl::StrCat("Connect to ", target, ": ", p->why.message()));
+                          absl::StrCat("Connect to ", s.peer_address(), ": ", s.why().message()));
     }
     const absl::Time now = absl::Now();
     if (now >= deadline) {
-      p->state = PeerState::kDisconnected;
-      p->why = absl::DeadlineExceededError("Connect gave up");
+      ApplyLocked(p, s.Close(absl::DeadlineExceededError("Connect gave up"), /*say_bye=*/false));
       return absl::DeadlineExceededError(absl::StrCat(
-          "Connect to ", target, " from ", local_text_, ": no answer before the deadline",
-          p->hello_error.ok() ? ""
-                              : absl::StrCat(" (last error: ", p->hello_error.message(), ")")));
+          "Connect to ", s.peer_address(), " from ", local_text_, ": no answer before the deadline",
+          s.hello_error().ok() ? ""
+                               : absl::StrCat(" (last error: ", s.hello_error().message(), ")")));
     }
-    if (p->acked) {
+    if (s.state() == SessionState::kProving) {
       // AUTH found no send buffer or the provider was busy: make progress, then try again.
       ProgressLocked();
       AwaitProgressLocked(std::min(deadline, now + again_backoff));
       again_backoff = std::min(again_backoff * 2, kHelloMaxBackoff);
       continue;
     }
-    if (now >= p->next_hello) {
+    if (now >= s.next_hello()) {
       absl::Status error;
-      PostResult r = PostFrameLocked(
-          *p, FrameType::kHello, 0, 0, 0,
-          absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(&hello), sizeof hello), &error);
+      PostResult r = PostLocked(p, s.HelloFrame(), &error);
       if (r == PostResult::kPosted) {
-        p->next_hello = now + kHelloResend;
         again_backoff = absl::Milliseconds(1);
       } else if (r == PostResult::kFailed) {
-        p->hello_error = error;
-        p->next_hello = now + p->hello_backoff;
-        p->hello_backoff = std::min(p->hello_backoff * 2, kHelloMaxBackoff);
+        ApplyLocked(p, s.OnSendFailed(error, now));
       } else {
         // rxm is setting up the connection (EAGAIN; after a refusal it waits seconds before
         // it tries again) or buffers are busy: progress, retry with backoff. The backoff
         // counts from after the progress, which may take a while: the wait below must be a
         // real one (it is where other threads get mu_).
         ProgressLocked();
-        p->next_hello = absl::Now() + again_backoff;
+        s.DeferHello(absl::Now() + again_backoff);
         again_backoff = std::min(again_backoff * 2, kHelloMaxBackoff);
       }
     }
-    AwaitProgressLocked(std::min(deadline, p->next_hello));
+    AwaitProgressLocked(std::min(deadline, s.next_hello()));
   }
+}
+
+absl::Status FabricTransport::UnavailableLocked(const Peer& p, absl::string_view op) const {
+  return absl::UnavailableError(
+      absl::StrCat(op, " to ", PeerName(p), ": disconnected: ", p.session.why().message()));
 }
 
 absl::Status FabricTransport::Send(PeerId peer, absl::Span<const uint8_t> message) {
@@ -1412,20 +1024,15 @@ absl::Status FabricTransport::Send(PeerId peer, absl::Span<const uint8_t> messag
   absl::MutexLock l(&mu_);
   if (closing_) return ClosedError();
   Peer* p = FindPeerLocked(peer.value());
-  if (p == nullptr || p->state == PeerState::kConnecting ||
-      p->state == PeerState::kAuthenticating) {
+  if (p == nullptr || p->session.handshaking()) {
     return absl::NotFoundError(absl::StrCat("Send: unknown peer ", peer.value()));
   }
   absl::Time deadline = absl::InfiniteFuture();  // set when we first have to wait
-  auto unavailable = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return absl::UnavailableError(
-        absl::StrCat("Send to ", PeerName(*p), ": disconnected: ", p->why.message()));
-  };
   // One sender per peer at a time, so the fragments of a message stay contiguous.
   if (p->sending) {
     deadline = absl::Now() + options_.send_timeout;
     auto turn = [this, p]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      return !p->sending || closing_ || p->state != PeerState::kConnected;
+      return !p->sending || closing_ || p->session.state() != SessionState::kConnected;
     };
     if (!mu_.AwaitWithDeadline(absl::Condition(&turn), deadline)) {
       return absl::UnavailableError(absl::StrCat("Send to ", PeerName(*p), ": another Send has ",
@@ -1434,47 +1041,48 @@ absl::Status FabricTransport::Send(PeerId peer, absl::Span<const uint8_t> messag
     }
     if (closing_) return ClosedError();
   }
-  if (p->state != PeerState::kConnected) return unavailable();
-  const size_t max_payload = p->max_frame - kHeaderSize;
-  const size_t fragments = std::max<size_t>(1, (message.size() + max_payload - 1) / max_payload);
+  if (p->session.state() != SessionState::kConnected) return UnavailableLocked(*p, "Send");
   p->sending = true;
+  absl::Status sent = SendFragmentsLocked(*p, message, deadline);
+  p->sending = false;
+  if (!sent.ok()) return sent;
+  stats_.messages_sent.Add();
+  stats_.bytes_sent.Add(message.size());
+  return absl::OkStatus();
+}
+
+absl::Status FabricTransport::SendFragmentsLocked(Peer& p, absl::Span<const uint8_t> message,
+                                                  absl::Time deadline) {
   size_t offset = 0;
+  bool started = false;  // part of the message went out
   absl::Duration backoff = kMinSendBackoff;
-  for (size_t i = 0; i < fragments;) {
-    if (closing_ || p->state != PeerState::kConnected) {
-      p->sending = false;
-      if (closing_) return ClosedError();
-      return unavailable();
-    }
-    const uint8_t flags = (i == 0 ? kFirstFragment : 0) | (i + 1 == fragments ? kLastFragment : 0);
-    const size_t chunk = std::min(max_payload, message.size() - offset);
+  while (true) {
+    if (closing_) return ClosedError();
+    if (p.session.state() != SessionState::kConnected) return UnavailableLocked(p, "Send");
+    const OutFrame frame = p.session.DataFrame(message, offset);
     absl::Status error;
-    PostResult r = PostFrameLocked(*p, FrameType::kData, flags, p->tx_seq,
-                                   static_cast<uint32_t>(message.size()),
-                                   message.subspan(offset, chunk), &error);
+    PostResult r = PostLocked(p, frame, &error);
     if (r == PostResult::kPosted) {
-      ++p->tx_seq;
-      offset += chunk;
-      ++i;
+      if ((frame.header.flags & kLastFragment) != 0) return absl::OkStatus();
+      offset += frame.payload.size();
+      started = true;
       backoff = kMinSendBackoff;
       continue;
     }
     if (r == PostResult::kFailed) {
-      p->sending = false;
-      DisconnectPeerLocked(*p, error, /*say_bye=*/false, /*queue_event=*/true);
-      return unavailable();
+      ApplyLocked(p, p.session.OnSendFailed(error, absl::Now()));
+      return UnavailableLocked(p, "Send");
     }
     // Out of send buffers, or the provider is busy: reap completions, then wait for some.
     if (ProgressLocked() > 0) continue;
     const absl::Time now = absl::Now();
     if (deadline == absl::InfiniteFuture()) deadline = now + options_.send_timeout;
     if (now >= deadline) {
-      p->sending = false;
       absl::Status why = absl::UnavailableError(
-          absl::StrCat("Send to ", PeerName(*p), ": no send buffer for ",
+          absl::StrCat("Send to ", PeerName(p), ": no send buffer for ",
                        absl::FormatDuration(options_.send_timeout), " (peer or network stalled)"));
       // Part of a message went out: the stream cannot continue.
-      if (i > 0) DisconnectPeerLocked(*p, why, /*say_bye=*/true, /*queue_event=*/true);
+      if (started) ApplyLocked(p, p.session.Abort(why));
       return why;
     }
     // The CQ's wait fd reports arriving data, not a socket becoming writable again, so a
@@ -1482,10 +1090,6 @@ absl::Status FabricTransport::Send(PeerId peer, absl::Span<const uint8_t> messag
     AwaitProgressLocked(std::min(deadline, now + backoff));
     backoff = std::min(backoff * 2, kMaxSendBackoff);
   }
-  p->sending = false;
-  stats_.messages_sent.Add();
-  stats_.bytes_sent.Add(message.size());
-  return absl::OkStatus();
 }
 
 absl::StatusOr<Event> FabricTransport::Receive(absl::Time deadline) {
@@ -1524,11 +1128,10 @@ absl::Status FabricTransport::Disconnect(PeerId peer) {
   absl::MutexLock l(&mu_);
   if (closing_) return ClosedError();
   Peer* p = FindPeerLocked(peer.value());
-  if (p == nullptr || p->state != PeerState::kConnected) {
+  if (p == nullptr || p->session.state() != SessionState::kConnected) {
     return absl::NotFoundError(absl::StrCat("Disconnect: no connected peer ", peer.value()));
   }
-  DisconnectPeerLocked(*p, absl::CancelledError("disconnected locally"), /*say_bye=*/true,
-                       /*queue_event=*/false);
+  ApplyLocked(*p, p->session.Close(absl::CancelledError("disconnected locally"), /*say_bye=*/true));
   return absl::OkStatus();
 }
 
@@ -1544,12 +1147,8 @@ void FabricTransport::Close() {
     if (poller_blocked_) KickPollerLocked();  // a Receive() in ppoll returns Cancelled
     if (res_ != nullptr) {
       for (auto& [id, peer] : peers_) {
-        if (peer->state == PeerState::kConnected) {
-          DisconnectPeerLocked(*peer, absl::CancelledError("transport closed"),
-                               /*say_bye=*/options_.goodbye_on_close, /*queue_event=*/false);
-        } else {
-          peer->state = PeerState::kDisconnected;
-        }
+        ApplyLocked(*peer, peer->session.Close(absl::CancelledError("transport closed"),
+                                               /*say_bye=*/options_.goodbye_on_close));
       }
       // Let goodbyes and queued sends leave before the endpoint goes away.
       const absl::Time flush_deadline = absl::Now() + options_.close_flush_timeout;
@@ -1630,8 +1229,7 @@ absl::Status FabricTransport::Rma(bool write, PeerId peer, const MemoryRegion& l
   absl::MutexLock l(&mu_);
   if (closing_) return ClosedError();
   Peer* p = FindPeerLocked(peer.value());
-  if (p == nullptr || p->state == PeerState::kConnecting ||
-      p->state == PeerState::kAuthenticating) {
+  if (p == nullptr || p->session.handshaking()) {
     return absl::NotFoundError(absl::StrCat(op, ": unknown peer ", peer.value()));
   }
   auto owned = std::make_unique<OpContext>();
@@ -1653,13 +1251,13 @@ absl::Status FabricTransport::Rma(bool write, PeerId peer, const MemoryRegion& l
       ctx->abandoned = true;
       return ClosedError();
     }
-    if (p->state != PeerState::kConnected) {
+    if (p->session.state() != SessionState::kConnected) {
       if (posted && !ctx->done) {
         ctx->abandoned = true;
         return absl::UnavailableError(absl::StrCat(op, " at ", PeerName(*p), ": disconnected"));
       }
       return fail(absl::UnavailableError(
-          absl::StrCat(op, " at ", PeerName(*p), ": disconnected: ", p->why.message())));
+          absl::StrCat(op, " at ", PeerName(*p), ": disconnected: ", p->session.why().message())));
     }
     if (posted && ctx->done) {
       absl::Status s =
@@ -1675,7 +1273,7 @@ absl::Status FabricTransport::Rma(bool write, PeerId peer, const MemoryRegion& l
     if (now >= deadline) {
       absl::Status why = absl::DeadlineExceededError(absl::StrCat(
           op, " of ", length, " bytes at ", PeerName(*p), ": no completion before the deadline"));
-      DisconnectPeerLocked(*p, why, /*say_bye=*/true, /*queue_event=*/true);
+      ApplyLocked(*p, p->session.Abort(why));
       if (posted) {
         ctx->abandoned = true;
         return why;

@@ -5,8 +5,8 @@
 // Use it through CreateTransport("tcp" | "verbs", options) (transport/create_transport.h);
 // this header exists for that table and for tests that need provider details.
 //
-// Design (see fabric_transport.cc for details):
-//   * Every network message is one frame (fabric_frame.h): a 40-byte header (type,
+// Design (see session.h for the protocol and fabric_transport.cc for the libfabric side):
+//   * Every network message is one frame (frame.h): a 40-byte header (type,
 //     receiver's handle for the sender, sender incarnation, sequence number, lengths) and up
 //     to fragment_size - 40 payload bytes. Larger messages are split and reassembled, so the
 //     provider's max_msg_size never limits message size and every frame stays within rxm's
@@ -18,7 +18,9 @@
 //     descriptors) and report completions, so a failed heartbeat reveals a dead peer.
 //   * rxm hides connections, so the transport runs its own handshake (HELLO / HELLO_ACK
 //     carrying each side's handle and incarnation) and liveness: heartbeats to idle peers,
-//     a peer_timeout on silence, send-error completions, and BYE on orderly close.
+//     a peer_timeout on silence, send-error completions, and BYE on orderly close. That
+//     protocol is a pure state machine per peer, Session (session.h), which the transport
+//     feeds with frames, times and send results and whose actions it performs.
 //   * Progress is driven by whichever thread waits: a thread blocked in Receive() (or in a
 //     Send() that ran out of buffers, or in Connect()) reads the completion queue itself and
 //     sleeps in poll() on the CQ's wait fd plus an eventfd used to wake it. A background

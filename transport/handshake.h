@@ -1,4 +1,4 @@
-// The proofs of the fabric transport's cluster-secret handshake (fabric_transport.cc describes
+// The proofs of the fabric transport's cluster-secret handshake (session.h describes
 // the exchange). Each proof is an HMAC under the cluster secret of a role label and the
 // connection's transcript: both sides' fresh nonces, incarnations and ids. What this binds is
 // what makes a proof useless anywhere else: another connection has other nonces (a recorded
