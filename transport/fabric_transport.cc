@@ -3,7 +3,6 @@
 #include <errno.h>
 #include <poll.h>
 #include <rdma/fabric.h>
-#include <rdma/fi_cm.h>
 #include <rdma/fi_domain.h>
 #include <rdma/fi_endpoint.h>
 #include <rdma/fi_eq.h>
@@ -12,7 +11,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
-#include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -36,6 +34,7 @@
 #include "core/unique_fd.h"
 #include "glog/logging.h"
 #include "transport/cluster_secret.h"
+#include "transport/fabric_endpoint.h"
 #include "transport/fabric_util.h"
 #include "transport/frame.h"
 #include "transport/handshake.h"
@@ -62,12 +61,10 @@ void ConfigureLibfabricEnvironment() {
 namespace {
 
 using fabric::FiCode;
-using fabric::Fid;
-using fabric::FiInfoPtr;
 using fabric::FiStatus;
 using fabric::GetInfo;
 using fabric::ProviderAdvice;
-using fabric::Slab;
+using fabric::FabricEndpoint;
 constexpr int kCqBatch = 16;
 constexpr int kMaxProgressRounds = 256;
 constexpr absl::Duration kMinSendBackoff = absl::Microseconds(50);
@@ -165,25 +162,6 @@ class FabricTransport final : public Transport {
     bool sending = false;  // a Send() to this peer is posting its fragments
   };
 
-  // libfabric objects in open order; destroyed in reverse: the endpoint first, then the
-  // MRs, ..., and the buffers last. Closing the rxm endpoint flushes its connections and
-  // still copies data that arrives meanwhile into our posted receive buffers, so the slabs
-  // must outlive it (unmapped first, they made fi_close crash in memcpy when a peer's frames
-  // arrived during Close()).
-  struct Resources {
-    Slab rx_slab;
-    Slab tx_slab;
-    FiInfoPtr info;
-    Fid<fid_fabric> fabric;
-    Fid<fid_eq> eq;
-    Fid<fid_domain> domain;
-    Fid<fid_av> av;
-    Fid<fid_cq> cq;
-    Fid<fid_mr> rx_mr;
-    Fid<fid_mr> tx_mr;
-    Fid<fid_ep> ep;
-  };
-
   enum class PostResult { kPosted, kNoBuffer, kAgain, kFailed };
 
   absl::Status OpenLocked(const InetAddress& bind) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -260,22 +238,12 @@ class FabricTransport final : public Transport {
 
   mutable absl::Mutex mu_;
   // --- guarded by mu_ ---
-  std::unique_ptr<Resources> res_ ABSL_GUARDED_BY(mu_);
+  std::unique_ptr<FabricEndpoint> endpoint_ ABSL_GUARDED_BY(mu_);
   SessionOptions session_options_ ABSL_GUARDED_BY(mu_);  // set when bound; sessions point here
-  size_t fragment_size_ ABSL_GUARDED_BY(mu_) = 0;
-  bool register_local_ ABSL_GUARDED_BY(mu_) = false;  // verbs rules or FI_MR_LOCAL
-  bool virt_addr_ ABSL_GUARDED_BY(mu_) = false;       // RMA addresses are virtual
-  bool prov_key_ ABSL_GUARDED_BY(mu_) = false;        // the provider picks MR keys
-  size_t inject_limit_ ABSL_GUARDED_BY(mu_) = 0;      // largest frame sent with fi_inject
-  std::vector<uint8_t> inject_buf_ ABSL_GUARDED_BY(mu_);
-  uint64_t next_mr_key_ ABSL_GUARDED_BY(mu_) = 1;
-  void* rx_desc_ ABSL_GUARDED_BY(mu_) = nullptr;
-  void* tx_desc_ ABSL_GUARDED_BY(mu_) = nullptr;
   std::vector<OpContext> rx_ctx_ ABSL_GUARDED_BY(mu_);
   std::vector<OpContext> tx_ctx_ ABSL_GUARDED_BY(mu_);
   std::vector<int> tx_free_ ABSL_GUARDED_BY(mu_);
   std::vector<int> rx_unposted_ ABSL_GUARDED_BY(mu_);
-  EndpointAddress local_address_ ABSL_GUARDED_BY(mu_);
   std::string local_text_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<uint64_t, std::unique_ptr<Peer>> peers_ ABSL_GUARDED_BY(mu_);
   uint64_t next_peer_ ABSL_GUARDED_BY(mu_) = 1;
@@ -324,10 +292,10 @@ std::string FabricTransport::FormatAddress(const EndpointAddress& address) const
 
 absl::StatusOr<EndpointAddress> FabricTransport::LocalAddress() const {
   absl::MutexLock l(&mu_);
-  if (res_ == nullptr) {
+  if (endpoint_ == nullptr) {
     return absl::FailedPreconditionError(backend_ + " transport is not bound (Listen first)");
   }
-  return local_address_;
+  return endpoint_->address();
 }
 
 std::string FabricTransport::PeerName(const Peer& p) const {
@@ -340,7 +308,7 @@ absl::StatusOr<std::string> FabricTransport::Listen(absl::string_view address) {
   STRETCH_ASSIGN_OR_RETURN(InetAddress bind, ParseInetAddress(address, kAllowPortZero));
   absl::MutexLock l(&mu_);
   if (closing_) return ClosedError();
-  if (res_ != nullptr) {
+  if (endpoint_ != nullptr) {
     return absl::FailedPreconditionError(
         absl::StrCat("Listen ", address, ": already bound to ", local_text_));
   }
@@ -351,7 +319,7 @@ absl::StatusOr<std::string> FabricTransport::Listen(absl::string_view address) {
 absl::Status FabricTransport::EnsureBound(const EndpointAddress& destination) {
   {
     absl::MutexLock l(&mu_);
-    if (res_ != nullptr) return absl::OkStatus();
+    if (endpoint_ != nullptr) return absl::OkStatus();
   }
   STRETCH_ASSIGN_OR_RETURN(
       InetAddress dest, InetAddress::FromSockaddr(destination.bytes().data(), destination.size()));
@@ -359,114 +327,18 @@ absl::Status FabricTransport::EnsureBound(const EndpointAddress& destination) {
   absl::StatusOr<std::string> bound = Listen(source.ToString());
   if (bound.ok()) return absl::OkStatus();
   absl::MutexLock l(&mu_);
-  return res_ != nullptr ? absl::OkStatus() : bound.status();  // lost a race: someone bound
+  return endpoint_ != nullptr ? absl::OkStatus() : bound.status();  // lost a race: someone bound
 }
 
 absl::Status FabricTransport::OpenLocked(const InetAddress& bind) {
   ConfigureLibfabricEnvironment();
-  auto r = std::make_unique<Resources>();
-  const std::string host = bind.HostText();
-  const std::string port = absl::StrCat(bind.port());
-  const std::string where = absl::StrCat(provider_, " at ", bind.ToString());
-  {
-    const uint32_t format = bind.family() == AF_INET6 ? FI_SOCKADDR_IN6 : FI_SOCKADDR_IN;
-    // Ask for inject up to a whole fragment (rxm copies such sends into its own buffers at
-    // once and reports no completion: fewer system calls per message). Not under the verbs
-    // rules, whose point is the registered-buffer path. Fall back if refused.
-    absl::StatusOr<fi_info*> info = absl::UnavailableError("not tried");
-    if (!options_.verbs_mr_rules) {
-      info = GetInfo(provider_, false, host.c_str(), port.c_str(), FI_SOURCE, format,
-                     options_.fragment_size);
-    }
-    if (!info.ok()) {
-      info = GetInfo(provider_, options_.verbs_mr_rules, host.c_str(), port.c_str(), FI_SOURCE,
-                     format);
-    }
-    if (!info.ok()) {
-      if (info.status().code() == absl::StatusCode::kFailedPrecondition) {
-        return absl::FailedPreconditionError(
-            absl::StrCat(info.status().message(), ". ", ProviderAdvice(provider_),
-                         "; the address must be one of this machine's (`ip addr`)"));
-      }
-      return info.status();
-    }
-    r->info.reset(*info);
-  }
-  fi_info* info = r->info.get();
-  const uint64_t mr_mode = info->domain_attr->mr_mode;
-  register_local_ = options_.verbs_mr_rules || (mr_mode & FI_MR_LOCAL) != 0;
-  virt_addr_ = (mr_mode & FI_MR_VIRT_ADDR) != 0;
-  prov_key_ = (mr_mode & FI_MR_PROV_KEY) != 0;
-  fragment_size_ = options_.fragment_size;
-  if (info->ep_attr->max_msg_size < fragment_size_) fragment_size_ = info->ep_attr->max_msg_size;
-  inject_limit_ = options_.verbs_mr_rules ? 0 : info->tx_attr->inject_size;
-  inject_buf_.resize(fragment_size_);
-  if (fragment_size_ < kMinFrame || options_.receive_buffers < 1 || options_.send_buffers < 4) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("transport options: fragment_size ", fragment_size_, " (min ", kMinFrame,
-                     "), receive_buffers ", options_.receive_buffers, ", send_buffers ",
-                     options_.send_buffers, " (min 4)"));
-  }
-
-  int rc = fi_fabric(info->fabric_attr, r->fabric.out(), nullptr);
-  if (rc != 0) return FiStatus(rc, absl::StrCat("fi_fabric for ", where));
-  fi_eq_attr eq_attr{};
-  eq_attr.wait_obj = FI_WAIT_NONE;
-  rc = fi_eq_open(r->fabric.get(), &eq_attr, r->eq.out(), nullptr);
-  if (rc != 0) return FiStatus(rc, absl::StrCat("fi_eq_open for ", where));
-  rc = fi_domain(r->fabric.get(), info, r->domain.out(), nullptr);
-  if (rc != 0) return FiStatus(rc, absl::StrCat("fi_domain for ", where));
-  fi_av_attr av_attr{};
-  av_attr.type = FI_AV_TABLE;
-  rc = fi_av_open(r->domain.get(), &av_attr, r->av.out(), nullptr);
-  if (rc != 0) return FiStatus(rc, absl::StrCat("fi_av_open for ", where));
-  fi_cq_attr cq_attr{};
-  cq_attr.format = FI_CQ_FORMAT_MSG;
-  cq_attr.wait_obj = FI_WAIT_FD;
-  cq_attr.size = static_cast<size_t>(options_.receive_buffers + options_.send_buffers) + 64;
-  rc = fi_cq_open(r->domain.get(), &cq_attr, r->cq.out(), nullptr);
-  if (rc != 0) return FiStatus(rc, absl::StrCat("fi_cq_open(FI_WAIT_FD) for ", where));
-  rc = fi_endpoint(r->domain.get(), info, r->ep.out(), nullptr);
-  if (rc != 0) return FiStatus(rc, absl::StrCat("fi_endpoint for ", where));
-  rc = fi_ep_bind(r->ep.get(), &r->eq.get()->fid, 0);
-  if (rc != 0) return FiStatus(rc, absl::StrCat("fi_ep_bind(eq) for ", where));
-  rc = fi_ep_bind(r->ep.get(), &r->av.get()->fid, 0);
-  if (rc != 0) return FiStatus(rc, absl::StrCat("fi_ep_bind(av) for ", where));
-  rc = fi_ep_bind(r->ep.get(), &r->cq.get()->fid, FI_TRANSMIT | FI_RECV);
-  if (rc != 0) return FiStatus(rc, absl::StrCat("fi_ep_bind(cq) for ", where));
-  rc = fi_enable(r->ep.get());
-  if (rc != 0) return FiStatus(rc, absl::StrCat("fi_enable for ", where));
-  int fd = -1;
-  rc = fi_control(&r->cq.get()->fid, FI_GETWAIT, &fd);
-  if (rc != 0) return FiStatus(rc, absl::StrCat("fi_control(FI_GETWAIT) on the CQ for ", where));
-
-  uint8_t name[EndpointAddress::kMaxSize];
-  size_t name_len = sizeof name;
-  rc = fi_getname(&r->ep.get()->fid, name, &name_len);
-  if (rc != 0) return FiStatus(rc, absl::StrCat("fi_getname for ", where));
-  STRETCH_ASSIGN_OR_RETURN(EndpointAddress local,
-                           EndpointAddress::FromBytes(absl::MakeConstSpan(name, name_len)));
-
-  const size_t rx_count = static_cast<size_t>(options_.receive_buffers);
-  const size_t tx_count = static_cast<size_t>(options_.send_buffers);
-  STRETCH_RETURN_IF_ERROR(r->rx_slab.Allocate(rx_count * fragment_size_));
-  STRETCH_RETURN_IF_ERROR(r->tx_slab.Allocate(tx_count * fragment_size_));
-  if (register_local_) {
-    // Verbs rules: every buffer handed to the provider is registered and its descriptor
-    // passed with the operation; the key comes from the provider when it picks keys.
-    rc = fi_mr_reg(r->domain.get(), r->rx_slab.base(), r->rx_slab.size(), FI_RECV, 0,
-                   prov_key_ ? 0 : next_mr_key_++, 0, r->rx_mr.out(), nullptr);
-    if (rc != 0) return FiStatus(rc, absl::StrCat("fi_mr_reg(receive buffers) for ", where));
-    rc = fi_mr_reg(r->domain.get(), r->tx_slab.base(), r->tx_slab.size(), FI_SEND, 0,
-                   prov_key_ ? 0 : next_mr_key_++, 0, r->tx_mr.out(), nullptr);
-    if (rc != 0) return FiStatus(rc, absl::StrCat("fi_mr_reg(send buffers) for ", where));
-    rx_desc_ = fi_mr_desc(r->rx_mr.get());
-    tx_desc_ = fi_mr_desc(r->tx_mr.get());
-  }
-
+  STRETCH_ASSIGN_OR_RETURN(std::unique_ptr<FabricEndpoint> endpoint,
+                           FabricEndpoint::Open(provider_, options_, bind));
   UniqueFd wake(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
   if (!wake.valid()) return ErrnoStatus(errno, "eventfd for the transport's poller");
 
+  const size_t rx_count = static_cast<size_t>(options_.receive_buffers);
+  const size_t tx_count = static_cast<size_t>(options_.send_buffers);
   rx_ctx_ = std::vector<OpContext>(rx_count);
   tx_ctx_ = std::vector<OpContext>(tx_count);
   tx_free_.clear();
@@ -475,29 +347,26 @@ absl::Status FabricTransport::OpenLocked(const InetAddress& bind) {
     tx_ctx_[i].index = static_cast<int>(i);
     tx_free_.push_back(static_cast<int>(tx_count - 1 - i));
   }
-  res_ = std::move(r);
+  endpoint_ = std::move(endpoint);
   session_options_ = SessionOptions{
       .incarnation = incarnation_,
-      .local_address = local,
-      .fragment_size = fragment_size_,
+      .local_address = endpoint_->address(),
+      .fragment_size = endpoint_->fragment_size(),
       .max_message_size = options_.max_message_size,
       .heartbeat_interval = options_.heartbeat_interval,
       .peer_timeout = options_.peer_timeout,
       .cluster_secret = options_.cluster_secret.has_value() ? &*options_.cluster_secret : nullptr,
   };
-  cq_fd_ = fd;
+  cq_fd_ = endpoint_->cq_fd();
   wake_fd_ = std::move(wake);
-  local_address_ = local;
-  local_text_ = FormatAddress(local);
+  local_text_ = FormatAddress(endpoint_->address());
   for (size_t i = 0; i < rx_count; ++i) {
     rx_ctx_[i].kind = OpContext::Kind::kRecv;
     rx_ctx_[i].index = static_cast<int>(i);
     RepostRecvLocked(static_cast<int>(i));
   }
-  VLOG(1) << backend_ << " transport bound to " << local_text_ << " (provider "
-          << info->fabric_attr->prov_name << ", mr_mode 0x" << std::hex << mr_mode << std::dec
-          << ", fragment " << fragment_size_ << " B, inject " << inject_limit_
-          << " B, register_local " << register_local_ << ")";
+  VLOG(1) << backend_ << " transport bound to " << local_text_ << " (" << endpoint_->Describe()
+          << ")";
   background_ = std::thread([this] { BackgroundLoop(); });
   return absl::OkStatus();
 }
@@ -506,7 +375,7 @@ absl::StatusOr<fi_addr_t> FabricTransport::AvInsertLocked(const EndpointAddress&
   auto it = av_.find(address);
   if (it != av_.end()) return it->second;
   fi_addr_t fa = FI_ADDR_NOTAVAIL;
-  int n = fi_av_insert(res_->av.get(), address.bytes().data(), 1, &fa, 0, nullptr);
+  int n = fi_av_insert(endpoint_->av(), address.bytes().data(), 1, &fa, 0, nullptr);
   if (n != 1) {
     return FiStatus(n < 0 ? n : -FI_EINVAL,
                     absl::StrCat("fi_av_insert of ", FormatAddress(address)));
@@ -530,11 +399,11 @@ FabricTransport::Peer* FabricTransport::FindPeerLocked(uint64_t id) {
 // ---- Posting ----------------------------------------------------------------------------
 
 void FabricTransport::RepostRecvLocked(int index) {
-  if (res_ == nullptr || closed_) return;
+  if (endpoint_ == nullptr || closed_) return;
   OpContext& ctx = rx_ctx_[index];
   ssize_t rc =
-      fi_recv(res_->ep.get(), res_->rx_slab.base() + static_cast<size_t>(index) * fragment_size_,
-              fragment_size_, rx_desc_, FI_ADDR_UNSPEC, &ctx);
+      fi_recv(endpoint_->ep(), endpoint_->rx_buffer(index),
+              endpoint_->fragment_size(), endpoint_->rx_desc(), FI_ADDR_UNSPEC, &ctx);
   if (rc == 0) return;
   if (rc != -FI_EAGAIN) {
     LOG(ERROR) << local_text_ << ": fi_recv: " << fi_strerror(static_cast<int>(-rc));
@@ -551,21 +420,21 @@ FabricTransport::PostResult FabricTransport::PostLocked(Peer& p, const OutFrame&
   // reports no completion. Everything else (and everything under the verbs rules) goes from a
   // registered send buffer with a completion, so send errors on control frames (heartbeats
   // in particular) still reveal a dead peer.
-  const bool inject = frame.type() == FrameType::kData && kHeaderSize + body.size() <= inject_limit_;
+  const bool inject = frame.type() == FrameType::kData && kHeaderSize + body.size() <= endpoint_->inject_limit();
   if (!inject && tx_free_.empty()) return PostResult::kNoBuffer;
   const absl::Time now = absl::Now();
   const int index = inject ? -1 : tx_free_.back();
-  uint8_t* buf = inject ? inject_buf_.data()
-                        : res_->tx_slab.base() + static_cast<size_t>(index) * fragment_size_;
+  uint8_t* buf = inject ? endpoint_->inject_buffer()
+                        : endpoint_->tx_buffer(index);
   EncodeFrame(frame.header, body, buf);
   ssize_t rc;
   if (inject) {
-    rc = fi_inject(res_->ep.get(), buf, kHeaderSize + body.size(), p.addr);
+    rc = fi_inject(endpoint_->ep(), buf, kHeaderSize + body.size(), p.addr);
   } else {
     OpContext& ctx = tx_ctx_[index];
     ctx.frame = frame.type();
     ctx.peer = p.id.value();
-    rc = fi_send(res_->ep.get(), buf, kHeaderSize + body.size(), tx_desc_, p.addr, &ctx);
+    rc = fi_send(endpoint_->ep(), buf, kHeaderSize + body.size(), endpoint_->tx_desc(), p.addr, &ctx);
   }
   if (rc == 0) {
     if (!inject) tx_free_.pop_back();
@@ -586,7 +455,7 @@ void FabricTransport::ApplyLocked(Peer& p, SessionActions actions) {
   for (SessionAction& a : actions) {
     switch (a.kind) {
       case Kind::kSend: {
-        if (res_ == nullptr) break;
+        if (endpoint_ == nullptr) break;
         absl::Status error;
         const PostResult r = PostLocked(p, a.frame, &error);
         if (r == PostResult::kPosted && a.frame.type() == FrameType::kHeartbeat) {
@@ -651,14 +520,14 @@ void FabricTransport::ApplyLocked(Peer& p, SessionActions actions) {
 // ---- Progress ---------------------------------------------------------------------------
 
 int FabricTransport::ProgressLocked(bool until_event) {
-  if (res_ == nullptr) return 0;
+  if (endpoint_ == nullptr) return 0;
   fi_cq_msg_entry entries[kCqBatch];
   int handled = 0;
   const size_t queued = events_.size();
   // rxm handles one core completion per fi_cq_read (FI_OFI_RXM_COMP_PER_PROGRESS), so
   // draining a busy endpoint takes many reads; the bound keeps one call's latency in check.
   for (int round = 0; round < kMaxProgressRounds; ++round) {
-    ssize_t n = fi_cq_read(res_->cq.get(), entries, kCqBatch);
+    ssize_t n = fi_cq_read(endpoint_->cq(), entries, kCqBatch);
     if (n > 0) {
       for (ssize_t i = 0; i < n; ++i) {
         HandleCompletionLocked(static_cast<OpContext*>(entries[i].op_context), entries[i].len);
@@ -692,7 +561,7 @@ int FabricTransport::ProgressLocked(bool until_event) {
 void FabricTransport::HandleCompletionLocked(OpContext* ctx, size_t len) {
   switch (ctx->kind) {
     case OpContext::Kind::kRecv:
-      HandleFrameLocked(res_->rx_slab.base() + static_cast<size_t>(ctx->index) * fragment_size_,
+      HandleFrameLocked(endpoint_->rx_buffer(ctx->index),
                         len);
       RepostRecvLocked(ctx->index);
       return;
@@ -708,7 +577,7 @@ void FabricTransport::HandleCompletionLocked(OpContext* ctx, size_t len) {
 
 void FabricTransport::HandleCqErrorLocked() {
   fi_cq_err_entry err{};
-  ssize_t rc = fi_cq_readerr(res_->cq.get(), &err, 0);
+  ssize_t rc = fi_cq_readerr(endpoint_->cq(), &err, 0);
   if (rc < 0) {
     if (rc != -FI_EAGAIN) {
       LOG(ERROR) << local_text_ << ": fi_cq_readerr: " << fi_strerror(static_cast<int>(-rc));
@@ -717,7 +586,7 @@ void FabricTransport::HandleCqErrorLocked() {
   }
   char prov_buf[256] = {};
   const char* prov =
-      fi_cq_strerror(res_->cq.get(), err.prov_errno, err.err_data, prov_buf, sizeof prov_buf);
+      fi_cq_strerror(endpoint_->cq(), err.prov_errno, err.err_data, prov_buf, sizeof prov_buf);
   const std::string text = absl::StrCat(fi_strerror(err.err), " (provider error ", err.prov_errno,
                                         ": ", prov != nullptr ? prov : "?", ")");
   auto* ctx = static_cast<OpContext*>(err.op_context);
@@ -809,16 +678,16 @@ void FabricTransport::HandleHelloLocked(const Frame& frame) {
 }
 
 void FabricTransport::MaybeHousekeepLocked(absl::Time now) {
-  if (now < next_housekeeping_ || res_ == nullptr) return;
+  if (now < next_housekeeping_ || endpoint_ == nullptr) return;
   next_housekeeping_ = now + options_.heartbeat_interval / 2;
   for (auto& [id, peer] : peers_) ApplyLocked(*peer, peer->session.OnTick(now));
   // rxm reports nothing we act on through the endpoint's EQ; log whatever arrives.
   uint32_t event = 0;
   uint8_t buf[256];
-  ssize_t n = fi_eq_read(res_->eq.get(), &event, buf, sizeof buf, 0);
+  ssize_t n = fi_eq_read(endpoint_->eq(), &event, buf, sizeof buf, 0);
   if (n == -FI_EAVAIL) {
     fi_eq_err_entry err{};
-    if (fi_eq_readerr(res_->eq.get(), &err, 0) > 0) {
+    if (fi_eq_readerr(endpoint_->eq(), &err, 0) > 0) {
       LOG(WARNING) << local_text_ << ": EQ error: " << fi_strerror(err.err);
     }
   } else if (n > 0) {
@@ -840,7 +709,7 @@ void FabricTransport::KickPollerLocked() {
 }
 
 void FabricTransport::AwaitProgressLocked(absl::Time until) {
-  if (closed_ || res_ == nullptr) return;
+  if (closed_ || endpoint_ == nullptr) return;
   if (poller_active_) {
     // Another thread drives progress: wait until it made some, or gave up the role.
     const uint64_t epoch = progress_epoch_;
@@ -881,8 +750,8 @@ void FabricTransport::AwaitProgressLocked(absl::Time until) {
 #endif
     mu_.Lock();
   }
-  fid_t cq = &res_->cq.get()->fid;
-  int rc = fi_trywait(res_->fabric.get(), &cq, 1);
+  fid_t cq = &endpoint_->cq()->fid;
+  int rc = fi_trywait(endpoint_->fabric(), &cq, 1);
   if (rc == FI_SUCCESS) {
     absl::Duration wait = std::min(until, next_housekeeping_) - now;
     if (wait < absl::ZeroDuration()) wait = absl::ZeroDuration();
@@ -924,7 +793,7 @@ void FabricTransport::BackgroundLoop() {
       continue;
     }
     if (!mu_.TryLock()) continue;
-    if (!closed_ && !poller_active_ && res_ != nullptr) {
+    if (!closed_ && !poller_active_ && endpoint_ != nullptr) {
       ProgressLocked();
       MaybeHousekeepLocked(absl::Now());
     }
@@ -1102,10 +971,10 @@ absl::StatusOr<Event> FabricTransport::Receive(absl::Time deadline) {
       events_.pop_front();
       return e;
     }
-    if (res_ == nullptr) {
+    if (endpoint_ == nullptr) {
       // Not bound yet: nothing can arrive until Listen()/Connect() on another thread.
       auto ready = [this]()
-                       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return closing_ || res_ != nullptr; };
+                       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return closing_ || endpoint_ != nullptr; };
       if (!mu_.AwaitWithDeadline(absl::Condition(&ready), deadline)) {
         return absl::DeadlineExceededError("Receive: no event before the deadline (not bound)");
       }
@@ -1145,7 +1014,7 @@ void FabricTransport::Close() {
     }
     closing_ = true;
     if (poller_blocked_) KickPollerLocked();  // a Receive() in ppoll returns Cancelled
-    if (res_ != nullptr) {
+    if (endpoint_ != nullptr) {
       for (auto& [id, peer] : peers_) {
         ApplyLocked(*peer, peer->session.Close(absl::CancelledError("transport closed"),
                                                /*say_bye=*/options_.goodbye_on_close));
@@ -1175,7 +1044,7 @@ void FabricTransport::Close() {
   absl::MutexLock l(&mu_);
   CHECK_EQ(live_regions_, 0) << backend_ << " transport " << local_text_
                              << " closed while memory regions are registered";
-  res_.reset();  // closes ep, mr, cq, av, domain, eq, fabric, then unmaps the buffers
+  endpoint_.reset();  // closes ep, mr, cq, av, domain, eq, fabric, then unmaps the buffers
   rma_ops_.clear();
   wake_fd_.reset();
   cq_fd_ = -1;
@@ -1191,15 +1060,15 @@ absl::StatusOr<std::unique_ptr<MemoryRegion>> FabricTransport::RegisterMemory(vo
   }
   absl::MutexLock l(&mu_);
   if (closing_) return ClosedError();
-  if (res_ == nullptr) {
+  if (endpoint_ == nullptr) {
     return absl::FailedPreconditionError("RegisterMemory: Listen or Connect first");
   }
   uint64_t fi_access = FI_READ | FI_WRITE;
   if (access & kRemoteRead) fi_access |= FI_REMOTE_READ;
   if (access & kRemoteWrite) fi_access |= FI_REMOTE_WRITE;
   fid_mr* mr = nullptr;
-  int rc = fi_mr_reg(res_->domain.get(), address, length, fi_access, 0,
-                     prov_key_ ? 0 : next_mr_key_++, 0, &mr, nullptr);
+  int rc = fi_mr_reg(endpoint_->domain(), address, length, fi_access, 0,
+                     endpoint_->NextMrKey(), 0, &mr, nullptr);
   if (rc != 0) {
     return FiStatus(rc, absl::StrCat("fi_mr_reg of ", length, " bytes at 0x",
                                      absl::Hex(reinterpret_cast<uintptr_t>(address))));
@@ -1240,7 +1109,7 @@ absl::Status FabricTransport::Rma(bool write, PeerId peer, const MemoryRegion& l
   uint8_t* buf = static_cast<uint8_t*>(local.address()) + local_offset;
   void* desc = region->desc();
   // FI_MR_VIRT_ADDR: the target address is virtual; otherwise an offset into the region.
-  const uint64_t target = virt_addr_ ? remote.address + remote_offset : remote_offset;
+  const uint64_t target = endpoint_->virt_addr() ? remote.address + remote_offset : remote_offset;
   auto fail = [&](absl::Status s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (ctx->done || !ctx->abandoned) rma_ops_.erase(ctx);
     return s;
@@ -1282,8 +1151,8 @@ absl::Status FabricTransport::Rma(bool write, PeerId peer, const MemoryRegion& l
     }
     if (!posted) {
       ssize_t rc =
-          write ? fi_write(res_->ep.get(), buf, length, desc, p->addr, target, remote.key, ctx)
-                : fi_read(res_->ep.get(), buf, length, desc, p->addr, target, remote.key, ctx);
+          write ? fi_write(endpoint_->ep(), buf, length, desc, p->addr, target, remote.key, ctx)
+                : fi_read(endpoint_->ep(), buf, length, desc, p->addr, target, remote.key, ctx);
       if (rc == 0) {
         posted = true;
         continue;
