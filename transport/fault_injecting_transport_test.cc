@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "transport/conformance.h"
 #include "transport/loopback_transport.h"
 
 namespace stretch::transport {
@@ -265,6 +266,25 @@ TEST(FaultInjectingTransportTest, InjectDisconnectOnDemand) {
   EXPECT_EQ(zero, 3);
   EXPECT_TRUE(disconnected);
 }
+
+// With only the faults a correct transport may show (delays, reordering across peers), the
+// wrapper keeps the whole contract.
+ConformanceBackend ContractKeepingFaults() {
+  ConformanceBackend b = LoopbackConformance();
+  b.name = "delayed_reordered_loopback";
+  b.create = [](TransportOptions o) -> absl::StatusOr<std::unique_ptr<Transport>> {
+    FaultOptions f;
+    f.seed = 7;
+    f.delay_probability = 0.2;
+    f.max_delay = absl::Milliseconds(2);
+    f.reorder_across_peers = true;
+    return std::make_unique<FaultInjectingTransport>(
+        std::make_unique<LoopbackTransport>(std::move(o)), f);
+  };
+  return b;
+}
+
+STRETCH_TRANSPORT_CONFORMANCE_TEST(FaultInjecting, ContractKeepingFaults());
 
 }  // namespace
 }  // namespace stretch::transport
