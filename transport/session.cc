@@ -417,6 +417,10 @@ SessionActions Session::OnFrame(const Frame& frame, absl::Time now) {
 
 SessionActions Session::OnHello(const Frame& frame, absl::Time now) {
   SessionActions out;
+  if (!incoming_) {
+    StrayFrame("HELLO to the connecting side", out);
+    return out;
+  }
   if (state_ != SessionState::kAwaitingHello) {
     // A repeated HELLO (the first ack was slow or lost in a reconnect): ack again, with the
     // same nonce and proof (or the same refusal).
