@@ -759,8 +759,8 @@ TEST_P(ConformanceTest, ClusterSecretAndNoSecretAreRefusedBothWays) {
     SCOPED_TRACE(listener_has_secret ? "listener has the secret" : "connector has the secret");
     const ClusterSecret secret = NewSecret();
     std::string address;
-    auto server = MakeServer(
-        &address, listener_has_secret ? WithSecret(Options(), secret) : Options());
+    auto server =
+        MakeServer(&address, listener_has_secret ? WithSecret(Options(), secret) : Options());
     auto client = Make(listener_has_secret ? Options() : WithSecret(Options(), secret));
     ASSERT_TRUE(server && client);
     auto peer = client->Connect(address, absl::Now() + kStep);

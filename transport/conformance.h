@@ -27,8 +27,8 @@ struct ConformanceBackend {
   std::string name;  // the instance's name in test names: "loopback", "tcp"
   // An unbound transport with `options` (the suite sets liveness and secret options).
   std::function<absl::StatusOr<std::unique_ptr<Transport>>(TransportOptions options)> create;
-  std::string listen;                  // a Listen() address with an ephemeral port or name
-  std::vector<std::string> malformed;  // addresses Connect() and Listen() must reject
+  std::string listen;                           // a Listen() address with an ephemeral port or name
+  std::vector<std::string> malformed;           // addresses Connect() and Listen() must reject
   std::function<std::string()> unused_address;  // a fresh address nobody listens at
   // transport_peer's flags for a peer of this backend in another process; empty: peers
   // cannot live in another process (the killed-process case is skipped).
@@ -58,8 +58,8 @@ std::string ConformanceName(const ::testing::TestParamInfo<ConformanceBackend>& 
 
 // Instantiates the suite for `backend` as `instance`. Use it where ConformanceTest is in
 // scope (gtest pastes the suite's name into identifiers, so it cannot be qualified).
-#define STRETCH_TRANSPORT_CONFORMANCE_TEST(instance, backend)                            \
-  INSTANTIATE_TEST_SUITE_P(instance, ConformanceTest, ::testing::Values(backend),       \
+#define STRETCH_TRANSPORT_CONFORMANCE_TEST(instance, backend)                     \
+  INSTANTIATE_TEST_SUITE_P(instance, ConformanceTest, ::testing::Values(backend), \
                            ::stretch::transport::ConformanceName)
 
 }  // namespace stretch::transport

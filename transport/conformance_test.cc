@@ -1,12 +1,13 @@
 // The conformance suite (conformance.h) for loopback, tcp (libfabric tcp;ofi_rxm) and tcp
 // with the verbs memory-registration rules, and the checks of CreateTransport()'s table.
+#include "transport/conformance.h"
+
 #include <cstdlib>
 #include <string>
 #include <vector>
 
 #include "absl/strings/match.h"
 #include "gtest/gtest.h"
-#include "transport/conformance.h"
 #include "transport/create_transport.h"
 
 namespace stretch::transport {

@@ -17,12 +17,11 @@ absl::StatusOr<std::unique_ptr<FabricEndpoint>> FabricEndpoint::Open(
   std::unique_ptr<FabricEndpoint> e(new FabricEndpoint());
   const std::string where = absl::StrCat(provider, " at ", bind.ToString());
   STRETCH_RETURN_IF_ERROR(e->GetInfo(provider, options, bind));
-  if (e->fragment_size_ < kMinFrame || options.receive_buffers < 1 ||
-      options.send_buffers < 4) {
+  if (e->fragment_size_ < kMinFrame || options.receive_buffers < 1 || options.send_buffers < 4) {
     return absl::InvalidArgumentError(
-        absl::StrCat("transport options: fragment_size ", e->fragment_size_, " (min ",
-                     kMinFrame, "), receive_buffers ", options.receive_buffers,
-                     ", send_buffers ", options.send_buffers, " (min 4)"));
+        absl::StrCat("transport options: fragment_size ", e->fragment_size_, " (min ", kMinFrame,
+                     "), receive_buffers ", options.receive_buffers, ", send_buffers ",
+                     options.send_buffers, " (min 4)"));
   }
   const size_t cq_size = static_cast<size_t>(options.receive_buffers + options.send_buffers) + 64;
   STRETCH_RETURN_IF_ERROR(e->OpenObjects(where, cq_size));
@@ -44,8 +43,8 @@ absl::Status FabricEndpoint::GetInfo(absl::string_view provider, const Transport
                            options.fragment_size);
   }
   if (!info.ok()) {
-    info = fabric::GetInfo(provider, options.verbs_mr_rules, host.c_str(), port.c_str(),
-                           FI_SOURCE, format);
+    info = fabric::GetInfo(provider, options.verbs_mr_rules, host.c_str(), port.c_str(), FI_SOURCE,
+                           format);
   }
   if (!info.ok()) {
     if (info.status().code() == absl::StatusCode::kFailedPrecondition) {
@@ -102,7 +101,8 @@ absl::Status FabricEndpoint::OpenObjects(const std::string& where, size_t cq_siz
   size_t name_len = sizeof name;
   rc = fi_getname(&ep_.get()->fid, name, &name_len);
   if (rc != 0) return FiStatus(rc, absl::StrCat("fi_getname for ", where));
-  STRETCH_ASSIGN_OR_RETURN(address_, EndpointAddress::FromBytes(absl::MakeConstSpan(name, name_len)));
+  STRETCH_ASSIGN_OR_RETURN(address_,
+                           EndpointAddress::FromBytes(absl::MakeConstSpan(name, name_len)));
   return absl::OkStatus();
 }
 

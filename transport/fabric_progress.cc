@@ -62,8 +62,7 @@ int FabricTransport::ProgressLocked(bool until_event) {
 void FabricTransport::HandleCompletionLocked(OpContext* ctx, size_t len) {
   switch (ctx->kind) {
     case OpContext::Kind::kRecv:
-      HandleFrameLocked(endpoint_->rx_buffer(ctx->index),
-                        len);
+      HandleFrameLocked(endpoint_->rx_buffer(ctx->index), len);
       RepostRecvLocked(ctx->index);
       return;
     case OpContext::Kind::kSend:
@@ -110,9 +109,8 @@ void FabricTransport::HandleCqErrorLocked() {
       tx_free_.push_back(ctx->index);
       Peer* p = FindPeerLocked(ctx->peer);
       if (p == nullptr) return;
-      absl::Status why(FiCode(err.err),
-                       absl::StrCat("send of ", Name(ctx->frame), " to ", PeerName(*p),
-                                    " failed: ", text));
+      absl::Status why(FiCode(err.err), absl::StrCat("send of ", Name(ctx->frame), " to ",
+                                                     PeerName(*p), " failed: ", text));
       ApplyLocked(*p, p->session.OnSendFailed(std::move(why), absl::Now()));
       return;
     }

@@ -29,8 +29,8 @@ absl::StatusOr<std::unique_ptr<MemoryRegion>> FabricTransport::RegisterMemory(vo
   if (access & kRemoteRead) fi_access |= FI_REMOTE_READ;
   if (access & kRemoteWrite) fi_access |= FI_REMOTE_WRITE;
   fid_mr* mr = nullptr;
-  int rc = fi_mr_reg(endpoint_->domain(), address, length, fi_access, 0,
-                     endpoint_->NextMrKey(), 0, &mr, nullptr);
+  int rc = fi_mr_reg(endpoint_->domain(), address, length, fi_access, 0, endpoint_->NextMrKey(), 0,
+                     &mr, nullptr);
   if (rc != 0) {
     return FiStatus(rc, absl::StrCat("fi_mr_reg of ", length, " bytes at 0x",
                                      absl::Hex(reinterpret_cast<uintptr_t>(address))));

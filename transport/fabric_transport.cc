@@ -184,9 +184,8 @@ FabricTransport::Peer* FabricTransport::FindPeerLocked(uint64_t id) {
 void FabricTransport::RepostRecvLocked(int index) {
   if (endpoint_ == nullptr || closed_) return;
   OpContext& ctx = rx_ctx_[index];
-  ssize_t rc =
-      fi_recv(endpoint_->ep(), endpoint_->rx_buffer(index),
-              endpoint_->fragment_size(), endpoint_->rx_desc(), FI_ADDR_UNSPEC, &ctx);
+  ssize_t rc = fi_recv(endpoint_->ep(), endpoint_->rx_buffer(index), endpoint_->fragment_size(),
+                       endpoint_->rx_desc(), FI_ADDR_UNSPEC, &ctx);
   if (rc == 0) return;
   if (rc != -FI_EAGAIN) {
     LOG(ERROR) << local_text_ << ": fi_recv: " << fi_strerror(static_cast<int>(-rc));
@@ -203,12 +202,12 @@ FabricTransport::PostResult FabricTransport::PostLocked(Peer& p, const OutFrame&
   // reports no completion. Everything else (and everything under the verbs rules) goes from a
   // registered send buffer with a completion, so send errors on control frames (heartbeats
   // in particular) still reveal a dead peer.
-  const bool inject = frame.type() == FrameType::kData && kHeaderSize + body.size() <= endpoint_->inject_limit();
+  const bool inject =
+      frame.type() == FrameType::kData && kHeaderSize + body.size() <= endpoint_->inject_limit();
   if (!inject && tx_free_.empty()) return PostResult::kNoBuffer;
   const absl::Time now = absl::Now();
   const int index = inject ? -1 : tx_free_.back();
-  uint8_t* buf = inject ? endpoint_->inject_buffer()
-                        : endpoint_->tx_buffer(index);
+  uint8_t* buf = inject ? endpoint_->inject_buffer() : endpoint_->tx_buffer(index);
   EncodeFrame(frame.header, body, buf);
   ssize_t rc;
   if (inject) {
@@ -217,7 +216,8 @@ FabricTransport::PostResult FabricTransport::PostLocked(Peer& p, const OutFrame&
     OpContext& ctx = tx_ctx_[index];
     ctx.frame = frame.type();
     ctx.peer = p.id.value();
-    rc = fi_send(endpoint_->ep(), buf, kHeaderSize + body.size(), endpoint_->tx_desc(), p.addr, &ctx);
+    rc = fi_send(endpoint_->ep(), buf, kHeaderSize + body.size(), endpoint_->tx_desc(), p.addr,
+                 &ctx);
   }
   if (rc == 0) {
     if (!inject) tx_free_.pop_back();
@@ -285,13 +285,13 @@ void FabricTransport::ApplyLocked(Peer& p, SessionActions actions) {
       case Kind::kRejected:
         stats_.auth_rejected.Add();
         LOG(WARNING) << local_text_ << ": refused the connection "
-                     << (p.session.incoming() ? "from " : "to ") << p.session.peer_address()
-                     << ": " << a.detail;
+                     << (p.session.incoming() ? "from " : "to ") << p.session.peer_address() << ": "
+                     << a.detail;
         break;
       case Kind::kProtocolError:
         stats_.protocol_errors.Add();
-        LOG_EVERY_N(WARNING, 100) << local_text_ << ": protocol error from " << PeerName(p)
-                                  << ": " << a.detail;
+        LOG_EVERY_N(WARNING, 100) << local_text_ << ": protocol error from " << PeerName(p) << ": "
+                                  << a.detail;
         break;
       case Kind::kHeartbeatReceived:
         stats_.heartbeats_received.Add();
@@ -380,14 +380,15 @@ absl::StatusOr<PeerId> FabricTransport::ConnectTo(const EndpointAddress& address
                                                   absl::Time deadline) {
   STRETCH_RETURN_IF_ERROR(EnsureBound(address));
   HandshakeNonce nonce{};
-  if (options_.cluster_secret.has_value()) STRETCH_RETURN_IF_ERROR(FillRandom(absl::MakeSpan(nonce)));
+  if (options_.cluster_secret.has_value())
+    STRETCH_RETURN_IF_ERROR(FillRandom(absl::MakeSpan(nonce)));
   absl::MutexLock l(&mu_);
   if (closing_) return ClosedError();
   STRETCH_ASSIGN_OR_RETURN(fi_addr_t fa, AvInsertLocked(address));
   const PeerId id(next_peer_++);
-  Peer* p = AddPeerLocked(id, fa,
-                          Session::Connector(session_options_, id.value(), FormatAddress(address),
-                                             nonce, absl::Now()));
+  Peer* p = AddPeerLocked(
+      id, fa,
+      Session::Connector(session_options_, id.value(), FormatAddress(address), nonce, absl::Now()));
   return DriveConnectLocked(*p, deadline);
 }
 
@@ -544,8 +545,9 @@ absl::StatusOr<Event> FabricTransport::Receive(absl::Time deadline) {
     }
     if (endpoint_ == nullptr) {
       // Not bound yet: nothing can arrive until Listen()/Connect() on another thread.
-      auto ready = [this]()
-                       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return closing_ || endpoint_ != nullptr; };
+      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return closing_ || endpoint_ != nullptr;
+      };
       if (!mu_.AwaitWithDeadline(absl::Condition(&ready), deadline)) {
         return absl::DeadlineExceededError("Receive: no event before the deadline (not bound)");
       }
@@ -623,7 +625,6 @@ void FabricTransport::Close() {
 
 }  // namespace fabric
 
-
 absl::StatusOr<std::unique_ptr<Transport>> CreateFabricTransport(absl::string_view backend,
                                                                  absl::string_view provider,
                                                                  TransportOptions options) {
@@ -637,7 +638,8 @@ absl::StatusOr<std::unique_ptr<Transport>> CreateFabricTransport(absl::string_vi
                      absl::FormatDuration(options.peer_timeout), ")"));
   }
   // Probe now, so an unavailable provider fails at creation rather than at Listen().
-  auto info = fabric::GetInfo(provider, options.verbs_mr_rules, nullptr, nullptr, 0, FI_FORMAT_UNSPEC);
+  auto info =
+      fabric::GetInfo(provider, options.verbs_mr_rules, nullptr, nullptr, 0, FI_FORMAT_UNSPEC);
   if (!info.ok()) {
     return absl::FailedPreconditionError(
         absl::StrCat(info.status().message(), ". ", fabric::ProviderAdvice(provider)));

@@ -170,8 +170,8 @@ class FabricTransport final : public Transport {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Posts the fragments of `message` in order. `deadline` for buffers to free up: set at the
   // first wait if infinite.
-  absl::Status SendFragmentsLocked(Peer& p, absl::Span<const uint8_t> message,
-                                   absl::Time deadline) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status SendFragmentsLocked(Peer& p, absl::Span<const uint8_t> message, absl::Time deadline)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status UnavailableLocked(const Peer& p, absl::string_view op) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void MaybeHousekeepLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -68,7 +68,8 @@ absl::StatusOr<Frame> DecodeFrame(absl::Span<const uint8_t> bytes) {
     case FrameType::kBye:
       return f;
   }
-  if (body_size == 0) return absl::InvalidArgumentError(absl::StrCat("unknown frame type ", h.type));
+  if (body_size == 0)
+    return absl::InvalidArgumentError(absl::StrCat("unknown frame type ", h.type));
   if (h.length != body_size) {
     return absl::InvalidArgumentError(absl::StrCat(FrameName(h.type), " size"));
   }

@@ -48,7 +48,7 @@ TEST(FrameTest, DataHeaderHasTheVersionTwoLayout) {
   const uint8_t body[] = {0xaa, 0xbb, 0xcc};
   EXPECT_EQ(Hex(Encode(h, body)),
             "53545246"          // magic "STRF", little-endian
-            "02" "03" "03" "00"  // version 2, DATA, first|last, reserved
+            "02030300"          // version 2, DATA, first|last, reserved
             "0201000000000000"  // dst_peer
             "8877665544332211"  // src_incarnation
             "0700000000000000"  // seq
@@ -109,8 +109,8 @@ TEST(FrameTest, DecodeRefusesMalformedFrames) {
   std::vector<uint8_t> version = good;
   version[4] = 1;
   cases.push_back({"version", version, "or version 1"});
-  cases.push_back({"truncated body",
-                   std::vector<uint8_t>(good.begin(), good.end() - 1), "frame length 4 but 3"});
+  cases.push_back({"truncated body", std::vector<uint8_t>(good.begin(), good.end() - 1),
+                   "frame length 4 but 3"});
   std::vector<uint8_t> type = good;
   type[5] = 99;
   cases.push_back({"type", type, "unknown frame type 99"});

@@ -237,8 +237,8 @@ OutFrame Session::DataFrame(absl::Span<const uint8_t> message, size_t offset) co
   const size_t chunk = std::min(max_frame_ - kHeaderSize, message.size() - offset);
   OutFrame f;
   f.header = NewHeader(FrameType::kData, tx_seq_);
-  f.header.flags = (offset == 0 ? kFirstFragment : 0) |
-                   (offset + chunk == message.size() ? kLastFragment : 0);
+  f.header.flags =
+      (offset == 0 ? kFirstFragment : 0) | (offset + chunk == message.size() ? kLastFragment : 0);
   f.header.total_length = static_cast<uint32_t>(message.size());
   f.header.length = static_cast<uint32_t>(chunk);
   f.payload = message.subspan(offset, chunk);
@@ -560,8 +560,8 @@ SessionActions Session::OnPeerFrame(const Frame& frame, absl::Time now) {
 
 void Session::Hold(const Frame& frame, absl::Time now) {
   if (held_.empty()) gap_since_ = now;
-  held_.emplace(frame.header.seq,
-                HeldFrame{frame.header, std::vector<uint8_t>(frame.body.begin(), frame.body.end())});
+  held_.emplace(frame.header.seq, HeldFrame{frame.header, std::vector<uint8_t>(frame.body.begin(),
+                                                                               frame.body.end())});
 }
 
 void Session::ApplyHeld(absl::Time now, SessionActions& out) {

@@ -109,7 +109,8 @@ struct OutFrame {
 
   FrameType type() const { return static_cast<FrameType>(header.type); }
   absl::Span<const uint8_t> body() const {
-    return type() == FrameType::kData ? payload : absl::MakeConstSpan(control.data(), header.length);
+    return type() == FrameType::kData ? payload
+                                      : absl::MakeConstSpan(control.data(), header.length);
   }
 };
 

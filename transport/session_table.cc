@@ -72,8 +72,8 @@ struct Scene {
     if (listener_has_secret) listener_secret = TheSecret();
     connector_options = Options(kConnectorIncarnation, connector_secret);
     listener_options = Options(kListenerIncarnation, listener_secret);
-    connector.emplace(Session::Connector(connector_options, kConnectorId, "listener:7000",
-                                         Nonce(0xcc), kT0));
+    connector.emplace(
+        Session::Connector(connector_options, kConnectorId, "listener:7000", Nonce(0xcc), kT0));
     listener.emplace(
         Session::Listener(listener_options, kListenerId, "connector:7001", Nonce(0x11)));
   }
@@ -142,8 +142,8 @@ std::vector<Row> Rows() {
          s.Ack();
        },
        false, false},
-      {"a listener with a secret that refused a connector without",
-       [](Scene& s) { s.Hello(); }, false, true, true},
+      {"a listener with a secret that refused a connector without", [](Scene& s) { s.Hello(); },
+       false, true, true},
       {"a connector that gave up before the HELLO_ACK",
        [](Scene& s) {
          s.connector->OnPosted(s.connector->HelloFrame(), kT0);
@@ -242,13 +242,13 @@ std::vector<Input> Inputs() {
       {"AUTH, good proof", Receive(PeerAuth)},
       {"AUTH, wrong proof",
        Receive([](const Scene& s) { return FlipMac(PeerAuth(s), offsetof(AuthBody, mac)); })},
-      {"AUTH, refused",
-       Receive([](const Scene& s) {
+      {"AUTH, refused", Receive([](const Scene& s) {
          OutFrame f = PeerAuth(s);
          f.control[offsetof(AuthBody, verdict)] = kAuthRefused;
          return f;
        })},
-      {"DATA, next in sequence", Receive([](const Scene& s) { return PeerFrame(s, FrameType::kData); })},
+      {"DATA, next in sequence",
+       Receive([](const Scene& s) { return PeerFrame(s, FrameType::kData); })},
       {"DATA, one early",
        Receive([](const Scene& s) { return Shifted(PeerFrame(s, FrameType::kData), 1); })},
       {"DATA, repeated",
@@ -259,8 +259,10 @@ std::vector<Input> Inputs() {
        Receive([](const Scene& s) { return OtherIncarnation(PeerFrame(s, FrameType::kData)); })},
       {"HEARTBEAT", Receive([](const Scene& s) { return PeerFrame(s, FrameType::kHeartbeat); })},
       {"BYE", Receive([](const Scene& s) { return PeerFrame(s, FrameType::kBye); })},
-      {"tick, 50ms later", [](Scene& s) { return s.subject().OnTick(kT0 + absl::Milliseconds(50)); }},
-      {"tick, heartbeat_interval later", [](Scene& s) { return s.subject().OnTick(kT0 + kHeartbeat); }},
+      {"tick, 50ms later",
+       [](Scene& s) { return s.subject().OnTick(kT0 + absl::Milliseconds(50)); }},
+      {"tick, heartbeat_interval later",
+       [](Scene& s) { return s.subject().OnTick(kT0 + kHeartbeat); }},
       {"tick, peer_timeout later", [](Scene& s) { return s.subject().OnTick(kT0 + kTimeout); }},
       {"HELLO posted",
        [](Scene& s) { return s.subject().OnPosted(s.subject().HelloFrame(), kT0); }},

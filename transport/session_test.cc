@@ -91,10 +91,10 @@ class SessionTest : public ::testing::Test {
     listener_secret_ = std::move(listener_secret);
     connector_options_ = Options(0xc0c0, connector_secret_);
     listener_options_ = Options(0x1151, listener_secret_);
-    connector_.emplace(Session::Connector(connector_options_, /*id=*/3, "listener:7000",
-                                          Nonce(0xcc), kT0));
-    listener_.emplace(Session::Listener(listener_options_, /*id=*/9, "connector:7001",
-                                        Nonce(0x11)));
+    connector_.emplace(
+        Session::Connector(connector_options_, /*id=*/3, "listener:7000", Nonce(0xcc), kT0));
+    listener_.emplace(
+        Session::Listener(listener_options_, /*id=*/9, "connector:7001", Nonce(0x11)));
   }
 
   SessionOptions Options(uint64_t incarnation, const std::optional<ClusterSecret>& secret) {
@@ -535,8 +535,8 @@ TEST_F(SessionTest, ByeIsAppliedAfterTheDataSentBeforeIt) {
   EXPECT_EQ(bye.frame().header.seq, 2u);
   EXPECT_TRUE(listener_->OnFrame(bye.frame(), kT0).empty());  // waits for seq 1
   SessionActions a = listener_->OnFrame(data.frame(), kT0);
-  EXPECT_THAT(Texts(a), ElementsAre("Deliver 8 B",
-                                    "Lost UNAVAILABLE: connector:7001 closed the connection"));
+  EXPECT_THAT(Texts(a),
+              ElementsAre("Deliver 8 B", "Lost UNAVAILABLE: connector:7001 closed the connection"));
   EXPECT_EQ(listener_->state(), SessionState::kClosed);
   EXPECT_TRUE(listener_->OnFrame(data.frame(), kT0).empty());  // over: dropped
   EXPECT_TRUE(listener_->OnTick(kT0 + 10 * kTimeout).empty());
@@ -554,8 +554,8 @@ TEST_F(SessionTest, CloseWithoutGoodbyeAndAbortWithOne) {
 
 TEST_F(SessionTest, FailedSendsDelayTheHelloWithBackoffAndBreakAConnectedStream) {
   absl::Time now = kT0;
-  const absl::Duration expected[] = {absl::Milliseconds(10), absl::Milliseconds(20),
-                                     absl::Milliseconds(40), absl::Milliseconds(80),
+  const absl::Duration expected[] = {absl::Milliseconds(10),  absl::Milliseconds(20),
+                                     absl::Milliseconds(40),  absl::Milliseconds(80),
                                      absl::Milliseconds(160), absl::Milliseconds(200),
                                      absl::Milliseconds(200)};
   for (absl::Duration d : expected) {
