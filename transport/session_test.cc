@@ -405,7 +405,8 @@ TEST_F(SessionTest, EmptyMessageIsOneFrame) {
 
 TEST_F(SessionTest, MessageOverTheLimitDisconnects) {
   Connect();
-  OutFrame f = connector_->DataFrame(Bytes(10, 0), 0);
+  const std::vector<uint8_t> message = Bytes(10, 0);
+  OutFrame f = connector_->DataFrame(message, 0);
   f.header.total_length = kMaxMessage + 1;  // a first fragment announcing too much
   f.header.flags = kFirstFragment;
   SessionActions a = listener_->OnFrame(Post(*connector_, f, kT0).frame(), kT0);
