@@ -6,6 +6,7 @@
 #include <rdma/fi_endpoint.h>
 #include <rdma/fi_eq.h>
 #include <rdma/fi_errno.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <sys/eventfd.h>
 
@@ -49,6 +50,25 @@ void ConfigureLibfabricEnvironment() {
     setenv("FI_MR_CACHE_MONITOR", "disabled", /*overwrite=*/0);
   });
 }
+
+void RestoreDefaultSignalHandlers() {
+  for (int sig : {SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGABRT, SIGINT, SIGTERM}) {
+    struct sigaction sa;
+    if (sigaction(sig, nullptr, &sa) != 0) continue;
+    if (sa.sa_handler != SIG_DFL && sa.sa_handler != SIG_IGN) signal(sig, SIG_DFL);
+  }
+}
+
+namespace {
+
+// Before main(), after every shared library's constructor: undoes libinfinipath's handlers in
+// every binary that links libfabric (fabric_transport.h says why).
+[[maybe_unused]] const bool kSignalsRestored = [] {
+  RestoreDefaultSignalHandlers();
+  return true;
+}();
+
+}  // namespace
 
 namespace fabric {
 namespace {
