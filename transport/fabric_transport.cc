@@ -378,7 +378,20 @@ void FabricTransport::HandleHelloLocked(const Frame& frame) {
 
 void FabricTransport::MaybeHousekeepLocked(absl::Time now) {
   if (now < next_housekeeping_ || endpoint_ == nullptr) return;
-  next_housekeeping_ = now + options_.heartbeat_interval / 2;
+  const absl::Duration period = options_.heartbeat_interval / 2;
+  // Housekeeping this late means this process did not run (a loaded machine) or mu_ was held:
+  // the peers' frames of that time may be waiting in the CQ, and their silence then is ours.
+  // Read what arrived first, and do not count our own stall against them (a server starved
+  // for 1.4 s once declared both its healthy nodes lost at once).
+  const absl::Duration late =
+      next_housekeeping_ == absl::InfinitePast() ? absl::ZeroDuration() : now - next_housekeeping_;
+  next_housekeeping_ = now + period;
+  if (late > period) {
+    ProgressLocked();
+    for (auto& [id, peer] : peers_) peer->session.ExcuseLocalStall(late);
+    VLOG(1) << local_text_ << ": housekeeping " << absl::FormatDuration(late)
+            << " late; peers' timeouts extended by that much";
+  }
   for (auto& [id, peer] : peers_) ApplyLocked(*peer, peer->session.OnTick(now));
   // rxm reports nothing we act on through the endpoint's EQ; log whatever arrives.
   uint32_t event = 0;

@@ -364,6 +364,12 @@ SessionActions Session::OnSendFailed(absl::Status why, absl::Time now) {
 
 // ---- Time ----------------------------------------------------------------------------------
 
+void Session::ExcuseLocalStall(absl::Duration d) {
+  if (d <= absl::ZeroDuration()) return;
+  last_heard_ += d;
+  if (!held_.empty()) gap_since_ += d;
+}
+
 SessionActions Session::OnTick(absl::Time now) {
   SessionActions out;
   const absl::Duration timeout = options_->peer_timeout;

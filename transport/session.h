@@ -152,6 +152,10 @@ class Session {
   SessionActions OnFrame(const Frame& frame, absl::Time now);
   // Timeouts and heartbeats; call at least every heartbeat_interval / 2.
   SessionActions OnTick(absl::Time now);
+  // The driver itself could not listen for `d` (its process was not scheduled, or its lock
+  // was held): the peer's silence in that time says nothing about the peer, so the timeouts
+  // start that much later. A dead peer is still found, later by the driver's own stall.
+  void ExcuseLocalStall(absl::Duration d);
   // The driver posted `frame` (one this session produced) at `now`.
   SessionActions OnPosted(const OutFrame& frame, absl::Time now);
   // A posted frame failed, or posting failed: a lost frame breaks the ordered stream. While

@@ -454,6 +454,25 @@ TEST_F(SessionTest, SilentPeerIsLostExactlyAtThePeerTimeout) {
               HasSubstr("nothing heard from connector:7001 for 1s (peer_timeout 1s)"));
 }
 
+// The driver was not scheduled for 1.4 s (a loaded machine): the peer's silence then is the
+// driver's, and the peer's heartbeat read right after keeps it. A peer that stays silent is
+// lost once the timeout has passed beside the stall.
+TEST_F(SessionTest, TheDriversOwnStallDoesNotCountAgainstThePeer) {
+  Connect();
+  const absl::Duration stall = absl::Milliseconds(1400);
+  const absl::Time woke = kT0 + stall;
+  listener_->ExcuseLocalStall(stall);
+  for (const SessionAction& a : listener_->OnTick(woke)) {
+    EXPECT_EQ(a.kind, Kind::kSend) << ToString(a);  // a heartbeat, not a loss
+  }
+  EXPECT_EQ(listener_->state(), SessionState::kConnected);
+  SessionActions lost = listener_->OnTick(kT0 + stall + kTimeout);
+  EXPECT_THAT(Kinds(lost), ElementsAre(Kind::kSend, Kind::kLost));
+  // Without the excuse, the same tick finds the peer lost.
+  Session other = *connector_;
+  EXPECT_THAT(Kinds(other.OnTick(woke)), ::testing::Contains(Kind::kLost));
+}
+
 TEST_F(SessionTest, LateHeartbeatsWithinTheTimeoutKeepThePeer) {
   Connect();
   // Each heartbeat comes 10 ms before the peer would time out, for ten timeouts in a row,
