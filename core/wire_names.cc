@@ -1,0 +1,189 @@
+// Name() of every enum of the wire format (wire.h): a switch with no default each, so that a
+// new value does not build until it is named.
+#include "core/wire.h"
+
+namespace stretch::wire {
+
+const char* Name(MessageType t) {
+  switch (t) {
+    case MessageType::kHello:
+      return "Hello";
+    case MessageType::kHelloReply:
+      return "HelloReply";
+    case MessageType::kCoherence:
+      return "Coherence";
+    case MessageType::kRegionAttach:
+      return "RegionAttach";
+    case MessageType::kRegionAttachReply:
+      return "RegionAttachReply";
+    case MessageType::kRegionAnnounce:
+      return "RegionAnnounce";
+    case MessageType::kThreadControl:
+      return "ThreadControl";
+    case MessageType::kFutex:
+      return "Futex";
+    case MessageType::kFutexReply:
+      return "FutexReply";
+    case MessageType::kAddressSpace:
+      return "AddressSpace";
+    case MessageType::kStatsRequest:
+      return "StatsRequest";
+    case MessageType::kStatsReply:
+      return "StatsReply";
+    case MessageType::kHeartbeat:
+      return "Heartbeat";
+    case MessageType::kError:
+      return "Error";
+    case MessageType::kExit:
+      return "Exit";
+    case MessageType::kPeers:
+      return "Peers";
+    case MessageType::kPageSeed:
+      return "PageSeed";
+    case MessageType::kPagesHeld:
+      return "PagesHeld";
+    case MessageType::kPagesHeldReply:
+      return "PagesHeldReply";
+    case MessageType::kLaunch:
+      return "Launch";
+    case MessageType::kFileOffset:
+      return "FileOffset";
+    case MessageType::kFileOffsetReply:
+      return "FileOffsetReply";
+    case MessageType::kThreadCreated:
+      return "ThreadCreated";
+  }
+  return nullptr;
+}
+
+const char* Name(FileOffsetOp op) {
+  switch (op) {
+    case FileOffsetOp::kRead:
+      return "read";
+    case FileOffsetOp::kWrite:
+      return "write";
+    case FileOffsetOp::kSeek:
+      return "seek";
+  }
+  return nullptr;
+}
+
+const char* Name(LaunchOp op) {
+  switch (op) {
+    case LaunchOp::kFile:
+      return "file";
+    case LaunchOp::kStart:
+      return "start";
+    case LaunchOp::kControl:
+      return "control";
+    case LaunchOp::kOutput:
+      return "output";
+    case LaunchOp::kStats:
+      return "stats";
+    case LaunchOp::kEnded:
+      return "ended";
+    case LaunchOp::kRefused:
+      return "refused";
+  }
+  return nullptr;
+}
+
+const char* Name(Role r) {
+  switch (r) {
+    case Role::kServer:
+      return "server";
+    case Role::kNode:
+      return "node";
+    case Role::kLauncher:
+      return "launcher";
+    case Role::kProcess:
+      return "process";
+  }
+  return nullptr;
+}
+
+const char* Name(CohOp op) {
+  switch (op) {
+    case CohOp::kGetS:
+      return "GetS";
+    case CohOp::kGetM:
+      return "GetM";
+    case CohOp::kPutS:
+      return "PutS";
+    case CohOp::kPutM:
+      return "PutM";
+    case CohOp::kData:
+      return "Data";
+    case CohOp::kInv:
+      return "Inv";
+    case CohOp::kInvAck:
+      return "InvAck";
+    case CohOp::kFwdGetS:
+      return "FwdGetS";
+    case CohOp::kFwdGetM:
+      return "FwdGetM";
+    case CohOp::kPutAck:
+      return "PutAck";
+    case CohOp::kUnblock:
+      return "Unblock";
+    case CohOp::kNack:
+      return "Nack";
+    case CohOp::kWriteback:
+      return "Writeback";
+  }
+  return nullptr;
+}
+
+const char* Name(ThreadAction a) {
+  switch (a) {
+    case ThreadAction::kRun:
+      return "run";
+    case ThreadAction::kPark:
+      return "park";
+    case ThreadAction::kExited:
+      return "exited";
+    case ThreadAction::kMigrate:
+      return "migrate";
+    case ThreadAction::kSignal:
+      return "signal";
+  }
+  return nullptr;
+}
+
+const char* Name(FutexOp op) {
+  switch (op) {
+    case FutexOp::kWait:
+      return "wait";
+    case FutexOp::kWake:
+      return "wake";
+    case FutexOp::kRequeue:
+      return "requeue";
+    case FutexOp::kCancel:
+      return "cancel";
+  }
+  return nullptr;
+}
+
+const char* Name(AddressSpaceOp op) {
+  switch (op) {
+    case AddressSpaceOp::kMmap:
+      return "mmap";
+    case AddressSpaceOp::kMunmap:
+      return "munmap";
+    case AddressSpaceOp::kMprotect:
+      return "mprotect";
+    case AddressSpaceOp::kMremap:
+      return "mremap";
+    case AddressSpaceOp::kBrk:
+      return "brk";
+    case AddressSpaceOp::kMadvise:
+      return "madvise";
+    case AddressSpaceOp::kLock:
+      return "lock";
+    case AddressSpaceOp::kDone:
+      return "done";
+  }
+  return nullptr;
+}
+
+}  // namespace stretch::wire
