@@ -241,21 +241,9 @@ absl::StatusOr<OriginResult> FinishHere(Subprocess& app, const sigset_t& forward
   }
 }
 
-}  // namespace
-
-absl::StatusOr<OriginResult> RunOrigin(const OriginOptions& options) {
-  const absl::Time deadline = absl::Now() + options.timeout;
-  SubprocessOptions prog = options.program;
-  prog.new_pid_namespace = true;
-  prog.die_with_parent = false;  // CRIU would restore it; the agents own lifetimes
-  prog.gate_before_exec = true;
-  STRETCH_ASSIGN_OR_RETURN(Subprocess app, Subprocess::Start(prog));
-
-  Watch watch;
-  {
-    absl::MutexLock l(&watch.mu);
-    watch.threads.push_back(app.pid());
-  }
+// What the supervisor tells `watch` about the program's threads before the migration point;
+// `want` is --migrate_at_threads (0: none).
+SupervisorCallbacks WatchCallbacks(Watch& watch, int want) {
   SupervisorCallbacks cb;
   cb.on_clone = [&watch](pid_t, pid_t child) {
     auto inner = InnermostTid(child);
@@ -266,7 +254,6 @@ absl::StatusOr<OriginResult> RunOrigin(const OriginOptions& options) {
   };
   // With --migrate_at_threads, the clone that reaches the count is the migration point: park
   // its creator and the new thread right there (the others are stopped by the detach).
-  const int want = options.migrate_at_threads;
   cb.park_after_clone = [&watch, want](pid_t, pid_t) {
     absl::MutexLock l(&watch.mu);
     return want > 0 && watch.created >= want;
@@ -290,6 +277,25 @@ absl::StatusOr<OriginResult> RunOrigin(const OriginOptions& options) {
     watch.exited = true;
     watch.exit_status = status;
   };
+  return cb;
+}
+
+}  // namespace
+
+absl::StatusOr<OriginResult> RunOrigin(const OriginOptions& options) {
+  const absl::Time deadline = absl::Now() + options.timeout;
+  SubprocessOptions prog = options.program;
+  prog.new_pid_namespace = true;
+  prog.die_with_parent = false;  // CRIU would restore it; the agents own lifetimes
+  prog.gate_before_exec = true;
+  STRETCH_ASSIGN_OR_RETURN(Subprocess app, Subprocess::Start(prog));
+
+  Watch watch;
+  {
+    absl::MutexLock l(&watch.mu);
+    watch.threads.push_back(app.pid());
+  }
+  SupervisorCallbacks cb = WatchCallbacks(watch, options.migrate_at_threads);
   SupervisorOptions sopt;
   sopt.run_all_at_attach = false;
   sopt.allow_exec = true;
