@@ -15,6 +15,7 @@
 #include "core/status.h"
 #include "core/wire.h"
 #include "engine/address_space.h"
+#include "engine/address_space_lock.h"
 #include "engine/file_offsets.h"
 #include "engine/futex_table.h"
 #include "engine/home_store.h"
@@ -112,7 +113,7 @@ class DirectoryServer::Impl {
     w.Field("protocol_errors", protocol_errors_);
     w.Field("futex_waits", futex_waits_);
     w.Field("futex_wakes", futex_wakes_);
-    w.Field("address_space_changes", address_space_changes_);
+    w.Field("address_space_changes", address_space_.changes());
     w.Field("file_offset_calls", file_offset_calls_);
     w.EndObject();
     return w.str();
@@ -132,11 +133,6 @@ class DirectoryServer::Impl {
   };
   // The address-space lock (wire::AddressSpaceOp): who holds it, whether its change came in,
   // and which nodes still replay it.
-  struct AsRequest {
-    NodeId node;
-    uint64_t seq = 0;
-  };
-
   void Loop() {
     for (;;) {
       auto ev = transport_->Receive(absl::Now() + absl::Milliseconds(200));
@@ -246,16 +242,24 @@ class DirectoryServer::Impl {
     ForgetAddressSpaceNode(*id);
   }
 
+  // The nodes connected now.
+  std::vector<NodeId> LiveNodes() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    std::vector<NodeId> live;
+    for (const auto& [id, n] : nodes_) {
+      if (n.alive) live.push_back(id);
+    }
+    return live;
+  }
+
+  // Carries out what the address-space lock says (the refusal goes to `peer`).
+  void Apply(PeerId peer, const AddressSpaceLock::Outcome& out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    for (const AddressSpaceLock::Send& send : out.sends) SendToNode(send.node, send.message);
+    if (!out.refused.empty()) Reject(peer, out.refused);
+  }
+
   // A node that is gone neither holds the address-space lock nor replays.
   void ForgetAddressSpaceNode(NodeId id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    if (as_holder_ && as_holder_->node == id) {
-      as_holder_.reset();
-      as_committed_ = false;
-      as_replaying_.clear();
-    }
-    as_replaying_.erase(id);
-    MaybeFinishAddressSpace();
-    MaybeGrantAddressSpace();
+    Apply(PeerId(), address_space_.Forget(id, LiveNodes()));
   }
 
   void OnMessage(PeerId peer, absl::Span<const uint8_t> bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -412,76 +416,16 @@ class DirectoryServer::Impl {
 
   void OnAddressSpace(PeerId peer, NodeId from, const wire::AddressSpace& a)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    const bool holder = as_holder_ && as_holder_->node == from;
-    switch (a.op) {
-      case wire::AddressSpaceOp::kLock:
-        as_waiting_.push_back({from, a.seq});
-        MaybeGrantAddressSpace();
-        return;
-      case wire::AddressSpaceOp::kDone:
-        if (holder && !as_committed_) {  // its call failed: nothing to replay
-          as_holder_.reset();
-          MaybeGrantAddressSpace();
-        } else if (as_replaying_.erase(from) > 0) {
-          if (a.flags != 0) {
-            LOG(ERROR) << "server: node " << from.value() << " could not replay address-space "
-                       << "change " << as_holder_->seq << " (it stops its program)";
-          }
-          MaybeFinishAddressSpace();
-        } else {
-          Reject(peer, absl::StrCat("node ", from.value(),
-                                    " sent an unexpected address-space "
-                                    "done"));
-        }
-        return;
-      case wire::AddressSpaceOp::kMadvise:
-        Reject(peer, absl::StrCat("node ", from.value(), " sent an address-space madvise"));
-        return;
-      default:
-        break;
+    AddressSpaceLock::Outcome out = address_space_.OnMessage(from, a, LiveNodes());
+    if (out.apply) {
+      // Before the change goes to the other nodes: a page request that follows it finds the
+      // directory changed already.
+      ApplyEffect(EffectOf(a));
+      VLOG(1) << absl::StrFormat("server: node %d %s [0x%x, +0x%x) -> [0x%x, +0x%x)", from.value(),
+                                 wire::Name(a.op), a.address, a.length, a.new_address,
+                                 a.new_length);
     }
-    if (!holder || as_committed_) {
-      Reject(peer, absl::StrCat("node ", from.value(), " sent an address-space ", wire::Name(a.op),
-                                " without holding the address-space lock"));
-      return;
-    }
-    as_committed_ = true;
-    ++address_space_changes_;
-    ApplyEffect(EffectOf(a));
-    VLOG(1) << absl::StrFormat("server: node %d %s [0x%x, +0x%x) -> [0x%x, +0x%x)", from.value(),
-                               wire::Name(a.op), a.address, a.length, a.new_address, a.new_length);
-    for (const auto& [id, n] : nodes_) {
-      if (!n.alive || id == from) continue;
-      as_replaying_.insert(id);
-      SendTo(n.peer, a);
-    }
-    MaybeFinishAddressSpace();
-  }
-
-  void MaybeGrantAddressSpace() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    while (!as_holder_ && !as_waiting_.empty()) {
-      AsRequest r = as_waiting_.front();
-      as_waiting_.pop_front();
-      auto it = nodes_.find(r.node);
-      if (it == nodes_.end() || !it->second.alive) continue;
-      as_holder_ = r;
-      as_committed_ = false;
-      wire::AddressSpace grant;
-      grant.op = wire::AddressSpaceOp::kLock;
-      grant.seq = r.seq;
-      SendTo(it->second.peer, grant);
-    }
-  }
-
-  void MaybeFinishAddressSpace() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    if (!as_holder_ || !as_committed_ || !as_replaying_.empty()) return;
-    wire::AddressSpace done;
-    done.op = wire::AddressSpaceOp::kDone;
-    done.seq = as_holder_->seq;
-    SendToNode(as_holder_->node, done);
-    as_holder_.reset();
-    as_committed_ = false;
-    MaybeGrantAddressSpace();
+    Apply(peer, out);
   }
 
   // Pages in [base, +length) the directory has entries for.
@@ -763,11 +707,7 @@ class DirectoryServer::Impl {
   uint64_t file_offset_calls_ ABSL_GUARDED_BY(mu_) = 0;
   std::map<uint32_t, Region> regions_ ABSL_GUARDED_BY(mu_);  // as announced
   RangeSet coherent_ ABSL_GUARDED_BY(mu_);  // announced regions with later changes applied
-  std::optional<AsRequest> as_holder_ ABSL_GUARDED_BY(mu_);
-  bool as_committed_ ABSL_GUARDED_BY(mu_) = false;
-  std::deque<AsRequest> as_waiting_ ABSL_GUARDED_BY(mu_);
-  std::set<NodeId> as_replaying_ ABSL_GUARDED_BY(mu_);
-  uint64_t address_space_changes_ ABSL_GUARDED_BY(mu_) = 0;
+  AddressSpaceLock address_space_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<PageId, coherence::DirPage> pages_ ABSL_GUARDED_BY(mu_);
   HomeStore home_ ABSL_GUARDED_BY(mu_);
   std::vector<coherence::Action> actions_ ABSL_GUARDED_BY(mu_);
