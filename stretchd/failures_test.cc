@@ -1,0 +1,215 @@
+// How `stretchd run` ends when something fails or is stopped: an interrupt, a killed node or
+// launcher, lost messages, a limit reached; nothing is left behind. Needs root and CRIU
+// (tools/setup), as CI has.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <optional>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "core/unique_fd.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "migrate/subprocess.h"
+#include "migrate/testing_criu.h"
+#include "stretchd/run_fixture.h"
+
+namespace stretch {
+namespace {
+
+using ::testing::HasSubstr;
+using testing::Outcome;
+using testing::RunCommand;
+using testing::Runfile;
+using RunTest = testing::RunFixture;
+
+// Number of processes `pgrep -c PATTERN` counts.
+int CountProcesses(const std::string& pattern) {
+  std::string out;
+  FILE* f = popen(absl::StrCat("pgrep -c ", pattern).c_str(), "r");
+  char buf[32] = {};
+  if (f) {
+    if (fgets(buf, sizeof(buf), f)) out = buf;
+    pclose(f);
+  }
+  return std::atoi(out.c_str());
+}
+
+// Starts `stretchd run --nodes=2` of two threads spinning for a very long time and waits until
+// both replicas run (their command lines read as empty: pgrep -x on the name).
+std::optional<Subprocess> StartLongSpin(const std::string& dir,
+                                        const std::vector<std::string>& flags = {}) {
+  SubprocessOptions o;
+  o.argv = {Runfile("stretchd/stretchd"), "run", "--nodes=2", "--migrate_at_threads=3",
+            "--placement=static"};
+  o.argv.insert(o.argv.end(), flags.begin(), flags.end());
+  for (const std::string& a : {std::string("--"), Runfile("stretchd/spin_prog"), std::string("2"),
+                               std::string("100000000000")}) {
+    o.argv.push_back(a);
+  }
+  o.stdout_path = dir + "/long.out";
+  o.stderr_path = dir + "/long.err";
+  auto p = Subprocess::Start(o);
+  EXPECT_TRUE(p.ok()) << p.status();
+  if (!p.ok()) return std::nullopt;
+  absl::Time end = absl::Now() + absl::Seconds(60);
+  while (CountProcesses("-x spin_prog") < 2 && absl::Now() < end) {
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  EXPECT_EQ(CountProcesses("-x spin_prog"), 2);
+  return std::move(*p);
+}
+
+// Nothing of a run is left: no replica, no agent, no network namespace of launcher `pid`.
+void ExpectNothingLeftOf(pid_t pid) {
+  EXPECT_EQ(CountProcesses("-x spin_prog"), 0);
+  EXPECT_EQ(CountProcesses("-f '[s]tretchd node .*--replica_images'"), 0);
+  std::string netns;
+  if (FILE* f = popen("ip netns list", "r")) {
+    char buf[256];
+    while (fgets(buf, sizeof(buf), f)) netns += buf;
+    pclose(f);
+  }
+  EXPECT_THAT(netns, ::testing::Not(HasSubstr(absl::StrCat("stretch-", pid, "-"))));
+}
+
+TEST_F(RunTest, InterruptStopsEverythingAndLeavesNothingBehind) {
+  auto p = StartLongSpin(dir_.path());
+  ASSERT_TRUE(p.has_value());
+  p->Kill(SIGINT);
+  auto st = p->Wait(absl::Now() + absl::Seconds(30));
+  ASSERT_TRUE(st.ok()) << st.status();
+  // spin_prog has no SIGINT handler: natively it dies of it, and so does stretchd.
+  EXPECT_EQ(st->ToString(), (ExitStatus{true, SIGINT}).ToString())
+      << testing::ReadFileOrEmpty(dir_.path() + "/long.err");
+  ExpectNothingLeftOf(p->pid());
+}
+
+// --node_cpus pins each node's replica (and agent) to its CPUs.
+TEST_F(RunTest, NodeCpusPinEachNodesReplica) {
+  if (sysconf(_SC_NPROCESSORS_ONLN) < 2) GTEST_SKIP() << "needs 2 CPUs";
+  auto p = StartLongSpin(dir_.path(), {"--node_cpus=0;1"});
+  ASSERT_TRUE(p.has_value());
+  std::vector<std::string> allowed;
+  if (FILE* f = popen("for p in $(pgrep -x spin_prog); do grep Cpus_allowed_list "
+                      "/proc/$p/status; done | sort",
+                      "r")) {
+    char buf[256];
+    while (fgets(buf, sizeof(buf), f)) allowed.push_back(buf);
+    pclose(f);
+  }
+  EXPECT_THAT(allowed,
+              ::testing::ElementsAre("Cpus_allowed_list:\t0\n", "Cpus_allowed_list:\t1\n"));
+  p->Kill(SIGINT);
+  auto st = p->Wait(absl::Now() + absl::Seconds(30));
+  ASSERT_TRUE(st.ok()) << st.status();
+  ExpectNothingLeftOf(p->pid());
+}
+
+// A node's agent killed (with its keeper): the pages it held are gone, so the program stops
+// everywhere with a message naming the node, stretchd fails, and nothing hangs or stays.
+TEST_F(RunTest, AKilledNodeStopsTheProgramWithAClearError) {
+  // Killed once the program runs on both nodes (the replicas' processes exist earlier, while
+  // they are restored: a node killed then is "exited while restoring its replica").
+  const std::string control = absl::StrCat("/tmp/stretch-run-test-", getpid(), "-kill.sock");
+  auto p = StartLongSpin(dir_.path(), {"--control=" + control});
+  ASSERT_TRUE(p.has_value());
+  absl::Time end = absl::Now() + absl::Seconds(60);
+  std::string where;
+  for (int n = 0; absl::Now() < end; ++n) {
+    where = RunCommand({Runfile("stretchd/stretchd"), "migrate", "--minloglevel=1",
+                        "--control=" + control},
+                       dir_.path(), absl::StrCat("where", n))
+                .out;
+    if (absl::StrContains(where, "node 1: ") && !absl::StrContains(where, "node 1: \n") &&
+        !absl::StrContains(where, "node 1: ?")) {
+      break;
+    }
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  ASSERT_THAT(where, HasSubstr("node 1: ")) << where;
+  ASSERT_EQ(system("pkill -KILL -f '[s]tretchd node --node=1 .*--replica_images'"), 0);
+  auto st = p->Wait(absl::Now() + absl::Seconds(30));
+  ASSERT_TRUE(st.ok()) << st.status();
+  EXPECT_EQ(st->ToString(), "exit status 1");
+  const std::string err = testing::ReadFileOrEmpty(dir_.path() + "/long.err");
+  EXPECT_THAT(err, HasSubstr("node 1"));
+  EXPECT_THAT(err, HasSubstr("was lost"));
+  EXPECT_THAT(err, HasSubstr("cannot be recovered"));
+  ExpectNothingLeftOf(p->pid());
+}
+
+// The launcher (with the directory server inside it) killed outright: its agents die with it
+// (parent-death signal) and their keepers kill the replicas, so no part of the program runs
+// on; the next run removes the network namespaces the dead launcher could not.
+TEST_F(RunTest, AKilledLauncherLeavesNoReplicaRunning) {
+  auto p = StartLongSpin(dir_.path());
+  ASSERT_TRUE(p.has_value());
+  p->Kill(SIGKILL);
+  auto st = p->Wait(absl::Now() + absl::Seconds(10));
+  ASSERT_TRUE(st.ok()) << st.status();
+  const absl::Time end = absl::Now() + absl::Seconds(20);
+  auto left = [] {
+    return CountProcesses("-x spin_prog") +
+           CountProcesses("-f '[s]tretchd node .*--replica_images'");
+  };
+  while (left() > 0 && absl::Now() < end) absl::SleepFor(absl::Milliseconds(20));
+  EXPECT_EQ(left(), 0);
+  Outcome next = RunCommand({Runfile("stretchd/stretchd"), "run", "--nodes=2", "--", "/bin/true"},
+                            dir_.path(), "after-kill");
+  EXPECT_EQ(next.status.ToString(), "exit status 0") << next.err;
+  ExpectNothingLeftOf(p->pid());
+}
+
+// Coherence messages delayed on their way to each node (--inject_faults): slower, same
+// result. Lost (a transport must never lose one, so this is a broken network or peer): the
+// fault that waits for one stops the program everywhere after --fault_timeout_ms with an
+// error, never a hang, never a wrong result.
+TEST_F(RunTest, DelayedMessagesChangeNothingAndLostOnesStopTheProgramClearly) {
+  const std::vector<std::string> prog = {Runfile("experiments/workloads/kmeans"), "--size=8000",
+                                         "--threads=4"};
+  auto [native, delayed] =
+      Both(prog, {"--migrate_at_threads=5", "--inject_faults=delay=0.3,max_delay_ms=3,seed=5"});
+  EXPECT_EQ(delayed.status.ToString(), "exit status 0") << delayed.err;
+  EXPECT_EQ(delayed.out, native.out);
+  std::vector<int64_t> counts = Numbers("delayed");
+  ASSERT_EQ(counts.size(), 2u) << last_stats_;
+  EXPECT_GT(counts[0] + counts[1], 0) << last_stats_;
+
+  auto [native2, lossy] = Both(prog, {"--migrate_at_threads=5", "--fault_timeout_ms=500",
+                                      "--inject_faults=drop=0.05,seed=3"});
+  EXPECT_EQ(lossy.status.ToString(), "exit status 1") << lossy.err;
+  EXPECT_THAT(lossy.err, HasSubstr("got no answer in"));
+  EXPECT_THAT(lossy.err, HasSubstr("a message was lost or a peer is stuck"));
+  EXPECT_EQ(CountProcesses("-x kmeans"), 0);
+}
+
+// A program whose shared memory needs more pages than the directory may track
+// (--max_pages) stops with an error naming the limit.
+TEST_F(RunTest, AProgramLargerThanMaxPagesStopsNamingTheLimit) {
+  auto [native, stretch] =
+      Both({Runfile("experiments/workloads/big_heap"), "--mib=16", "--threads=4"},
+           {"--migrate_at_threads=5", "--max_pages=1000"});
+  EXPECT_EQ(native.status.ToString(), "exit status 0");
+  EXPECT_EQ(stretch.status.ToString(), "exit status 1") << stretch.err;
+  EXPECT_THAT(stretch.err, HasSubstr("the limit is 1000 (--max_pages)"));
+}
+
+}  // namespace
+}  // namespace stretch
