@@ -70,11 +70,17 @@ TEST(TransitionTableTest, NodeCellsFollowTheRules) {
         EXPECT_EQ(step.next, line);
       }
       // A local fault or eviction is handled in every state (served, merged, queued).
-      if (IsLocal(type)) EXPECT_NE(step.kind, StepKind::kImpossible);
+      if (IsLocal(type)) {
+        EXPECT_NE(step.kind, StepKind::kImpossible);
+      }
       // Messages are never queued at a node: only local events wait.
-      if (!IsLocal(type)) EXPECT_NE(step.kind, StepKind::kStall);
+      if (!IsLocal(type)) {
+        EXPECT_NE(step.kind, StepKind::kStall);
+      }
       // Only transient states queue, and stable states handle every local event.
-      if (IsStable(state)) EXPECT_NE(step.kind, StepKind::kStall);
+      if (IsStable(state)) {
+        EXPECT_NE(step.kind, StepKind::kStall);
+      }
       // A stale message changes nothing.
       if (type == NodeEventType::kStale) {
         EXPECT_EQ(step.kind, StepKind::kDone);
@@ -87,7 +93,9 @@ TEST(TransitionTableTest, NodeCellsFollowTheRules) {
           EXPECT_TRUE(state == NodeState::kIS_D || state == NodeState::kIM_AD);
         }
         EXPECT_NE(a.kind, ActionKind::kStoreHome);
-        if (a.kind == ActionKind::kSend) EXPECT_NE(a.msg.payload, Payload::kHome);
+        if (a.kind == ActionKind::kSend) {
+          EXPECT_NE(a.msg.payload, Payload::kHome);
+        }
       }
     }
   }
@@ -108,8 +116,12 @@ TEST(TransitionTableTest, DirectoryCellsFollowTheRules) {
       const bool completion = type == DirEventType::kWriteback || type == DirEventType::kUnblock;
       // Stable states never queue; transient states queue every request and never a
       // completion.
-      if (IsStable(state) || completion) EXPECT_NE(step.kind, StepKind::kStall);
-      if (!IsStable(state) && !completion) EXPECT_EQ(step.kind, StepKind::kStall);
+      if (IsStable(state) || completion) {
+        EXPECT_NE(step.kind, StepKind::kStall);
+      }
+      if (!IsStable(state) && !completion) {
+        EXPECT_EQ(step.kind, StepKind::kStall);
+      }
       // A request from a node that already holds the page is a bug of that node.
       if (IsStable(state) && type == DirEventType::kGetRedundant) {
         EXPECT_EQ(step.kind, StepKind::kImpossible);
@@ -131,7 +143,9 @@ TEST(TransitionTableTest, DirectoryCellsFollowTheRules) {
       }
       for (const Action& a : step.actions) {
         EXPECT_TRUE(a.kind == ActionKind::kSend || a.kind == ActionKind::kStoreHome);
-        if (a.kind == ActionKind::kSend) EXPECT_NE(a.msg.payload, Payload::kStash);
+        if (a.kind == ActionKind::kSend) {
+          EXPECT_NE(a.msg.payload, Payload::kStash);
+        }
       }
     }
   }

@@ -33,7 +33,9 @@ TEST(CheckTest, ReportsEveryCapability) {
   ASSERT_NE(verbs, nullptr);
   EXPECT_FALSE(verbs->required);
   for (const auto& r : results) {
-    if (!r.ok) EXPECT_FALSE(r.advice.empty()) << r.name;
+    if (!r.ok) {
+      EXPECT_FALSE(r.advice.empty()) << r.name;
+    }
   }
 }
 

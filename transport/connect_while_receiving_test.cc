@@ -120,7 +120,9 @@ TEST_P(ConnectWhileReceivingTest, ConnectsWhileTrafficFlows) {
   EXPECT_TRUE(peer.ok()) << peer.status();
   EXPECT_LT(took, absl::Seconds(1)) << "Connect took " << took;
   // The new connection carries traffic both ways at once.
-  if (peer.ok()) EXPECT_TRUE((*a)->Send(*peer, request).ok());
+  if (peer.ok()) {
+    EXPECT_TRUE((*a)->Send(*peer, request).ok());
+  }
   // Keep everything running past the peer timeout.
   absl::SleepFor(absl::Seconds(2.5));
   EXPECT_GT(replies.load(), before + 100) << "page traffic stalled";

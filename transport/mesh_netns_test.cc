@@ -212,8 +212,8 @@ class Endpoint {
     {
       absl::MutexLock l(&world_->mu);
       auto go = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(world_->mu) {
-        return world_->stop || (world_->mesh && static_cast<int>(world_->addresses.size()) ==
-                                                    world_->endpoints);
+        return world_->stop ||
+               (world_->mesh && static_cast<int>(world_->addresses.size()) == world_->endpoints);
       };
       world_->mu.Await(absl::Condition(&go));
       if (world_->stop) return;
@@ -373,11 +373,10 @@ TEST_P(MeshNetnsTest, ConnectsWhileTrafficFlowsAndNobodyIsLost) {
     absl::MutexLock l(&world.mu);
     return world.mu.AwaitWithTimeout(absl::Condition(&pred), limit);
   };
-  bool ok = wait_for(
-      [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(world.mu) {
-        return world.stop || world.connected_to_server == params.nodes;
-      },
-      absl::Seconds(20));
+  bool ok =
+      wait_for([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(
+                   world.mu) { return world.stop || world.connected_to_server == params.nodes; },
+               absl::Seconds(20));
   EXPECT_TRUE(ok) << "nodes did not all connect to the server";
   // Page traffic with the server first, then the mesh is built while it flows.
   absl::SleepFor(absl::Milliseconds(300));
@@ -385,11 +384,9 @@ TEST_P(MeshNetnsTest, ConnectsWhileTrafficFlowsAndNobodyIsLost) {
     absl::MutexLock l(&world.mu);
     world.mesh = true;
   }
-  ok = wait_for(
-      [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(world.mu) {
-        return world.stop || world.connectors_done == params.nodes;
-      },
-      absl::Seconds(30));
+  ok = wait_for([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(
+                    world.mu) { return world.stop || world.connectors_done == params.nodes; },
+                absl::Seconds(30));
   EXPECT_TRUE(ok) << "the node-to-node connections were not all made";
   // Past the peer timeout with traffic on every link.
   absl::SleepFor(absl::Seconds(3));
@@ -415,16 +412,16 @@ TEST_P(MeshNetnsTest, ConnectsWhileTrafficFlowsAndNobodyIsLost) {
     EXPECT_EQ(s.protocol_errors, 0u) << "endpoint " << i;
     // Every endpoint talks to every other (the server to every node, nodes to all).
     for (int r = 0; r < endpoints; ++r) {
-      if (r != i) EXPECT_GT(received[r], 10u) << "endpoint " << i << " heard little from " << r;
+      if (r != i) {
+        EXPECT_GT(received[r], 10u) << "endpoint " << i << " heard little from " << r;
+      }
     }
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Mesh, MeshNetnsTest,
-                         ::testing::Values(Params{3, 0}, Params{3, 2}),
+INSTANTIATE_TEST_SUITE_P(Mesh, MeshNetnsTest, ::testing::Values(Params{3, 0}, Params{3, 2}),
                          [](const ::testing::TestParamInfo<Params>& info) {
-                           return absl::StrCat(info.param.nodes, "nodes_", info.param.hogs,
-                                               "hogs");
+                           return absl::StrCat(info.param.nodes, "nodes_", info.param.hogs, "hogs");
                          });
 
 }  // namespace

@@ -75,16 +75,22 @@ TEST(SessionTableTest, CellsFollowTheRules) {
       EXPECT_EQ(c.before, SessionState::kConnected);
       EXPECT_EQ(c.after, SessionState::kClosed);
     }
-    if (Has(a, K::kRejected)) EXPECT_TRUE(Ended(c.after));
+    if (Has(a, K::kRejected)) {
+      EXPECT_TRUE(Ended(c.after));
+    }
     // Nothing is delivered by a session that was not connected when the data came.
-    if (Has(a, K::kDeliver)) EXPECT_EQ(c.after, SessionState::kConnected);
+    if (Has(a, K::kDeliver)) {
+      EXPECT_EQ(c.after, SessionState::kConnected);
+    }
     // Frames of another incarnation and heartbeats change nothing but the clock.
     if (c.input == "DATA, another incarnation" || c.input == "HEARTBEAT") {
       EXPECT_EQ(c.after, c.before);
       EXPECT_FALSE(Has(a, K::kDeliver));
     }
     // Ticks before the heartbeat interval do nothing.
-    if (c.input == "tick, 50ms later") EXPECT_TRUE(a.empty());
+    if (c.input == "tick, 50ms later") {
+      EXPECT_TRUE(a.empty());
+    }
   }
 }
 
