@@ -200,7 +200,8 @@ void PlacementController::WatchConsolidated(absl::Time now, const Window& w) {
   // Node 0's cores are all busy: with the program's threads, or (on a machine busy with other
   // work) also with other tasks, which the threads then wait behind.
   const NodeWindow& zero = w.nodes[0];
-  const bool cores_full = w.cores >= 0.8 * node0_cores_ || zero.cpu_wait >= 0.25 * zero.cpu;
+  const bool full_with_program = w.cores >= 0.8 * node0_cores_;
+  const bool cores_full = full_with_program || zero.cpu_wait >= 0.25 * zero.cpu;
   const bool saturated = cores_full && zero.cpu > 0 &&
                          w.waiting<0.25 * w.cores&& static_cast<double>(w.threads)> node0_cores_ &&
                          !w.fewer_threads;
@@ -213,7 +214,9 @@ void PlacementController::WatchConsolidated(absl::Time now, const Window& w) {
     --per_node[0];
   }
   const double predicted = ThroughputModel::Busy(per_node, node_cores_, spread_stall_per_cpu_);
-  const bool predicted_gain = predicted >= 1.25 * consolidated_cores_;
+  // The prediction knows nothing of other work on the nodes: beside it, only a probe (after
+  // the backoff, which grows each time one does not pay) can tell whether spreading pays.
+  const bool predicted_gain = full_with_program && predicted >= 1.25 * consolidated_cores_;
   // Probe when the model predicts a gain, or after the backoff: the model cannot see a phase
   // change, only a probe can.
   if (now < next_probe_ && !predicted_gain) return;

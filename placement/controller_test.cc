@@ -238,8 +238,19 @@ TEST(PlacementControllerTest, ALoadedNodeZeroIsSaturatedAndProbed) {
   PlacementController c(Adaptive(), &cluster);
   ASSERT_NO_FATAL_FAILURE(Consolidate(cluster, c));
   const std::vector<Activity> loaded = {{0.033, 0, 0, 0, 0.2}, {0, 0, 0, 0}};
-  WindowsUntilAMove(cluster, c, loaded, 100);
+  // Not at once: the model's prediction cannot see the other work; after the backoff.
+  const int first = WindowsUntilAMove(cluster, c, loaded, 100);
   EXPECT_THAT(cluster.moves, ElementsAre("3:0->1"));
+  EXPECT_GE(first, 5);
+  // Spread, the threads keep no more cores busy (the machine is just busy): back to node 0,
+  // and the next probe waits twice as long, not one window (pbzip2 under load probed and
+  // consolidated every half second).
+  cluster.moves.clear();
+  cluster.Window(c, loaded);
+  ASSERT_TRUE(c.consolidated());
+  cluster.moves.clear();
+  const int second = WindowsUntilAMove(cluster, c, loaded, 200);
+  EXPECT_GE(second, first);
   // Node 0 neither full nor waited for: no probe.
   FakeCluster idle({{1, 2}, {3}});
   PlacementController d(Adaptive(), &idle);
