@@ -155,6 +155,17 @@ void Fields(V& v, M& m) requires std::is_same_v<std::remove_const_t<M>, PagesHel
 }
 
 template <typename V, typename M>
+void Fields(V& v, M& m) requires std::is_same_v<std::remove_const_t<M>, PagesWanted> {
+  v(m.seq, "seq");
+}
+template <typename V, typename M>
+void Fields(V& v, M& m) requires std::is_same_v<std::remove_const_t<M>, PagesWantedReply> {
+  v(m.seq, "seq");
+  v(m.runs, "runs");
+  v(m.last, "last");
+}
+
+template <typename V, typename M>
 void Fields(V& v, M& m) requires std::is_same_v<std::remove_const_t<M>, Launch> {
   v(m.op, "op");
   v(m.offset, "offset");
@@ -208,6 +219,8 @@ constexpr MessageType kTypeOf = [] {
   if constexpr (std::is_same_v<T, PageSeed>) return MessageType::kPageSeed;
   if constexpr (std::is_same_v<T, PagesHeld>) return MessageType::kPagesHeld;
   if constexpr (std::is_same_v<T, PagesHeldReply>) return MessageType::kPagesHeldReply;
+  if constexpr (std::is_same_v<T, PagesWanted>) return MessageType::kPagesWanted;
+  if constexpr (std::is_same_v<T, PagesWantedReply>) return MessageType::kPagesWantedReply;
   if constexpr (std::is_same_v<T, Launch>) return MessageType::kLaunch;
   if constexpr (std::is_same_v<T, FileOffset>) return MessageType::kFileOffset;
   if constexpr (std::is_same_v<T, FileOffsetReply>) return MessageType::kFileOffsetReply;
@@ -568,18 +581,23 @@ absl::Status Validate(const PageSeed& m) {
   }
   return absl::OkStatus();
 }
-absl::Status Validate(const PagesHeld& m) {
-  for (const PageRun& r : m.runs) {
+absl::Status ValidateRuns(const char* what, const std::vector<PageRun>& runs) {
+  for (const PageRun& r : runs) {
     if (r.count == 0 || r.count > kMaxPagesPerRun) {
-      return Invalid("PagesHeld", absl::StrFormat("a run of %u pages", r.count));
+      return Invalid(what, absl::StrFormat("a run of %u pages", r.count));
     }
     if (r.first.number() >= (kUserAddressLimit >> kPageShift) ||
         r.count > (kUserAddressLimit >> kPageShift) - r.first.number()) {
-      return Invalid("PagesHeld", absl::StrFormat("run %s +%u outside the user address space",
-                                                  r.first.ToString(), r.count));
+      return Invalid(what, absl::StrFormat("run %s +%u outside the user address space",
+                                           r.first.ToString(), r.count));
     }
   }
   return absl::OkStatus();
+}
+absl::Status Validate(const PagesHeld& m) { return ValidateRuns("PagesHeld", m.runs); }
+absl::Status Validate(const PagesWanted&) { return absl::OkStatus(); }
+absl::Status Validate(const PagesWantedReply& m) {
+  return ValidateRuns("PagesWantedReply", m.runs);
 }
 absl::Status Validate(const PagesHeldReply&) { return absl::OkStatus(); }
 absl::Status Validate(const Exit& m) {
@@ -728,6 +746,10 @@ absl::StatusOr<Message> Decode(absl::Span<const uint8_t> frame) {
       return DecodeAs<PagesHeld>(payload);
     case MessageType::kPagesHeldReply:
       return DecodeAs<PagesHeldReply>(payload);
+    case MessageType::kPagesWanted:
+      return DecodeAs<PagesWanted>(payload);
+    case MessageType::kPagesWantedReply:
+      return DecodeAs<PagesWantedReply>(payload);
     case MessageType::kLaunch:
       return DecodeAs<Launch>(payload);
     case MessageType::kFileOffset:

@@ -75,6 +75,8 @@ enum class MessageType : uint8_t {
   kFileOffset = 22,
   kFileOffsetReply = 23,
   kThreadCreated = 24,
+  kPagesWanted = 25,
+  kPagesWantedReply = 26,
 };
 // Name of a value, or nullptr if it is not a MessageType (used to validate input).
 const char* Name(MessageType t);
@@ -319,6 +321,20 @@ struct PagesHeldReply {
   uint64_t pages = 0;  // pages recorded
 };
 
+// Node -> server, once every thread of the program runs on that node and it is to take the
+// program home (replica/going_home.h): which pages have contents (the checkpoint's, a file's,
+// or written since) that this node does not hold? The server answers with PagesWantedReply
+// messages of at most kMaxListEntries runs each, the last one with `last` set; the node then
+// reads each of those pages as a fault would.
+struct PagesWanted {
+  uint64_t seq = 0;
+};
+struct PagesWantedReply {
+  uint64_t seq = 0;
+  std::vector<PageRun> runs;  // at most kMaxListEntries
+  bool last = false;
+};
+
 // A launcher (`stretchd run --server`) and the node agent of another machine running a replica
 // of its program for it (launch/remote_replicas.h describes the exchange).
 enum class LaunchOp : uint8_t {
@@ -372,7 +388,7 @@ using Message =
     std::variant<Hello, HelloReply, CoherenceMsg, RegionAttach, RegionAttachReply, RegionAnnounce,
                  ThreadControl, Futex, FutexReply, AddressSpace, StatsRequest, StatsReply,
                  Heartbeat, Error, Exit, Peers, PageSeed, PagesHeld, PagesHeldReply, Launch,
-                 FileOffset, FileOffsetReply, ThreadCreated>;
+                 FileOffset, FileOffsetReply, ThreadCreated, PagesWanted, PagesWantedReply>;
 
 MessageType TypeOf(const Message& m);
 // The type a frame's header claims (nullopt if the frame is shorter than a header or its

@@ -50,6 +50,8 @@ std::vector<std::vector<uint8_t>> Seeds() {
                                PageSeed{PageId(3), page},
                                PagesHeld{7, {{PageId(0x100), 3}, {PageId(0x200), 1}}},
                                PagesHeldReply{7, 4},
+                               PagesWanted{8},
+                               PagesWantedReply{8, {{PageId(0x300), 2}}, true},
                                Launch{LaunchOp::kFile, 4096, "core-1.img", "abc"},
                                FileOffset{FileOffsetOp::kRead, ThreadId(2), 1, 3, 16, 64, 0, 0,
                                           4096},

@@ -44,6 +44,10 @@ const char* Name(MessageType t) {
       return "PagesHeld";
     case MessageType::kPagesHeldReply:
       return "PagesHeldReply";
+    case MessageType::kPagesWanted:
+      return "PagesWanted";
+    case MessageType::kPagesWantedReply:
+      return "PagesWantedReply";
     case MessageType::kLaunch:
       return "Launch";
     case MessageType::kFileOffset:

@@ -296,6 +296,24 @@ TEST(WireTest, PageSeedCarriesExactlyOnePage) {
   EXPECT_FALSE(Decode(Reframe(frame)).ok());
 }
 
+TEST(WireTest, PagesWantedRoundTripAndLimits) {
+  auto q = Decode(Encode(PagesWanted{5}));
+  ASSERT_TRUE(q.ok()) << q.status();
+  EXPECT_EQ(std::get<PagesWanted>(*q).seq, 5u);
+  auto out = Decode(Encode(PagesWantedReply{5, {{PageId(0x100), 3}}, true}));
+  ASSERT_TRUE(out.ok()) << out.status();
+  const auto& r = std::get<PagesWantedReply>(*out);
+  EXPECT_EQ(r.seq, 5u);
+  ASSERT_EQ(r.runs.size(), 1u);
+  EXPECT_EQ(r.runs[0].count, 3u);
+  EXPECT_TRUE(r.last);
+  // An empty run is refused like PagesHeld's (seq 8 bytes, run count 4, first 8, count 4).
+  auto frame = Encode(PagesWantedReply{5, {{PageId(1), 1}}, false});
+  const uint32_t zero = 0;
+  std::memcpy(&frame[kHeaderSize + 20], &zero, 4);
+  EXPECT_FALSE(Decode(frame).ok());
+}
+
 TEST(WireTest, PagesHeldRoundTripAndLimits) {
   auto out = Decode(Encode(PagesHeld{9, {{PageId(0x100), 3}, {PageId(0x7000), 1}}}));
   ASSERT_TRUE(out.ok()) << out.status();
@@ -345,7 +363,7 @@ TEST(WireTest, EveryTruncationIsRejected) {
 }
 
 TEST(WireTest, NamesCoverEveryValue) {
-  for (int i = 1; i <= 24; ++i) {
+  for (int i = 1; i <= 26; ++i) {
     if (i == 3) continue;  // retired (was AuthProof)
     EXPECT_NE(Name(static_cast<MessageType>(i)), nullptr) << i;
   }
@@ -353,7 +371,7 @@ TEST(WireTest, NamesCoverEveryValue) {
   std::vector<uint8_t> retired = Encode(Hello{});
   retired[5] = 3;  // the type byte: AuthProof's old number is an unknown type now
   EXPECT_EQ(DecodeStatus(retired).code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(Name(static_cast<MessageType>(25)), nullptr);
+  EXPECT_EQ(Name(static_cast<MessageType>(27)), nullptr);
   for (int i = 1; i <= 3; ++i) EXPECT_NE(Name(static_cast<FileOffsetOp>(i)), nullptr) << i;
   EXPECT_EQ(Name(static_cast<FileOffsetOp>(4)), nullptr);
   for (int i = 1; i <= 13; ++i) EXPECT_NE(Name(static_cast<CohOp>(i)), nullptr) << i;

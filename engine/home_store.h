@@ -50,6 +50,9 @@ class HomeStore {
   // moved since): from the checkpoint's pages or from a file backing.
   bool IsCheckpointCopy(PageId page) const;
 
+  // Pages in [base, +length) with a home copy other than zeros.
+  std::vector<PageId> PagesIn(uint64_t base, uint64_t length) const;
+
   // Initial contents of `backing`'s pages not in the checkpoint: maps the file read-only (its
   // pages are read when asked for). InvalidArgument for a bad range, the failing call for a
   // file that cannot be mapped.
@@ -59,8 +62,6 @@ class HomeStore {
   // The file backing's copy of `page`, if a file covers it.
   std::optional<absl::Span<const uint8_t>> FromFile(PageId page) const;
   bool Initial(PageId page) const;  // in the checkpoint or a file
-  // Pages in [base, +length) with a home copy other than zeros.
-  std::vector<PageId> PagesIn(uint64_t base, uint64_t length) const;
 
   struct Page {
     uint8_t bytes[kPageSize];

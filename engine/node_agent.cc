@@ -156,6 +156,7 @@ std::string NodeAgent::Impl::StatsJson() const {
   w.Field("pages_fetched", stats_.pages_fetched.Get());
   w.Field("upgrades", stats_.upgrades.Get());
   w.Field("pages_read_ahead", stats_.pages_read_ahead.Get());
+  w.Field("pages_gathered", stats_.pages_gathered.Get());
   w.Field("pages_held", stats_.pages_held.Get());
   w.Field("invalidations_received", stats_.invalidations_received.Get());
   w.Field("pages_dropped", stats_.pages_dropped.Get());
@@ -369,6 +370,14 @@ void NodeAgent::Impl::OnServerMessage(const wire::Message& m) {
     held_acked_.insert(held->seq);
     return;
   }
+  if (auto* wanted = std::get_if<wire::PagesWantedReply>(&m)) {
+    absl::MutexLock l(&held_mu_);
+    auto it = wanted_.find(wanted->seq);
+    if (it == wanted_.end() || it->second.complete) return;  // not asked for
+    it->second.runs.insert(it->second.runs.end(), wanted->runs.begin(), wanted->runs.end());
+    it->second.complete = wanted->last;
+    return;
+  }
   if (auto* error = std::get_if<wire::Error>(&m)) {
     // The processes are killed whatever the code says, so health() must report a failure:
     // a code that is not an error status (0 is OK) becomes kUnknown.
@@ -566,6 +575,9 @@ absl::Status NodeAgent::HoldCheckpointPages(
     pid_t pid, const std::vector<std::pair<uintptr_t, absl::Span<const uint8_t>>>& pages,
     absl::Time deadline) {
   return impl_->HoldCheckpointPages(pid, pages, deadline);
+}
+absl::StatusOr<uint64_t> NodeAgent::GatherPages(pid_t pid, absl::Time deadline) {
+  return impl_->GatherPages(pid, deadline);
 }
 const std::string& NodeAgent::address() const { return impl_->address(); }
 NodeId NodeAgent::node() const { return impl_->node(); }

@@ -47,8 +47,8 @@
 #include "core/wire.h"
 #include "engine/fault_observers.h"
 #include "transport/fault_injecting_transport.h"
-#include "uffd/invalidate.h"
 #include "transport/transport.h"
+#include "uffd/invalidate.h"
 
 namespace stretch::uffd {
 class RemoteThread;
@@ -101,6 +101,7 @@ struct NodeStats {
   Counter pages_fetched;           // pages installed with data from another node or the home copy
   Counter upgrades;                // read-only copies made writable without a transfer
   Counter pages_read_ahead;        // read misses asked for ahead of a fault (NodeOptions)
+  Counter pages_gathered;          // read to take the program home (GatherPages)
   Counter pages_held;              // checkpoint pages held read-only from the start
   Counter invalidations_received;  // Inv messages
   Counter pages_dropped;           // pages made missing in a process
@@ -150,6 +151,13 @@ class NodeAgent {
   absl::Status HoldCheckpointPages(
       pid_t pid, const std::vector<std::pair<uintptr_t, absl::Span<const uint8_t>>>& pages,
       absl::Time deadline);
+
+  // Reads into attached process `pid` every page with contents that this node holds no valid
+  // copy of (the directory lists them: wire::PagesWanted), as faults would, and returns once
+  // all are installed; the number read. For taking the program home (replica/going_home.h):
+  // afterwards this node's copy of the program's memory is whole, with no thread of it
+  // running elsewhere. DeadlineExceeded if the pages did not all come in time.
+  absl::StatusOr<uint64_t> GatherPages(pid_t pid, absl::Time deadline);
 
   // The page of the invalidation helper's code in attached process `pid` (its system calls
   // must bypass a seccomp filter placed in that process).

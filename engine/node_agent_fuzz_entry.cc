@@ -292,6 +292,7 @@ std::vector<Template> Templates(const std::string& peer_address) {
   add("HelloReply", wire::HelloReply{true, kSelf, ""});
   add("FutexReply", wire::FutexReply{1, 0});
   add("PagesHeldReply", wire::PagesHeldReply{1, 1});
+  add("PagesWantedReply", wire::PagesWantedReply{1, {{PageId::Containing(0x10000000), 2}}, true});
   add("ThreadControl", wire::ThreadControl{ThreadId(5), kSelf, wire::ThreadAction::kSignal, 9});
   for (wire::AddressSpaceOp op :
        {wire::AddressSpaceOp::kMmap, wire::AddressSpaceOp::kMunmap, wire::AddressSpaceOp::kMremap,
@@ -533,8 +534,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
 
   // The agent kills its processes only when it fails, and then health() says why.
   siginfo_t si = {};
-  const bool exited = waitid(P_PID, child.pid, &si, WEXITED | WNOHANG | WNOWAIT) == 0 &&
-                      si.si_pid == child.pid;
+  const bool exited =
+      waitid(P_PID, child.pid, &si, WEXITED | WNOHANG | WNOWAIT) == 0 && si.si_pid == child.pid;
   result.process_alive = !exited;
   if (exited && (*agent)->health().ok()) {
     absl::SleepFor(absl::Milliseconds(100));  // a kill whose reason is being recorded now

@@ -138,6 +138,7 @@ class NodeAgent::Impl {
   absl::Status HoldCheckpointPages(
       pid_t pid, const std::vector<std::pair<uintptr_t, absl::Span<const uint8_t>>>& pages,
       absl::Time deadline);
+  absl::StatusOr<uint64_t> GatherPages(pid_t pid, absl::Time deadline);
 
   const std::string& address() const { return address_; }
   NodeId node() const { return self_; }
@@ -377,6 +378,12 @@ class NodeAgent::Impl {
   uint64_t held_seq_ ABSL_GUARDED_BY(held_mu_) = 0;
   absl::flat_hash_set<uint64_t> held_acked_ ABSL_GUARDED_BY(held_mu_);
   bool held_failed_ ABSL_GUARDED_BY(held_mu_) = false;  // Fail() was called
+  // The directory's answers to PagesWanted (GatherPages), by seq; complete once `last` came.
+  struct Wanted {
+    std::vector<wire::PageRun> runs;
+    bool complete = false;
+  };
+  absl::flat_hash_map<uint64_t, Wanted> wanted_ ABSL_GUARDED_BY(held_mu_);
 
   FaultTrace trace_;
   WriteSharing sharing_;

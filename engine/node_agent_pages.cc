@@ -1,10 +1,10 @@
 // The node agent's per-page engine: faults and coherence messages become coherence steps
 // (coherence/node.h), whose actions are carried out in order with userfaultfd and the
 // invalidation helper (node_agent_impl.h).
-#include "engine/node_agent_impl.h"
-
 #include <sys/mman.h>
 #include <sys/syscall.h>
+
+#include "engine/node_agent_impl.h"
 
 namespace stretch::engine {
 
@@ -307,6 +307,78 @@ bool NodeAgent::Impl::Held(const wire::CoherenceMsg& m, int64_t* until) {
   if (it == pages_.end()) return false;
   *until = it->second.hold_until_ns;
   return *until > NowNs();
+}
+
+absl::StatusOr<uint64_t> NodeAgent::Impl::GatherPages(pid_t pid, absl::Time deadline) {
+  uint64_t seq;
+  {
+    absl::MutexLock l(&held_mu_);
+    seq = ++held_seq_;
+    wanted_[seq];
+  }
+  STRETCH_RETURN_IF_ERROR(SendMessage(server_, wire::PagesWanted{seq}));
+  std::vector<wire::PageRun> runs;
+  {
+    absl::MutexLock l(&held_mu_);
+    auto answered = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(held_mu_) {
+      return held_failed_ || wanted_[seq].complete;
+    };
+    const bool in_time = held_mu_.AwaitWithDeadline(absl::Condition(&answered), deadline);
+    runs = std::move(wanted_[seq].runs);
+    wanted_.erase(seq);
+    if (!in_time) {
+      return absl::DeadlineExceededError("the directory did not list the pages to take home");
+    }
+  }
+  STRETCH_RETURN_IF_ERROR(health());
+  // Read in windows of kWindow pages: as many requests in flight as read-ahead could have.
+  constexpr size_t kWindow = 512;
+  std::vector<PageId> window;
+  uint64_t read = 0;
+  auto drain = [&]() -> absl::Status {
+    auto in = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      for (PageId page : window) {
+        const PageState& ps = pages_[page];
+        if (ps.busy || ps.page.line.state == coherence::NodeState::kI) return false;
+      }
+      return true;
+    };
+    // In slices, to see a failure of the agent (the pages then never come) in good time.
+    for (;;) {
+      STRETCH_RETURN_IF_ERROR(health());
+      absl::MutexLock l(&mu_);
+      if (mu_.AwaitWithDeadline(absl::Condition(&in),
+                                std::min(deadline, absl::Now() + absl::Milliseconds(100)))) {
+        break;
+      }
+      if (absl::Now() >= deadline) {
+        return absl::DeadlineExceededError(absl::StrCat("taking the program home: ", window.size(),
+                                                        " pages did not come in time"));
+      }
+    }
+    window.clear();
+    return absl::OkStatus();
+  };
+  for (const wire::PageRun& run : runs) {
+    for (uint64_t i = 0; i < run.count; ++i) {
+      const PageId page(run.first.number() + i);
+      Attachment* att = FindAttachment(page.address());
+      if (att == nullptr || att->target->pid != pid) continue;  // not this program's memory
+      {
+        absl::MutexLock l(&mu_);
+        auto it = pages_.find(page);
+        if (it != pages_.end() && it->second.page.line.state != coherence::NodeState::kI) continue;
+      }
+      HandleLocal(*att, page, LocalEvent{coherence::LocalOp::kLoad, {}}, NowNs());
+      window.push_back(page);
+      ++read;
+      if (window.size() == kWindow) STRETCH_RETURN_IF_ERROR(drain());
+    }
+  }
+  STRETCH_RETURN_IF_ERROR(drain());
+  stats_.pages_gathered.Add(read);
+  STRETCH_RETURN_IF_ERROR(health());
+  return read;
 }
 
 }  // namespace stretch::engine

@@ -307,6 +307,8 @@ class DirectoryServer::Impl {
       OnSeed(peer, *id, *seed);
     } else if (auto* held = std::get_if<wire::PagesHeld>(&m)) {
       OnPagesHeld(peer, *id, *held);
+    } else if (auto* wanted = std::get_if<wire::PagesWanted>(&m)) {
+      OnPagesWanted(peer, *id, *wanted);
     } else if (auto* as = std::get_if<wire::AddressSpace>(&m)) {
       OnAddressSpace(peer, *id, *as);
     } else if (auto* created = std::get_if<wire::ThreadCreated>(&m)) {
@@ -579,6 +581,52 @@ class DirectoryServer::Impl {
     }
     nodes_[from].stats.pages_held += pages;
     SendTo(peer, wire::PagesHeldReply{held.seq, pages});
+  }
+
+  // The pages with contents (a home copy other than zeros, or a directory entry: someone
+  // asked for it) that node `from` holds no valid copy of, in runs, for the node that takes
+  // the program home.
+  void OnPagesWanted(PeerId peer, NodeId from, const wire::PagesWanted& wanted)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    std::vector<PageId> want;
+    auto holds = [&](PageId page) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      auto it = pages_.find(page);
+      if (it == pages_.end()) return false;
+      const coherence::DirLine& line = it->second.line;
+      return (line.state == coherence::DirState::kM && line.owner == from) ||
+             (line.state == coherence::DirState::kS && line.sharers.Contains(from));
+    };
+    for (const Span& r : coherent_.ranges()) {
+      for (PageId page : home_.PagesIn(r.base, r.length)) {
+        if (!holds(page)) want.push_back(page);
+      }
+    }
+    for (const auto& [page, p] : pages_) {
+      if (InRegion(page) && !holds(page)) want.push_back(page);
+    }
+    std::sort(want.begin(), want.end());
+    want.erase(std::unique(want.begin(), want.end()), want.end());
+    std::vector<wire::PageRun> runs;
+    for (PageId page : want) {
+      if (!runs.empty() && runs.back().first.number() + runs.back().count == page.number() &&
+          runs.back().count < wire::kMaxPagesPerRun) {
+        ++runs.back().count;
+      } else {
+        runs.push_back({page, 1});
+      }
+    }
+    size_t i = 0;
+    do {
+      wire::PagesWantedReply reply;
+      reply.seq = wanted.seq;
+      const size_t end = std::min(runs.size(), i + wire::kMaxListEntries);
+      reply.runs.assign(runs.begin() + i, runs.begin() + end);
+      i = end;
+      reply.last = i == runs.size();
+      SendTo(peer, reply);
+    } while (i < runs.size());
+    LOG(INFO) << "server: node " << from.value() << " lacks " << want.size() << " pages ("
+              << runs.size() << " runs) to take the program home";
   }
 
   bool Gone(NodeId n) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {

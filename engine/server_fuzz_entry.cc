@@ -67,6 +67,7 @@ std::vector<std::vector<uint8_t>> Templates() {
     msgs.push_back(c);
   }
   msgs.push_back(wire::PagesHeld{1, {{PageId::Containing(0x10000000), 2}}});
+  msgs.push_back(wire::PagesWanted{2});
   msgs.push_back(wire::PageSeed{PageId::Containing(0x10000000 + 3 * kPageSize), data});
   wire::Futex wait;
   wait.op = wire::FutexOp::kWait;

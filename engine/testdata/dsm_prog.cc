@@ -11,6 +11,7 @@
 // read all), scan (node 0 fills every page, the others read them in order), stress (random atomic
 // increments and reads of P counters with a stale-read check).
 #include <sched.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <cstdint>
@@ -158,6 +159,32 @@ int main(int argc, char** argv) {
       }
     }
     printf("node %d scan %ld bad %d\n", g_node, pages, bad);
+  } else if (mode == "gather") {
+    // The others write the pages; node 0 says "waiting" and reads them once it gets SIGUSR1
+    // (after the test had its agent gather them: NodeAgent::GatherPages).
+    sigset_t usr1;
+    sigemptyset(&usr1);
+    sigaddset(&usr1, SIGUSR1);
+    sigprocmask(SIG_BLOCK, &usr1, nullptr);
+    if (g_node != 0) {
+      for (long p = 0; p < pages; ++p) {
+        if (p % (g_nodes - 1) != g_node - 1) continue;
+        char* page = g_mem + (kDataPage0 + p) * kPage;
+        for (size_t b = 0; b < kPage; ++b) page[b] = static_cast<char>(Fill(p, b));
+      }
+    }
+    WaitBarrier();
+    if (g_node == 0) {
+      printf("node 0 waiting\n");
+      fflush(stdout);
+      int sig = 0;
+      sigwait(&usr1, &sig);
+      for (long p = 0; p < pages; ++p) {
+        const char* page = g_mem + (kDataPage0 + p) * kPage;
+        for (size_t b = 0; b < kPage; ++b) bad += page[b] != static_cast<char>(Fill(p, b));
+      }
+      printf("node 0 gather %ld bad %d\n", pages, bad);
+    }
   } else if (mode == "stress") {
     // Page kDataPage0+p holds counter p, only ever incremented: no node may see it go back.
     std::mt19937_64 rng(seed * 1000 + g_node);
