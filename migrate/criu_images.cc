@@ -6,10 +6,14 @@
 
 #include <algorithm>
 #include <cstring>
+#include <filesystem>
+#include <optional>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "core/fd_io.h"
 #include "core/status.h"
 #include "core/unique_fd.h"
 
@@ -26,6 +30,29 @@ class ProtoReader {
  public:
   explicit ProtoReader(absl::Span<const uint8_t> in) : in_(in) {}
   bool done() const { return pos_ == in_.size(); }
+  size_t pos() const { return pos_; }
+
+  // Skips the value of a field of wire type `type`; its bytes are [start, pos()) after.
+  bool Skip(uint32_t type) {
+    uint64_t v;
+    switch (type) {
+      case 0:
+        return Varint(&v);
+      case 1:
+        return Bytes(8);
+      case 2:
+        return Varint(&v) && v <= in_.size() && Bytes(static_cast<size_t>(v));
+      case 5:
+        return Bytes(4);
+      default:  // groups (3, 4) are not used by CRIU's images
+        return false;
+    }
+  }
+  bool Bytes(size_t n) {
+    if (n > in_.size() - pos_) return false;
+    pos_ += n;
+    return true;
+  }
 
   // Reads a varint; false on truncation or overlong encoding.
   bool Varint(uint64_t* v) {
@@ -64,6 +91,48 @@ absl::Status ParseVarintMessage(absl::Span<const uint8_t> rec, const std::string
     on_field(static_cast<uint32_t>(key >> 3), value);
   }
   return absl::OkStatus();
+}
+
+void PutVarint(uint64_t v, std::string* out) {
+  while (v >= 0x80) {
+    out->push_back(static_cast<char>((v & 0x7F) | 0x80));
+    v >>= 7;
+  }
+  out->push_back(static_cast<char>(v));
+}
+
+// `msg` without its fields `drop` (any wire type); fields `nested` (length-delimited
+// messages) rewritten by nested(number, bytes). Other fields are copied as they are.
+template <typename Nested>
+absl::StatusOr<std::string> FilterFields(absl::Span<const uint8_t> msg, const std::string& name,
+                                         absl::Span<const uint32_t> drop, Nested&& nested) {
+  std::string out;
+  ProtoReader r(msg);
+  while (!r.done()) {
+    const size_t start = r.pos();
+    uint64_t key;
+    if (!r.Varint(&key)) return Bad(name, "truncated field key");
+    const uint32_t number = static_cast<uint32_t>(key >> 3), type = key & 7;
+    const size_t value_start = r.pos();
+    if (!r.Skip(type))
+      return Bad(name, absl::StrFormat("field %d is truncated or corrupt", number));
+    if (std::find(drop.begin(), drop.end(), number) != drop.end()) continue;
+    std::optional<std::string> rewritten;
+    if (type == 2) {
+      ProtoReader len(msg.subspan(value_start));
+      uint64_t n;
+      len.Varint(&n);
+      STRETCH_ASSIGN_OR_RETURN(rewritten, nested(number, msg.subspan(value_start + len.pos(), n)));
+    }
+    if (rewritten) {
+      PutVarint(key, &out);
+      PutVarint(rewritten->size(), &out);
+      out += *rewritten;
+    } else {
+      out.append(reinterpret_cast<const char*>(msg.data() + start), r.pos() - start);
+    }
+  }
+  return out;
 }
 
 absl::StatusOr<std::string> ReadFile(const std::string& path) {
@@ -224,6 +293,80 @@ std::optional<absl::Span<const uint8_t>> CheckpointMemory::Find(uintptr_t addres
   --it;
   if (page >= it->vaddr + it->nr_pages * kPageSize) return std::nullopt;
   return absl::Span<const uint8_t>(base_ + it->offset + (page - it->vaddr), kPageSize);
+}
+
+absl::StatusOr<std::string> CoreImageWithoutSeccomp(absl::Span<const uint8_t> bytes,
+                                                    const std::string& name) {
+  constexpr uint32_t kCoreMagic = 0x55053847;
+  if (bytes.size() < 8) return Bad(name, "shorter than its 8-byte magic");
+  uint32_t m0, m1;
+  std::memcpy(&m0, bytes.data(), 4);
+  std::memcpy(&m1, bytes.data() + 4, 4);
+  if (m0 != kImgCommonMagic || m1 != kCoreMagic) {
+    return Bad(name, absl::StrFormat("magic 0x%08x 0x%08x is not a CRIU core image", m0, m1));
+  }
+  // core_entry: tc = 3 (task_core_entry), thread_core = 5 (thread_core_entry); in both,
+  // 11 and 12 are the seccomp mode and filter index.
+  constexpr uint32_t kSeccompFields[] = {11, 12};
+  auto in_core =
+      [&](uint32_t number,
+          absl::Span<const uint8_t> value) -> absl::StatusOr<std::optional<std::string>> {
+    if (number != 3 && number != 5) return std::nullopt;
+    auto keep = [](uint32_t,
+                   absl::Span<const uint8_t>) -> absl::StatusOr<std::optional<std::string>> {
+      return std::nullopt;
+    };
+    STRETCH_ASSIGN_OR_RETURN(std::string inner, FilterFields(value, name, kSeccompFields, keep));
+    return std::optional<std::string>(std::move(inner));
+  };
+  std::string out(reinterpret_cast<const char*>(bytes.data()), 8);
+  size_t pos = 8;
+  while (pos < bytes.size()) {
+    if (bytes.size() - pos < 4) return Bad(name, "truncated record length");
+    uint32_t len;
+    std::memcpy(&len, bytes.data() + pos, 4);
+    pos += 4;
+    if (len > bytes.size() - pos) {
+      return Bad(name, absl::StrFormat("record of %u bytes at offset %u is corrupt", len, pos - 4));
+    }
+    STRETCH_ASSIGN_OR_RETURN(std::string entry,
+                             FilterFields(bytes.subspan(pos, len), name, {}, in_core));
+    pos += len;
+    const uint32_t n = static_cast<uint32_t>(entry.size());
+    out.append(reinterpret_cast<const char*>(&n), 4);
+    out += entry;
+  }
+  return out;
+}
+
+absl::StatusOr<int> RemoveSeccompFilters(const std::string& images_dir) {
+  std::error_code ec;
+  int changed = 0;
+  for (const auto& e : std::filesystem::directory_iterator(images_dir, ec)) {
+    const std::string file = e.path().filename().string();
+    if (!absl::StartsWith(file, "core-") || !absl::EndsWith(file, ".img")) continue;
+    STRETCH_ASSIGN_OR_RETURN(std::string bytes, ReadFile(e.path().string()));
+    STRETCH_ASSIGN_OR_RETURN(
+        std::string out,
+        CoreImageWithoutSeccomp(
+            absl::Span<const uint8_t>(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size()),
+            file));
+    if (out == bytes) continue;
+    const std::string tmp = e.path().string() + ".tmp";
+    {
+      UniqueFd fd(open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600));
+      if (!fd.valid()) return ErrnoStatus(errno, absl::StrCat("open ", tmp));
+      if (!WriteFull(fd.get(), out.data(), out.size())) {
+        return ErrnoStatus(errno, absl::StrCat("write ", tmp));
+      }
+    }
+    if (rename(tmp.c_str(), e.path().c_str()) != 0) {
+      return ErrnoStatus(errno, absl::StrCat("rename ", tmp));
+    }
+    ++changed;
+  }
+  if (ec) return absl::InternalError(absl::StrCat("listing ", images_dir, ": ", ec.message()));
+  return changed;
 }
 
 }  // namespace stretch

@@ -81,6 +81,18 @@ class CheckpointMemory {
   size_t bytes_ = 0;
 };
 
+// Removes every thread's seccomp filter from the checkpoint in `images_dir`: in each
+// core-<tid>.img, the thread's seccomp_mode and seccomp_filter (thread_core_entry fields 11
+// and 12) and their deprecated per-task copies (task_core_entry 11 and 12) are dropped, so CRIU
+// restores the threads with no filter; everything else is kept byte for byte. For a program
+// taken home (replica/going_home.h), whose only filter was Stretch's. Returns how many core
+// images were changed; InvalidArgument for an image that is not a CRIU core image.
+absl::StatusOr<int> RemoveSeccompFilters(const std::string& images_dir);
+
+// The same on the bytes of one core image (`name` for errors): the image without the fields.
+absl::StatusOr<std::string> CoreImageWithoutSeccomp(absl::Span<const uint8_t> bytes,
+                                                    const std::string& name);
+
 }  // namespace stretch
 
 #endif  // STRETCH_MIGRATE_CRIU_IMAGES_H_
