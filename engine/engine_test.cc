@@ -1,7 +1,9 @@
 // The engine end to end in one test process: a directory server and node agents (threads of
 // this process, over tcp on 127.0.0.1) serving real processes (dsm_prog) that attach one
 // shared region. The multi-namespace, multi-process version is stretchd/cluster_test.
+#include <fcntl.h>
 #include <signal.h>
+#include <unistd.h>
 #include <sys/prctl.h>
 
 #include <functional>
@@ -9,6 +11,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "core/page.h"
+#include "core/unique_fd.h"
 #include "engine/node_agent.h"
 #include "engine/server.h"
 #include "gmock/gmock.h"
@@ -27,6 +31,10 @@ std::string Prog() {
   if (srcdir && ws) return absl::StrCat(srcdir, "/", ws, "/engine/dsm_prog");
   return "engine/dsm_prog";
 }
+
+// Where dsm_prog (testdata/dsm_prog.cc) attaches its region, and its first data page.
+constexpr uint64_t kDsmProgBase = 0x7e0000000000;
+constexpr uint64_t kDsmProgDataPage0 = 16;
 
 class EngineTest : public ::testing::TestWithParam<std::string> {
  protected:
@@ -166,6 +174,19 @@ TEST_P(EngineTest, GatherPagesReadsWhatTheOtherNodesWrote) {
   auto gathered = agents_[0]->GatherPages(procs[0].pid(), deadline);
   ASSERT_TRUE(gathered.ok()) << gathered.status();
   EXPECT_GE(*gathered, uint64_t{kPages});
+  // Installed by the time it returns: every data page is present in node 0's process.
+  {
+    UniqueFd pagemap(open(absl::StrCat("/proc/", procs[0].pid(), "/pagemap").c_str(), O_RDONLY));
+    ASSERT_TRUE(pagemap.valid());
+    int present = 0;
+    for (int p = 0; p < kPages; ++p) {
+      uint64_t entry = 0;
+      const uint64_t addr = kDsmProgBase + (kDsmProgDataPage0 + p) * kPageSize;
+      ASSERT_EQ(pread(pagemap.get(), &entry, 8, (addr / kPageSize) * 8), 8);
+      present += (entry >> 63) & 1;
+    }
+    EXPECT_EQ(present, kPages);
+  }
   EXPECT_EQ(agents_[0]->GatherPages(procs[0].pid(), deadline).value_or(99), 0u)
       << "a second gather finds nothing left to read";
   const uint64_t read_faults = stats.read_faults.Get();

@@ -579,6 +579,9 @@ absl::Status NodeAgent::HoldCheckpointPages(
 absl::StatusOr<uint64_t> NodeAgent::GatherPages(pid_t pid, absl::Time deadline) {
   return impl_->GatherPages(pid, deadline);
 }
+absl::Status NodeAgent::Release(pid_t pid, uffd::RemoteThread& thread, absl::Time deadline) {
+  return impl_->Release(pid, thread, deadline);
+}
 const std::string& NodeAgent::address() const { return impl_->address(); }
 NodeId NodeAgent::node() const { return impl_->node(); }
 const NodeStats& NodeAgent::stats() const { return impl_->stats(); }

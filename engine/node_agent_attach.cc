@@ -185,6 +185,42 @@ absl::Status NodeAgent::Impl::Detach(pid_t pid, RegionId region, absl::Time dead
   return absl::OkStatus();
 }
 
+absl::Status NodeAgent::Impl::Release(pid_t pid, uffd::RemoteThread& thread,
+                                      absl::Time deadline) {
+  std::vector<Attachment*> atts;
+  Target* target = nullptr;
+  {
+    absl::ReaderMutexLock l(&attach_mu_);
+    for (auto& a : attachments_) {
+      if (a->target->pid == pid && !a->finished) atts.push_back(a.get());
+    }
+    auto it = targets_.find(pid);
+    if (it != targets_.end()) target = it->second.get();
+  }
+  if (target == nullptr || atts.empty()) {
+    return absl::NotFoundError(absl::StrCat("release: pid ", pid, " is not attached here"));
+  }
+  // The helper object stays (a late invalidation then fails instead of using freed memory);
+  // its thread and mappings leave the process.
+  if (target->helper) {
+    STRETCH_RETURN_IF_ERROR(
+        Annotate(target->helper->Remove(thread, deadline),
+                 absl::StrCat("removing the invalidation helper of pid ", pid)));
+  }
+  for (Attachment* att : atts) {
+    for (const Range& r : att->ranges) {
+      // A range the program has unmapped since is not registered any more.
+      if (absl::Status s = att->uffd->Unregister(r.base, r.length); !s.ok()) {
+        VLOG(1) << "node " << self_.value() << ": release of pid " << pid << ": " << s;
+      }
+    }
+    att->finished = true;
+  }
+  STRETCH_RETURN_IF_ERROR(keeper_->Release(pid, deadline));
+  LOG(INFO) << "node " << self_.value() << ": pid " << pid << " has its memory for good";
+  return absl::OkStatus();
+}
+
 absl::Status NodeAgent::Impl::ApplyAddressSpace(pid_t pid, const wire::AddressSpace& change) {
   const AddressSpaceEffect e = EffectOf(change);
   Attachment* att = nullptr;

@@ -139,6 +139,7 @@ class NodeAgent::Impl {
       pid_t pid, const std::vector<std::pair<uintptr_t, absl::Span<const uint8_t>>>& pages,
       absl::Time deadline);
   absl::StatusOr<uint64_t> GatherPages(pid_t pid, absl::Time deadline);
+  absl::Status Release(pid_t pid, uffd::RemoteThread& thread, absl::Time deadline);
 
   const std::string& address() const { return address_; }
   NodeId node() const { return self_; }

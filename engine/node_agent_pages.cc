@@ -339,7 +339,10 @@ absl::StatusOr<uint64_t> NodeAgent::Impl::GatherPages(pid_t pid, absl::Time dead
     auto in = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
       for (PageId page : window) {
         const PageState& ps = pages_[page];
-        if (ps.busy || ps.page.line.state == coherence::NodeState::kI) return false;
+        const coherence::NodeState st = ps.page.line.state;
+        if (ps.busy || (st != coherence::NodeState::kS && st != coherence::NodeState::kM)) {
+          return false;  // not yet installed (kIS_D: on its way)
+        }
       }
       return true;
     };

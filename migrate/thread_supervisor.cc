@@ -193,6 +193,13 @@ class ThreadSupervisor::Impl {
     return out;
   }
 
+  int HeldThreads() const {
+    absl::MutexLock l(&state_mu_);
+    int n = 0;
+    for (const auto& [tid, t] : threads_) n += t.held;
+    return n;
+  }
+
   pid_t pid() const { return pid_; }
 
   bool ProcessExited() const {
@@ -727,6 +734,7 @@ absl::Status ThreadSupervisor::TraceSyscalls(pid_t tid, SyscallHook hook, absl::
 std::vector<pid_t> ThreadSupervisor::Threads() const { return impl_->Threads(false); }
 std::vector<pid_t> ThreadSupervisor::RunningThreads() const { return impl_->Threads(true); }
 bool ThreadSupervisor::ProcessExited() const { return impl_->ProcessExited(); }
+int ThreadSupervisor::HeldThreads() const { return impl_->HeldThreads(); }
 
 absl::Status ThreadSupervisor::Detach(absl::Time deadline) {
   auto c = std::make_shared<Command>();

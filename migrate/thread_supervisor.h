@@ -124,6 +124,8 @@ class ThreadSupervisor {
   std::vector<pid_t> RunningThreads() const;
   // True once every thread of the replica has exited.
   bool ProcessExited() const;
+  // How many threads on_seccomp holds now (each until its Release).
+  int HeldThreads() const;
 
   // Detaches from every thread, leaving parked threads stopped (SIGSTOP) and running ones
   // running. The supervisor does nothing afterwards.

@@ -131,6 +131,45 @@ class FileOffsetService::Impl {
 
   uint64_t calls() const { return calls_.load(std::memory_order_relaxed); }
 
+  absl::StatusOr<absl::flat_hash_map<int, uint64_t>> Positions(absl::Time deadline) {
+    std::vector<uint64_t> asked;
+    for (const auto& [fd, link] : files_) {
+      if (!StillTheSame(fd, link)) continue;
+      wire::FileOffset m;
+      m.op = wire::FileOffsetOp::kSeek;
+      m.fd = static_cast<uint32_t>(fd);
+      m.initial = initial_.at(fd);
+      m.whence = SEEK_CUR;
+      struct stat st;
+      if (stat(absl::StrCat("/proc/", pid_, "/fd/", fd).c_str(), &st) != 0) continue;
+      m.size = static_cast<uint64_t>(st.st_size);
+      {
+        absl::MutexLock l(&mu_);
+        m.seq = ++seq_;
+        queries_[m.seq] = fd;
+      }
+      asked.push_back(m.seq);
+      STRETCH_RETURN_IF_ERROR(agent_->SendToServer(m));
+    }
+    absl::MutexLock l(&mu_);
+    auto answered = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      for (uint64_t seq : asked) {
+        if (!answers_.contains(seq)) return false;
+      }
+      return true;
+    };
+    if (!mu_.AwaitWithDeadline(absl::Condition(&answered), deadline)) {
+      return absl::DeadlineExceededError("the server did not say where the shared files stand");
+    }
+    absl::flat_hash_map<int, uint64_t> out;
+    for (uint64_t seq : asked) {
+      if (answers_[seq] >= 0) out[queries_[seq]] = static_cast<uint64_t>(answers_[seq]);
+      answers_.erase(seq);
+      queries_.erase(seq);
+    }
+    return out;
+  }
+
  private:
   struct Held {
     pid_t tid = 0;
@@ -163,6 +202,10 @@ class FileOffsetService::Impl {
   // Network thread.
   void OnReply(const wire::FileOffsetReply& r) {
     absl::MutexLock l(&mu_);
+    if (queries_.contains(r.seq)) {
+      answers_[r.seq] = r.position;  // Positions()
+      return;
+    }
     replies_.push_back(r);
   }
 
@@ -241,6 +284,9 @@ class FileOffsetService::Impl {
   uint64_t seq_ ABSL_GUARDED_BY(mu_) = 0;
   absl::flat_hash_map<uint64_t, Held> held_ ABSL_GUARDED_BY(mu_);
   std::deque<wire::FileOffsetReply> replies_ ABSL_GUARDED_BY(mu_);
+  // Positions(): what each query asked about (seq -> fd), and the answers (seq -> position).
+  absl::flat_hash_map<uint64_t, int> queries_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<uint64_t, int64_t> answers_ ABSL_GUARDED_BY(mu_);
   std::thread thread_;
 };
 
@@ -266,5 +312,10 @@ bool FileOffsetService::OnSyscall(pid_t tid, ThreadId thread, const struct user_
 void FileOffsetService::Stop() { impl_->Stop(); }
 
 uint64_t FileOffsetService::calls() const { return impl_->calls(); }
+
+absl::StatusOr<absl::flat_hash_map<int, uint64_t>> FileOffsetService::Positions(
+    absl::Time deadline) {
+  return impl_->Positions(deadline);
+}
 
 }  // namespace stretch::replica

@@ -60,6 +60,11 @@ class FileOffsetService {
   // called, and holds the threads for good.
   void Stop();
 
+  // Where each shared offset stands for the cluster (the server's offsets; the replica's own
+  // copies never move), by descriptor: for a program taken home, whose kernel offsets must
+  // then be these. Call with no thread of the program running.
+  absl::StatusOr<absl::flat_hash_map<int, uint64_t>> Positions(absl::Time deadline);
+
   // Calls sent to the server so far.
   uint64_t calls() const;
 
