@@ -15,7 +15,7 @@ using replica::SendLine;
 bool IsAnswer(absl::string_view line) {
   const absl::string_view first = line.substr(0, line.find(' '));
   for (absl::string_view w : {"here", "migrated-out", "migrated-in", "notmine", "migrate-error",
-                              "cpu", "cores", "sharing", "exclusive"}) {
+                              "cpu", "cores", "sharing", "exclusive", "home", "home-error"}) {
     if (first == w) return true;
   }
   return false;

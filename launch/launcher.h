@@ -72,6 +72,9 @@ struct LaunchOptions {
   std::string placement = "adaptive";
   absl::Duration placement_window = absl::Milliseconds(100);
   double placement_min_cores = 0;
+  // Once every thread runs on node 0, node 0 takes the program home (replica/going_home.h):
+  // it runs on as an ordinary process there and the other nodes stop; no spreading again.
+  bool go_home = true;
   // Adaptive placement's history (placement_history.h): if set, a file of earlier runs, from
   // which this run is either distributed or left on node 0 without migrating; the run is
   // appended to it.

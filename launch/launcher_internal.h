@@ -109,6 +109,7 @@ class Launcher {
     return Await(agents_[i], words, timeout);
   }
   void SetExclusive(bool on);
+  void GoHome();
   std::string Migrate(pid_t tid, int to);
   std::string Where();
   void ServeControl();
@@ -139,6 +140,9 @@ class Launcher {
   UnlinkOnExit unlink_control_;
   // Node 0 serves the program's futex calls itself while every running thread is there.
   bool node0_exclusive_ = false;
+  // Taking the program home (LaunchOptions::go_home): tried once; when it went home.
+  bool home_tried_ = false;
+  std::optional<absl::Time> home_at_;
 
   // The outcome: the first replica to end decides it.
   int result_ = 1;

@@ -103,6 +103,43 @@ void Launcher::SetExclusive(bool on) {
   }
 }
 
+// Every running thread is on node 0: it takes the program home (replica/going_home.h), and
+// the other nodes, whose threads are all parked, stop. Tried once; if node 0 cannot, the run
+// goes on distributed (or, if node 0 lost the program on the way, its error ends the run).
+void Launcher::GoHome() {
+  if (!o_.go_home || home_tried_ || !node0_exclusive_ || agents_[0].done) return;
+  home_tried_ = true;
+  const absl::Time start = absl::Now();
+  SendLine(agents_[0].control.get(), "home");
+  const absl::Time end = start + absl::Minutes(5);
+  std::optional<std::string> r;
+  while (!agents_[0].done && absl::Now() < end) {
+    const size_t kept = agents_[0].pending.size();
+    r = AwaitLine(0, {"home", "home-error"}, end - absl::Now());
+    if (r || agents_[0].pending.size() == kept) break;
+    const std::string& last = agents_[0].pending.back();
+    if (last.empty() || absl::StartsWith(last, "exit ") || absl::StartsWith(last, "signal ") ||
+        absl::StartsWith(last, "error ")) {
+      break;  // the program's end, or node 0's error: the loop reports it
+    }
+  }
+  if (!r || !absl::StartsWith(*r, "home ok")) {
+    LOG(WARNING) << "stretchd run: the program could not go home to node 0"
+                 << (r ? absl::StrCat(": ", absl::StripPrefix(*r, "home-error ")) : "")
+                 << "; it runs on distributed";
+    return;
+  }
+  home_at_ = absl::Now();
+  for (int i = 1; i < o_.nodes; ++i) {
+    if (agents_[i].done) continue;
+    SendLine(agents_[i].control.get(), "stop");
+    agents_[i].done = true;  // StopNodes waits for it
+  }
+  LOG(INFO) << "stretchd run: the program went home to node 0 in "
+            << absl::FormatDuration(*home_at_ - start) << ", at "
+            << absl::FormatDuration(start - run_start_) << " into the run";
+}
+
 // Moves thread `tid` to node `to`: the node running it parks it and hands over its state, node
 // `to` takes it up. On failure the thread goes back to where it ran.
 std::string Launcher::Migrate(pid_t tid, int to) {
@@ -193,6 +230,8 @@ void Launcher::Loop() {
                   [](const std::vector<int>& threads) { return threads.empty(); })) {
     SetExclusive(true);
   }
+  run_start_ = absl::Now();
+  GoHome();
   sigset_t sigs;
   sigemptyset(&sigs);
   sigaddset(&sigs, SIGINT);
@@ -201,7 +240,6 @@ void Launcher::Loop() {
 
   // Placement (LaunchOptions::placement, placement/controller.h): one sample of every node's
   // counters per window; the decisions go to the log and the stats JSON.
-  run_start_ = absl::Now();
   nodes_ = std::make_unique<ControlChannelCluster>(
       &agents_, [this](int tid, int to) { return Migrate(tid, to); },
       [this](bool on) { SetExclusive(on); });
@@ -212,7 +250,9 @@ void Launcher::Loop() {
   po.window = o_.placement_window;
   po.migrated_threads.assign(origin_->threads.begin(), origin_->threads.end());
   placement_loop_ = std::make_unique<placement::PlacementController>(po, nodes_.get());
-  auto placement_done = [&] { return o_.placement == "static" || placement_loop_->done(); };
+  auto placement_done = [&] {
+    return o_.placement == "static" || placement_loop_->done() || home_at_.has_value();
+  };
   absl::Time next_sample = run_start_ + o_.placement_window;
 
   for (bool finished = false; !finished;) {
@@ -255,6 +295,7 @@ void Launcher::Loop() {
         absl::Now() >= next_sample) {
       placement_loop_->Sample();
       next_sample = absl::Now() + o_.placement_window;
+      GoHome();  // if placement just consolidated
     }
     if (!finished) finished = HandleAgentLines(p);
     if (std::all_of(agents_.begin(), agents_.end(), [](const Agent& a) { return a.done; })) break;
@@ -353,18 +394,21 @@ absl::Status Launcher::Finish() {
                         node.size() > 2 ? "," : "", node.substr(1));
       }
     }
-    absl::StrAppend(&json, "],\"server\":", server_->StatsJson(),
-                    ",\"migrated\":true,\"threads\":", origin_->threads.size(),
-                    ",\"migration\":{\"stop_ms\":", absl::ToDoubleMilliseconds(origin_->stop_time),
-                    ",\"checkpoint_ms\":", absl::ToDoubleMilliseconds(origin_->dump_time),
-                    ",\"image_bytes\":", image_bytes_,
-                    ",\"transfer_ms\":", absl::ToDoubleMilliseconds(transfer_time_),
-                    ",\"restore_ms\":", absl::ToDoubleMilliseconds(restore_time_), "}",
-                    ",\"placement\":{\"policy\":\"", o_.placement,
-                    "\",\"model\":", placement_loop_->ModelJson(),
-                    ",\"samples\":", placement_loop_->SamplesJson(),
-                    ",\"decisions\":", placement_loop_->DecisionsJson(),
-                    history_json_.empty() ? "" : ",", history_json_, "}}");
+    absl::StrAppend(
+        &json, "],\"server\":", server_->StatsJson(),
+        ",\"migrated\":true,\"threads\":", origin_->threads.size(),
+        ",\"migration\":{\"stop_ms\":", absl::ToDoubleMilliseconds(origin_->stop_time),
+        ",\"checkpoint_ms\":", absl::ToDoubleMilliseconds(origin_->dump_time),
+        ",\"image_bytes\":", image_bytes_,
+        ",\"transfer_ms\":", absl::ToDoubleMilliseconds(transfer_time_),
+        ",\"restore_ms\":", absl::ToDoubleMilliseconds(restore_time_), "}",
+        home_at_ ? absl::StrCat(",\"home_ms\":", absl::ToDoubleMilliseconds(*home_at_ - run_start_))
+                 : "",
+        ",\"placement\":{\"policy\":\"", o_.placement,
+        "\",\"model\":", placement_loop_->ModelJson(),
+        ",\"samples\":", placement_loop_->SamplesJson(),
+        ",\"decisions\":", placement_loop_->DecisionsJson(), history_json_.empty() ? "" : ",",
+        history_json_, "}}");
     FILE* f = std::fopen(o_.stats_json.c_str(), "w");
     if (f == nullptr) {
       return absl::InternalError(

@@ -692,7 +692,7 @@ absl::StatusOr<ExitStatus> Replica::Wait(absl::Time deadline) {
 }
 
 void Replica::Kill() {
-  if (pid_ > 0) kill(pid_, SIGKILL);
+  if (pid_ > 0) kill(pid_, SIGKILL);  // 0 once the program went home
 }
 
 }  // namespace stretch::replica

@@ -45,6 +45,7 @@
 #include "replica/address_space_service.h"
 #include "replica/file_offset_service.h"
 #include "replica/futex_service.h"
+#include "replica/going_home.h"
 
 namespace stretch::replica {
 
@@ -138,6 +139,12 @@ class Replica {
     uint64_t wait_ns = 0;
   };
   CpuTimes CpuTime();
+
+  // Takes the program home (going_home.h): every thread of it must run here. Checkpoints go
+  // to `images_dir` (made). On an error with failure() still OK the replica runs on as
+  // before; once failure() says why, it is gone. Afterwards this object only reports.
+  absl::StatusOr<std::unique_ptr<HomeProcess>> GoHome(const std::string& images_dir,
+                                                      absl::Time deadline);
 
   // Why this node killed the replica, if it did (e.g. it read a standard input that is
   // another node's); OK otherwise.

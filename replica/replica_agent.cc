@@ -73,6 +73,42 @@ std::string StatusLine(const ExitStatus& st) {
   return st.signaled ? absl::StrCat("signal ", st.code) : absl::StrCat("exit ", st.code);
 }
 
+// "cores TID:I,J TID:K ...": placement's core assignment (Replica::AssignCores).
+std::vector<std::pair<pid_t, std::vector<int>>> ParseCores(const std::string& line) {
+  std::vector<std::pair<pid_t, std::vector<int>>> assignment;
+  for (absl::string_view item :
+       absl::StrSplit(absl::StripPrefix(line, "cores"), ' ', absl::SkipEmpty())) {
+    std::pair<absl::string_view, absl::string_view> kv = absl::StrSplit(item, ':');
+    std::pair<pid_t, std::vector<int>> a;
+    if (!absl::SimpleAtoi(kv.first, &a.first)) continue;
+    for (absl::string_view c : absl::StrSplit(kv.second, ',', absl::SkipEmpty())) {
+      int index = 0;
+      if (absl::SimpleAtoi(c, &index) && index >= 0) a.second.push_back(index);
+    }
+    if (!a.second.empty()) assignment.push_back(std::move(a));
+  }
+  return assignment;
+}
+
+// The program after it went home (going_home.h): an ordinary process of this node, until it
+// ends or the launcher stops it. Placement has nothing to ask any more.
+void RunHome(HomeProcess& home, int ctl) {
+  bool closed = false;
+  for (;;) {
+    auto st = home.Wait(absl::Now() + absl::Milliseconds(10));
+    if (st.ok()) {
+      SendLine(ctl, StatusLine(*st));
+      return;
+    }
+    auto line = RecvLine(ctl, 0, &closed);
+    if (closed || (line && *line == "stop")) return;  // ~HomeProcess kills it
+    int sig = 0;
+    if (line && absl::StartsWith(*line, "kill ") && absl::SimpleAtoi(line->substr(5), &sig)) {
+      home.Signal(sig);
+    }
+  }
+}
+
 }  // namespace
 
 int RunReplicaAgent(const ReplicaAgentOptions& o) {
@@ -115,6 +151,7 @@ int RunReplicaAgent(const ReplicaAgentOptions& o) {
   if (!replica.ok()) return report_error(std::string(replica.status().message()));
   SendLine(ctl, absl::StrCat("ready ", (*replica)->threads_run()));
 
+  std::string home_stats;  // the program went home: what it took
   auto finish = [&](int code) {
     if (!o.stats_json.empty()) {
       FILE* f = std::fopen(o.stats_json.c_str(), "w");
@@ -122,6 +159,9 @@ int RunReplicaAgent(const ReplicaAgentOptions& o) {
         std::string stats = (*agent)->StatsJson();  // {"node":..}
         if (*replica && stats.size() > 2) {
           stats = absl::StrCat("{", (*replica)->StatsJsonFields(), ",", stats.substr(1));
+        }
+        if (!home_stats.empty() && stats.size() > 2) {
+          stats = absl::StrCat("{", home_stats, ",", stats.substr(1));
         }
         std::fprintf(f, "%s\n", stats.c_str());
         std::fclose(f);
@@ -186,20 +226,7 @@ int RunReplicaAgent(const ReplicaAgentOptions& o) {
       kill((*replica)->pid(), sig);
     }
     if (line && absl::StartsWith(*line, "cores")) {
-      // "cores TID:I,J TID:K ...": placement's core assignment (Replica::AssignCores).
-      std::vector<std::pair<pid_t, std::vector<int>>> assignment;
-      for (absl::string_view item :
-           absl::StrSplit(absl::StripPrefix(*line, "cores"), ' ', absl::SkipEmpty())) {
-        std::pair<absl::string_view, absl::string_view> kv = absl::StrSplit(item, ':');
-        std::pair<pid_t, std::vector<int>> a;
-        if (!absl::SimpleAtoi(kv.first, &a.first)) continue;
-        for (absl::string_view c : absl::StrSplit(kv.second, ',', absl::SkipEmpty())) {
-          int index = 0;
-          if (absl::SimpleAtoi(c, &index) && index >= 0) a.second.push_back(index);
-        }
-        if (!a.second.empty()) assignment.push_back(std::move(a));
-      }
-      SendLine(ctl, absl::StrCat("cores ", (*replica)->AssignCores(assignment)));
+      SendLine(ctl, absl::StrCat("cores ", (*replica)->AssignCores(ParseCores(*line))));
     } else if (line && *line == "sharing") {
       std::vector<placement::PageWriters> pages;
       for (auto& p : (*agent)->TakeWriteSharing(placement::kMaxReportPages)) {
@@ -210,6 +237,18 @@ int RunReplicaAgent(const ReplicaAgentOptions& o) {
     } else if (line && (*line == "exclusive on" || *line == "exclusive off")) {
       (*replica)->SetFutexExclusive(*line == "exclusive on");
       SendLine(ctl, *line);
+    } else if (line && *line == "home") {
+      auto home =
+          (*replica)->GoHome(absl::StrCat(o.work_dir, "/home"), absl::Now() + absl::Minutes(5));
+      if (home.ok()) {
+        SendLine(ctl, "home ok");
+        RunHome(**home, ctl);
+        home_stats = (*home)->StatsJsonField();
+        return finish(0);
+      }
+      // Still a replica (it runs on), or gone: then its Wait() and failure() say why.
+      if ((*replica)->failure().ok())
+        SendLine(ctl, absl::StrCat("home-error ", home.status().message()));
     } else if (line && *line == "cpu") {
       const auto latency = (*agent)->stats().fault_latency.Snap();
       cpu_set_t set;

@@ -381,7 +381,7 @@ void Replica::FailAndKill(absl::Status why) {
     if (failure_.ok()) failure_ = why;
   }
   LOG(ERROR) << "replica pid " << pid_ << ": " << why.message() << "; killing it";
-  kill(pid_, SIGKILL);
+  if (pid_ > 0) kill(pid_, SIGKILL);
 }
 
 absl::Status Replica::failure() {

@@ -20,6 +20,7 @@ DECLARE_int32(migrate_at_threads);
 DECLARE_string(migrate_threads);
 DECLARE_bool(netns);
 DECLARE_bool(one_malloc_arena);
+DECLARE_bool(go_home);
 DECLARE_string(node_cpus);
 DECLARE_string(work_dir);
 DECLARE_string(control);

@@ -128,6 +128,12 @@ DEFINE_string(placement, "",
               "busy than they do spread, two windows in a row, every thread moves to node 0; the "
               "launcher keeps measuring and spreads them again when "
               "node 0 is saturated and that pays); decisions on stderr and in the stats JSON");
+DEFINE_bool(go_home, true,
+            "run: once every thread of the program runs on node 0 (adaptive placement "
+            "consolidated them, or none was placed elsewhere), node 0 takes the program back "
+            "as an ordinary process: it reads every page it lacks, checkpoints the program and "
+            "restores it without Stretch's seccomp filter, userfaultfd or tracing, so it runs "
+            "on at native speed; the other nodes stop. It is not spread again afterwards");
 DEFINE_int32(placement_window_ms, 100, "run: adaptive placement's measuring window");
 DEFINE_double(placement_min_cores, 0,
               "run: adaptive placement consolidates on node 0 only while the program keeps fewer "
@@ -264,6 +270,7 @@ const std::vector<Subcommand>& Subcommands() {
         "placement_window_ms",
         "placement_min_cores",
         "placement_history",
+        "go_home",
         "heartbeat_ms",
         "peer_timeout_ms",
         "fault_timeout_ms",

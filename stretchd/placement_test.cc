@@ -55,6 +55,9 @@ TEST_F(RunTest, AdaptivePlacementConsolidatesWhatDistributionSlowsDown) {
     EXPECT_EQ(StatNumber("threads_not_moved"), 0) << last_stats_;
     EXPECT_GE(StatNumber("threads_moved"), 2) << last_stats_;
     EXPECT_THAT(stretch.err, HasSubstr("placement: moving every thread to node 0"));
+    // Consolidated, it went home: node 0 read what it lacked and runs it natively.
+    EXPECT_GE(StatNumber("home_ms"), 0) << last_stats_;
+    EXPECT_GT(StatNumber("pages_gathered"), 0) << last_stats_;
   }
   {
     auto [native, stretch] = Both(
@@ -209,7 +212,7 @@ TEST_F(RunTest, AdaptivePlacementSpreadsAgainWhenThePhaseChanges) {
   if (sysconf(_SC_NPROCESSORS_ONLN) < 2) GTEST_SKIP() << "needs 2 CPUs";
   auto [native, stretch] = Both({Runfile("experiments/workloads/phases"), "--threads=4",
                                  "--shared=4000", "--compute=1200000000", "--start_ms=300"},
-                                {"--placement=adaptive", "--node_cpus=0;1"});
+                                {"--placement=adaptive", "--node_cpus=0;1", "--nogo_home"});
   EXPECT_EQ(stretch.status.ToString(), "exit status 0") << stretch.err;
   EXPECT_EQ(stretch.out, native.out);
   const size_t consolidate = last_stats_.find(R"("action":"consolidate")");

@@ -225,6 +225,16 @@ TEST_F(ProgramShapesTest, AFileOffsetIsOneForTheCluster) {
   EXPECT_NATIVE_AND_DISTRIBUTED(native, stretch);
 }
 
+// Going home with a file whose offset the cluster kept: the program restored at home gets the
+// cluster's offset in its own descriptor (here the checkpoint's, as no node read before).
+TEST_F(ProgramShapesTest, AFileOffsetGoesHomeWithTheProgram) {
+  const std::string path = NumbersFile(dir_.path(), 1000);
+  auto [native, stretch] = Both({Program("shared_fd"), path, "seek"}, {"--migrate_threads=99999"});
+  EXPECT_EQ(stretch.status.ToString(), "exit status 0") << stretch.err;
+  EXPECT_EQ(stretch.out, native.out);
+  EXPECT_EQ(StatNumber("files_positioned"), 1) << last_stats_;
+}
+
 // Workers created per phase, after the migration point, by main on node 0: every other node
 // makes a parked copy of each, placement gives node 1 the newest when node 0 runs two more
 // threads than it, and each copy ends when its thread has exited where it ran.

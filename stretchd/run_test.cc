@@ -86,10 +86,11 @@ TEST_F(RunTest, MixedProgramMatchesItsNativeRun) {
 // program's futex calls from its own table, without the server, and every primitive behaves
 // as natively; node 1 runs nothing and makes no futex call.
 TEST_F(RunTest, WithEveryThreadOnNodeZeroItsOwnFutexTableServesThem) {
-  auto [native, stretch] = Both({Runfile("experiments/workloads/sync_torture"),
-                                 "--test=mutex,condvar,barrier,sem,atomic,join,detach",
-                                 "--threads=4", "--rounds=2000", "--start_gate_ms=100"},
-                                {"--migrate_at_threads=5", "--migrate_threads=99999"});
+  auto [native, stretch] =
+      Both({Runfile("experiments/workloads/sync_torture"),
+            "--test=mutex,condvar,barrier,sem,atomic,join,detach", "--threads=4", "--rounds=2000",
+            "--start_gate_ms=100"},
+           {"--migrate_at_threads=5", "--migrate_threads=99999", "--nogo_home"});
   EXPECT_EQ(stretch.status.ToString(), "exit status 0") << stretch.err;
   EXPECT_EQ(stretch.out, native.out) << stretch.err;
   const std::vector<int64_t> exclusive = Numbers("exclusive");
@@ -101,6 +102,25 @@ TEST_F(RunTest, WithEveryThreadOnNodeZeroItsOwnFutexTableServesThem) {
   EXPECT_EQ(waits[1], 0) << last_stats_;
   // At most the waits made between "go" and node 0 taking over reach the server.
   EXPECT_LT(StatNumber("futex_waits"), waits[0] / 10) << last_stats_;
+}
+
+// The same program with every thread on node 0 from the start, by default: node 0 takes it
+// home (replica/going_home.h) and its futex calls are the kernel's again, not the node's;
+// the output is the native one.
+TEST_F(RunTest, WithEveryThreadOnNodeZeroTheProgramGoesHome) {
+  auto [native, stretch] = Both({Runfile("experiments/workloads/sync_torture"),
+                                 "--test=mutex,condvar,barrier,sem,atomic,join,detach",
+                                 "--threads=4", "--rounds=2000", "--start_gate_ms=100"},
+                                {"--migrate_at_threads=5", "--migrate_threads=99999"});
+  EXPECT_EQ(stretch.status.ToString(), "exit status 0") << stretch.err;
+  EXPECT_EQ(stretch.out, native.out) << stretch.err;
+  EXPECT_GE(StatNumber("home_ms"), 0) << last_stats_;
+  EXPECT_GE(StatNumber("pages_gathered"), 0) << last_stats_;
+  EXPECT_GT(StatNumber("restore_ms"), 0) << last_stats_;
+  // Without going home node 0 serves more than 1000 of them (the test above).
+  const std::vector<int64_t> exclusive = Numbers("exclusive");
+  ASSERT_EQ(exclusive.size(), 2u) << last_stats_;
+  EXPECT_LT(exclusive[0], 100) << last_stats_;
 }
 
 TEST_F(RunTest, SpinningThreadsShareMemoryWithoutFutexes) {

@@ -1,0 +1,260 @@
+// Taking the program home (going_home.h): Replica::GoHome and the process it leaves.
+#include "replica/going_home.h"
+
+#include <poll.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/strip.h"
+#include "core/status.h"
+#include "glog/logging.h"
+#include "migrate/criu.h"
+#include "migrate/criu_images.h"
+#include "replica/replica_internal.h"
+#include "replica/thread_copy.h"
+
+namespace stretch::replica {
+namespace {
+
+// "Seccomp_filters:" of /proc/PID/status: how many filters the process's threads have.
+int SeccompFilters(pid_t pid) {
+  std::ifstream in(absl::StrCat("/proc/", pid, "/status"));
+  std::string line;
+  while (std::getline(in, line)) {
+    absl::string_view v(line);
+    int n = 0;
+    if (absl::ConsumePrefix(&v, "Seccomp_filters:") &&
+        absl::SimpleAtoi(absl::StripAsciiWhitespace(v), &n)) {
+      return n;
+    }
+  }
+  return -1;
+}
+
+uint64_t DirectoryBytes(const std::string& dir) {
+  uint64_t bytes = 0;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
+    if (e.is_regular_file(ec)) bytes += e.file_size(ec);
+  }
+  return bytes;
+}
+
+double Ms(absl::Duration d) { return absl::ToDoubleMilliseconds(d); }
+
+// Moves the restored process's file offsets to `positions` (descriptor -> offset): lseek
+// injected into one of its threads, which is stopped and stays so.
+absl::Status Position(pid_t pid, const absl::flat_hash_map<int, uint64_t>& positions) {
+  if (positions.empty()) return absl::OkStatus();
+  STRETCH_ASSIGN_OR_RETURN(auto thread, uffd::RemoteThread::Seize(pid, absl::Seconds(10)));
+  for (const auto& [fd, pos] : positions) {
+    STRETCH_RETURN_IF_ERROR(thread
+                                ->SyscallOrError(absl::StrCat("lseek of fd ", fd), SYS_lseek,
+                                                 {static_cast<uint64_t>(fd), pos, SEEK_SET})
+                                .status());
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<HomeProcess>> Replica::GoHome(const std::string& images_dir,
+                                                             absl::Time deadline) {
+  if (options_.manual) {
+    return absl::FailedPreconditionError("manual mode: the program's memory is not all coherent");
+  }
+  // Threads parked here run nowhere (the launcher asks only once no other node runs any):
+  // they are the copies of threads that exited where they ran, which end here now, as the
+  // copies of threads created after the migration point do (thread_copy.h).
+  const std::vector<pid_t> running = supervisor_->RunningThreads();
+  if (running.empty()) return absl::FailedPreconditionError("no thread of the program runs here");
+  for (pid_t tid : supervisor_->Threads()) {
+    if (std::find(running.begin(), running.end(), tid) != running.end()) continue;
+    absl::Status ended = EndCopy(agent_, supervisor_.get(), pid_, tid, deadline);
+    if (!ended.ok() && !absl::IsNotFound(ended)) {
+      return Annotate(ended, absl::StrCat("ending the parked copy of thread ", tid));
+    }
+  }
+  if (const int filters = SeccompFilters(pid_); filters != 1) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the program has ", filters, " seccomp filters; only one, Stretch's, can be taken off it"));
+  }
+  HomeStats stats;
+  const absl::Time start = absl::Now();
+  // 1. Every thread stops; calls the services hold finish first (they are released parked).
+  auto resume = [&]() {
+    for (pid_t tid : running) (void)supervisor_->Resume(tid, absl::Now() + absl::Seconds(10));
+  };
+  for (pid_t tid : running) {
+    if (absl::Status s = supervisor_->Park(tid, deadline); !s.ok()) {
+      resume();
+      return s;
+    }
+  }
+  while (supervisor_->HeldThreads() > 0) {
+    if (absl::Now() > deadline) {
+      resume();
+      return absl::DeadlineExceededError("a call of the program did not finish in time");
+    }
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  stats.stop = absl::Now() - start;
+  // 2, 3. The whole memory here, and the cluster's file offsets.
+  const absl::Time gather_start = absl::Now();
+  auto gathered = agent_->GatherPages(pid_, deadline);
+  if (!gathered.ok()) {
+    resume();
+    return gathered.status();
+  }
+  stats.pages_gathered = *gathered;
+  auto positions = file_offsets_->Positions(deadline);
+  if (!positions.ok()) {
+    resume();
+    return positions.status();
+  }
+  stats.gather = absl::Now() - gather_start;
+  {
+    absl::MutexLock l(&mu_);
+    copy_stop_ = true;
+  }
+  if (copier_.joinable()) copier_.join();
+  // 4. From here on the replica cannot go back to being one.
+  // The replica is gone (or killed now, and reaped: nobody else waits for it any more).
+  auto lost = [&](absl::Status why) {
+    why = Annotate(why, "taking the program home");
+    LOG(ERROR) << "replica pid " << pid_ << ": " << why.message();
+    if (pid_ > 0) {
+      kill(pid_, SIGKILL);
+      int status;
+      (void)waitpid(pid_, &status, __WALL);
+    }
+    absl::MutexLock l(&mu_);
+    if (failure_.ok()) failure_ = why;
+    exited_ = true;
+    exit_status_ = SIGKILL;  // a wait status: killed by SIGKILL
+    pid_ = 0;
+    return why;
+  };
+  absl::Status released = supervisor_->RunStopped(
+      running.front(),
+      [&](pid_t tid) -> absl::Status {
+        STRETCH_ASSIGN_OR_RETURN(auto thread, uffd::RemoteThread::Adopt(tid));
+        return agent_->Release(pid_, *thread, deadline);
+      },
+      deadline);
+  if (!released.ok()) return lost(released);
+  if (absl::Status s = supervisor_->Detach(deadline); !s.ok()) return lost(s);
+  // 5. A checkpoint of this copy, without the filter, restored as an ordinary process.
+  const absl::Time dump_start = absl::Now();
+  Criu criu(options_.criu);
+  if (absl::Status s = criu.Dump(pid_, images_dir); !s.ok()) return lost(s);
+  const pid_t old_pid = pid_;
+  {
+    int status;
+    (void)waitpid(pid_, &status, __WALL);  // CRIU ended it
+    absl::MutexLock l(&mu_);
+    exited_ = true;
+    exit_status_ = SIGKILL;
+    pid_ = 0;
+  }
+  auto stripped = RemoveSeccompFilters(images_dir);
+  if (!stripped.ok()) return lost(stripped.status());
+  stats.dump = absl::Now() - dump_start;
+  stats.image_bytes = DirectoryBytes(images_dir);
+  const absl::Time restore_start = absl::Now();
+  RestoreOptions ro;
+  ro.images_dir = images_dir;
+  ro.work_dir = images_dir;
+  if (!options_.stdin_key.empty()) {
+    // Its fd 0 is ours (the launcher's pipe): the same again.
+    char link[256];
+    const ssize_t n = readlink("/proc/self/fd/0", link, sizeof(link) - 1);
+    if (n > 0) {
+      ro.stdin_fd = STDIN_FILENO;
+      ro.stdin_key.assign(link, n);
+    }
+  }
+  // The restored root is orphaned when CRIU exits (-d): it must come to this agent.
+  if (prctl(PR_SET_CHILD_SUBREAPER, 1) != 0)
+    return lost(ErrnoStatus(errno, "PR_SET_CHILD_SUBREAPER"));
+  auto pending = criu.StartRestore(ro);
+  if (!pending.ok()) return lost(pending.status());
+  auto pid = pending->Wait(deadline);
+  if (!pid.ok()) return lost(pid.status());
+  auto pidfd = uffd::Pidfd::Open(*pid);
+  if (!pidfd.ok()) return lost(pidfd.status());
+  // 6. Where the files stand, then run.
+  if (absl::Status s = Position(*pid, *positions); !s.ok()) {
+    kill(*pid, SIGKILL);
+    return lost(s);
+  }
+  stats.files_positioned = static_cast<int>(positions->size());
+  if (kill(*pid, SIGCONT) != 0) return lost(ErrnoStatus(errno, "SIGCONT"));
+  stats.restore = absl::Now() - restore_start;
+  LOG(INFO) << absl::StrFormat(
+      "replica pid %d went home as pid %d: %d pages gathered, stop %.1f ms, gather %.1f ms, "
+      "dump %.1f ms, restore %.1f ms (%d KiB)",
+      old_pid, *pid, stats.pages_gathered, Ms(stats.stop), Ms(stats.gather), Ms(stats.dump),
+      Ms(stats.restore), stats.image_bytes >> 10);
+  return std::make_unique<HomeProcess>(*pid, std::move(*pidfd), stats);
+}
+
+HomeProcess::~HomeProcess() {
+  if (!reaped_) {
+    kill(pid_, SIGKILL);
+    (void)Wait(absl::Now() + absl::Seconds(5));
+  }
+}
+
+absl::StatusOr<ExitStatus> HomeProcess::Wait(absl::Time deadline) {
+  if (reaped_) return status_;
+  for (;;) {
+    int status = 0;
+    const pid_t r = waitpid(pid_, &status, WNOHANG | __WALL);
+    if (r == pid_) {
+      reaped_ = true;
+      status_ = ExitStatus::FromWaitStatus(status);
+      return status_;
+    }
+    if (r < 0 && errno != EINTR) {
+      // Not ours to wait for (it cannot happen with the subreaper set): say so, once.
+      reaped_ = true;
+      status_ = ExitStatus{true, SIGKILL};
+      return ErrnoStatus(errno, absl::StrCat("waitpid ", pid_));
+    }
+    const absl::Time now = absl::Now();
+    if (now >= deadline) {
+      return absl::DeadlineExceededError(absl::StrCat("pid ", pid_, " still running"));
+    }
+    struct pollfd p = {pidfd_.fd(), POLLIN, 0};
+    const int ms =
+        static_cast<int>(std::min<int64_t>(absl::ToInt64Milliseconds(deadline - now) + 1, 1000));
+    (void)poll(&p, 1, ms);
+  }
+}
+
+void HomeProcess::Signal(int sig) {
+  if (!reaped_) kill(pid_, sig);
+}
+
+std::string HomeProcess::StatsJsonField() const {
+  return absl::StrFormat(
+      "\"home\":{\"pid\":%d,\"pages_gathered\":%d,\"stop_ms\":%.3f,\"gather_ms\":%.3f,"
+      "\"dump_ms\":%.3f,\"restore_ms\":%.3f,\"image_bytes\":%d,\"files_positioned\":%d}",
+      pid_, stats_.pages_gathered, Ms(stats_.stop), Ms(stats_.gather), Ms(stats_.dump),
+      Ms(stats_.restore), stats_.image_bytes, stats_.files_positioned);
+}
+
+}  // namespace stretch::replica
