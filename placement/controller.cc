@@ -341,7 +341,8 @@ void PlacementController::Sample() {
     n.threads = c[i].threads;
     n.cores = std::max(1, c[i].cpus);
     w.cores += n.cpu;
-    if (i > 0) w.away += n.cpu;
+    // Threads away from node 0 that wait for pages run too (they are stalled, not idle).
+    if (i > 0) w.away += n.cpu + n.stall;
     w.waiting += n.stall;
     w.threads += static_cast<size_t>(std::max(0, c[i].threads));
   }
@@ -389,9 +390,9 @@ void PlacementController::Sample() {
   }
   // Distribution costs more than it gives when the model predicts that the threads would keep
   // more cores busy all on node 0 (without their remote faults) than they keep on all nodes
-  // now, while threads away from node 0 still run (a serial phase, threads idle by design, is
-  // not that; nor is main alone on node 0 collecting results: moving threads would not move
-  // the data). Two windows in a row: one can be a transient (a burst of first-touch faults as
+  // now, while threads away from node 0 still run or wait for pages (a serial phase, threads
+  // idle by design, is not that; nor is main alone on node 0 collecting results: moving
+  // threads would not move the data). Two windows in a row: one can be a transient (a burst of first-touch faults as
   // a program starts computing looks like heavy sharing for a window).
   const double gain = w.cores > 0 ? one_node / w.cores : (one_node > 0 ? HUGE_VAL : 1.0);
   const bool dsm_bound =

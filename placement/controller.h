@@ -101,7 +101,7 @@ class PlacementController {
     std::vector<NodeWindow> nodes;
     double cores = 0;    // cores kept busy
     double waiting = 0;  // cores' worth of threads waiting for pages
-    double away = 0;     // cores busy on nodes other than 0
+    double away = 0;     // cores busy or waiting for pages on nodes other than 0
     size_t threads = 0;
     bool fewer_threads = false;  // threads ended: the window says nothing about placement
   };

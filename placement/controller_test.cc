@@ -230,6 +230,18 @@ TEST(PlacementControllerTest, ASerialPhaseOnNodeZeroIsNotDsmBound) {
   EXPECT_THAT(cluster.moves, IsEmpty());
 }
 
+// Threads that hardly compute because they wait for pages all the time (OpenBLAS's dgemm
+// spread: 0.1 cores busy, 2 cores' worth of waiting) are not a serial phase: the threads away
+// from node 0 run, they are just stalled. They go to node 0 in the first windows.
+TEST(PlacementControllerTest, ThreadsStalledOnPagesAwayFromNodeZeroAreDsmBound) {
+  FakeCluster cluster({{1, 2}, {3}});
+  PlacementController c(Adaptive(), &cluster);
+  const std::vector<Activity> stalled = {{0.005, 0.09, 400, 0}, {0.003, 0.095, 420, 30}};
+  const int windows = WindowsUntilAMove(cluster, c, stalled, 20);
+  EXPECT_THAT(cluster.moves, ElementsAre("3:1->0"));
+  EXPECT_LE(windows, 4);
+}
+
 // Consolidated on a machine busy with other work: node 0's threads get a third of its core and
 // wait for it the rest of the time. That is a saturated node 0 too (run_test under load: the
 // compute phase was never probed, as node 0 never looked busy).
