@@ -21,12 +21,16 @@ absl::Status NodeAgent::Impl::Init() {
     transport_ = std::move(faulty);
   }
   STRETCH_ASSIGN_OR_RETURN(address_, transport_->Listen(options_.listen));
+  std::string server_address = options_.server;
+  if (options_.await_server) {
+    STRETCH_ASSIGN_OR_RETURN(server_address, options_.await_server());
+  }
   const absl::Time deadline = absl::Now() + options_.connect_timeout;
-  auto server = transport_->Connect(options_.server, deadline);
+  auto server = transport_->Connect(server_address, deadline);
   if (!server.ok()) {
     return Annotate(
         server.status(),
-        absl::StrCat("node ", self_.value(), ": connecting to the server at ", options_.server));
+        absl::StrCat("node ", self_.value(), ": connecting to the server at ", server_address));
   }
   server_ = *server;
   wire::Hello hello;
@@ -78,7 +82,7 @@ absl::Status NodeAgent::Impl::Init() {
     STRETCH_ASSIGN_OR_RETURN(attach_server_, AttachServer::Start(options_.attach_socket, h));
   }
   LOG(INFO) << "node " << self_.value() << ": up, listening on " << address_ << ", server "
-            << options_.server;
+            << server_address;
   return absl::OkStatus();
 }
 

@@ -60,6 +60,10 @@ struct NodeOptions {
   NodeId node;
   // The directory server's address.
   std::string server;
+  // If set, called once the agent listens (its keeper and transport are up, which takes a
+  // while with libfabric's providers), to learn the server's address (replacing `server`):
+  // an agent started before its server (`stretchd node --await_start`). An error stops Start.
+  std::function<absl::StatusOr<std::string>()> await_server;
   // Where this agent listens for other nodes ("IP:0" picks a port; the IP must be reachable
   // from the other nodes).
   std::string listen = "127.0.0.1:0";

@@ -148,7 +148,7 @@ absl::Status Launcher::RunToMigrationPoint() {
   }
   oo_.program.stdout_path = out_;
   oo_.program.stderr_path = err_;
-  oo_.images_dir = work + "/images";
+  oo_.images_dir = ImagesDir();
   oo_.criu = o_.criu;
   oo_.migrate_at_threads = o_.migrate_at_threads;
   oo_.manual = o_.manual;
@@ -259,19 +259,6 @@ absl::Status Launcher::StartNodes() {
     }
   }
   const absl::Time restore_start = absl::Now();
-  // The emulated nodes: a network namespace each, joined by veth pairs; removed on the way
-  // out (after the agents have ended).
-  if (o_.netns && o_.transport != "loopback") {
-    launch::NetnsCluster::Options co;
-    co.nodes = o_.nodes;
-    auto c = launch::NetnsCluster::Create(co);
-    if (!c.ok()) {
-      return absl::UnavailableError(
-          absl::StrCat("creating the nodes' network namespaces: ", c.status().message(),
-                       " (--nonetns runs every node on 127.0.0.1)"));
-    }
-    cluster_ = std::move(*c);
-  }
   engine::ServerOptions so;
   so.transport = o_.transport;
   so.listen = o_.transport == "loopback"
@@ -324,8 +311,33 @@ absl::Status Launcher::StartNodes() {
   return absl::OkStatus();
 }
 
-// Node i's agent, a `stretchd node` process here (in node i's namespace when emulated).
-absl::Status Launcher::StartLocalAgent(int i) {
+// The emulated nodes and their agents, while the program still runs natively: a `stretchd
+// node` process starts in a fifth of a second (libfabric's providers load and calibrate), so
+// they are made now, and wait (--await_start) for the line that says which server to join and
+// which threads to run (StartLocalAgent).
+absl::Status Launcher::SpawnLocalAgents() {
+  // A network namespace each, joined by veth pairs; removed on the way out (after the agents
+  // have ended).
+  if (o_.netns && o_.transport != "loopback") {
+    launch::NetnsCluster::Options co;
+    co.nodes = o_.nodes;
+    auto c = launch::NetnsCluster::Create(co);
+    if (!c.ok()) {
+      return absl::UnavailableError(
+          absl::StrCat("creating the nodes' network namespaces: ", c.status().message(),
+                       " (--nonetns runs every node on 127.0.0.1)"));
+    }
+    cluster_ = std::move(*c);
+  }
+  for (int i = 0; i < o_.nodes && (i == 0 || remote_.empty()); ++i) {
+    STRETCH_RETURN_IF_ERROR(SpawnLocalAgent(i));
+  }
+  return absl::OkStatus();
+}
+
+// Node i's agent, a `stretchd node --await_start` process here (in node i's namespace when
+// emulated).
+absl::Status Launcher::SpawnLocalAgent(int i) {
   const std::string& work = work_.path;
   int sv[2];
   if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) != 0) {
@@ -334,14 +346,13 @@ absl::Status Launcher::StartLocalAgent(int i) {
   SubprocessOptions a;
   a.argv = {o_.stretchd,
             "node",
+            "--await_start",
             absl::StrCat("--node=", i),
-            absl::StrCat("--server=", server_->address()),
             absl::StrCat("--listen=", NodeAddress(cluster_.get(), local_ip_, i), ":0"),
             absl::StrCat("--transport=", o_.transport),
             absl::StrCat("--cluster_secret=", secret_file_),
-            absl::StrCat("--replica_images=", oo_.images_dir),
+            absl::StrCat("--replica_images=", ImagesDir()),
             absl::StrCat("--replica_work=", work, "/node", i),
-            absl::StrCat("--run_threads=", absl::StrJoin(placement_[i], ",")),
             absl::StrCat("--stats_json=", work, "/node", i, ".json"),
             absl::StrCat("--criu=", o_.criu.binary)};
   if (!VLOG_IS_ON(1)) a.argv.push_back("--minloglevel=1");
@@ -376,6 +387,20 @@ absl::Status Launcher::StartLocalAgent(int i) {
     return p.status();
   }
   agents_.push_back(Agent{std::move(*p), UniqueFd(sv[0])});
+  return absl::OkStatus();
+}
+
+// Node i's agent, spawned before the migration point: the server to join and the threads to
+// run ("start --server=ADDRESS --run_threads=T,T").
+absl::Status Launcher::StartLocalAgent(int i) {
+  if (i >= static_cast<int>(agents_.size())) {
+    return absl::InternalError(absl::StrCat("node ", i, " has no agent"));
+  }
+  if (!SendLine(agents_[i].control.get(),
+                absl::StrCat("start --server=", server_->address(),
+                             " --run_threads=", absl::StrJoin(placement_[i], ",")))) {
+    return absl::UnavailableError(absl::StrCat("node ", i, ": its agent exited before it started"));
+  }
   return absl::OkStatus();
 }
 

@@ -73,6 +73,7 @@ class Launcher {
 
   int Run() {
     if (absl::Status s = Prepare(); !s.ok()) return Failed(s);
+    if (absl::Status s = SpawnLocalAgents(); !s.ok()) return Failed(s);
     if (absl::Status s = RunToMigrationPoint(); !s.ok()) return Failed(s);
     if (early_exit_) return *early_exit_;
     if (absl::Status s = StartNodes(); !s.ok()) return Failed(s);
@@ -91,9 +92,13 @@ class Launcher {
   }
 
   absl::Status Prepare();
+  // Where the checkpoint goes (the work directory is made by Prepare).
+  std::string ImagesDir() const { return work_.path + "/images"; }
   absl::Status RunToMigrationPoint();
   absl::Status WriteUndistributedStats();
   absl::Status StartNodes();
+  absl::Status SpawnLocalAgents();
+  absl::Status SpawnLocalAgent(int i);
   absl::Status StartLocalAgent(int i);
   absl::Status StartRemoteAgents();
   absl::Status OpenControlSocket();

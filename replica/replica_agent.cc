@@ -111,7 +111,8 @@ void RunHome(HomeProcess& home, int ctl) {
 
 }  // namespace
 
-int RunReplicaAgent(const ReplicaAgentOptions& o) {
+int RunReplicaAgent(const ReplicaAgentOptions& options) {
+  ReplicaAgentOptions o = options;
   const int ctl = o.control_fd;
   auto report_error = [ctl](const std::string& what) {
     SendLine(ctl, absl::StrCat("error ", what));
@@ -136,7 +137,16 @@ int RunReplicaAgent(const ReplicaAgentOptions& o) {
     if (!f.ok()) return report_error(std::string(f.status().message()));
     no.inject_faults = *f;
   }
+  absl::Status started = absl::OkStatus();
+  if (o.await_start) {
+    no.await_server = [&]() -> absl::StatusOr<std::string> {
+      started = o.await_start(&o);
+      if (!started.ok()) return started;
+      return o.server;
+    };
+  }
   auto agent = engine::NodeAgent::Start(no);
+  if (!started.ok() && absl::IsCancelled(started)) return 0;  // the program ended natively
   if (!agent.ok()) return report_error(std::string(agent.status().message()));
   ReplicaOptions ro;
   ro.images_dir = o.images_dir;

@@ -5,6 +5,7 @@
 #ifndef STRETCH_REPLICA_REPLICA_AGENT_H_
 #define STRETCH_REPLICA_REPLICA_AGENT_H_
 
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -18,6 +19,10 @@ namespace stretch::replica {
 struct ReplicaAgentOptions {
   int node = 0;
   std::string server;
+  // If set: an agent started before the migration point. Called once the node agent listens,
+  // it waits for the launcher's word and fills in `server` and `run_threads`; an error (or
+  // the launcher gone) ends the agent.
+  std::function<absl::Status(ReplicaAgentOptions*)> await_start;
   std::string listen;
   std::string transport = "tcp";
   std::string images_dir;

@@ -21,6 +21,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "core/unique_fd.h"
 #include "core/wire.h"
 #include "engine/node_agent.h"
@@ -29,6 +30,7 @@
 #include "glog/logging.h"
 #include "launch/launcher.h"
 #include "launch/remote_replicas.h"
+#include "replica/control.h"
 #include "replica/launch_service.h"
 #include "replica/replica_agent.h"
 #include "stretchd/check.h"
@@ -197,9 +199,37 @@ int RunServer(const std::vector<std::string>& args) {
   return 0;
 }
 
+// --await_start: the launcher's "start --server=A --run_threads=T,T" on the control channel
+// (fd 3) says what is known only at the migration point. Cancelled if the channel closed first
+// (the program ended natively: nothing to do).
+absl::Status AwaitStart(replica::ReplicaAgentOptions* r) {
+  bool closed = false;
+  auto line = replica::RecvLine(r->control_fd, -1, &closed);
+  if (!line || closed) return absl::CancelledError("the launcher is gone");
+  std::vector<std::string> words = absl::StrSplit(*line, ' ', absl::SkipEmpty());
+  if (words.empty() || words[0] != "start") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("expected \"start ...\" on the control channel, got '", *line, "'"));
+  }
+  for (size_t i = 1; i < words.size(); ++i) {
+    absl::string_view w = words[i];
+    if (absl::ConsumePrefix(&w, "--server=")) {
+      r->server = std::string(w);
+    } else if (!absl::ConsumePrefix(&w, "--run_threads=") ||
+               !ParseIntList(std::string(w), &r->run_threads)) {
+      return absl::InvalidArgumentError(absl::StrCat("bad start flag '", words[i], "'"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 int RunNode(const std::vector<std::string>& args) {
   if (!args.empty()) {
     std::fprintf(stderr, "stretchd node: unexpected argument '%s'\n", args[0].c_str());
+    return 2;
+  }
+  if (FLAGS_await_start && FLAGS_replica_images.empty()) {
+    std::fprintf(stderr, "stretchd node: --await_start needs --replica_images\n");
     return 2;
   }
   if (FLAGS_node < 0 || FLAGS_node >= static_cast<int>(kMaxNodes)) {
@@ -243,6 +273,7 @@ int RunNode(const std::vector<std::string>& args) {
     r.stdin_key = FLAGS_replica_stdin;
     r.stdin_elsewhere = FLAGS_replica_stdin_elsewhere;
     r.criu.binary = CriuPath();
+    if (FLAGS_await_start) r.await_start = AwaitStart;
     if (!ParseIntList(FLAGS_run_threads, &r.run_threads)) {
       std::fprintf(stderr, "stretchd node: bad --run_threads '%s'\n", FLAGS_run_threads.c_str());
       return 2;

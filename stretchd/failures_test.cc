@@ -144,7 +144,7 @@ TEST_F(RunTest, AKilledNodeStopsTheProgramWithAClearError) {
     absl::SleepFor(absl::Milliseconds(50));
   }
   ASSERT_THAT(where, HasSubstr("node 1: ")) << where;
-  ASSERT_EQ(system("pkill -KILL -f '[s]tretchd node --node=1 .*--replica_images'"), 0);
+  ASSERT_EQ(system("pkill -KILL -f '[s]tretchd node .*--node=1 .*--replica_images'"), 0);
   auto st = p->Wait(absl::Now() + absl::Seconds(30));
   ASSERT_TRUE(st.ok()) << st.status();
   EXPECT_EQ(st->ToString(), "exit status 1");

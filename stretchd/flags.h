@@ -21,6 +21,7 @@ DECLARE_string(migrate_threads);
 DECLARE_bool(netns);
 DECLARE_bool(one_malloc_arena);
 DECLARE_bool(go_home);
+DECLARE_bool(await_start);
 DECLARE_string(node_cpus);
 DECLARE_string(work_dir);
 DECLARE_string(control);

@@ -160,6 +160,10 @@ DEFINE_string(cluster_secret, "",
               "default a fresh secret in its work directory");
 DEFINE_string(out, "", "secret: the file to create (mode 0600; never replaced)");
 DEFINE_string(replica_images, "", "node (internal, used by run): restore a replica from here");
+DEFINE_bool(await_start, false,
+            "node (internal, used by run): started before the program's migration point, wait "
+            "on the control channel for \"start --server=ADDRESS --run_threads=T,T\" (the "
+            "flags known only then) before joining the server");
 DEFINE_string(replica_work, "", "node (internal, used by run): CRIU work directory");
 DEFINE_string(run_threads, "", "node (internal, used by run): thread ids this node runs");
 DEFINE_string(replica_stdin, "",
@@ -218,6 +222,7 @@ const std::vector<Subcommand>& Subcommands() {
         "fault_cpu",
         "stats_json",
         "replica_images",
+        "await_start",
         "replica_work",
         "run_threads",
         "replica_stdin",
