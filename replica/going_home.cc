@@ -97,12 +97,17 @@ absl::StatusOr<std::unique_ptr<HomeProcess>> Replica::GoHome(const std::string& 
   auto resume = [&]() {
     for (pid_t tid : running) (void)supervisor_->Resume(tid, absl::Now() + absl::Seconds(10));
   };
+  std::vector<pid_t> parked;  // a thread that exits meanwhile is not an error
   for (pid_t tid : running) {
-    if (absl::Status s = supervisor_->Park(tid, deadline); !s.ok()) {
+    absl::Status s = supervisor_->Park(tid, deadline);
+    if (s.ok()) {
+      parked.push_back(tid);
+    } else if (!absl::IsNotFound(s)) {
       resume();
       return s;
     }
   }
+  if (parked.empty()) return absl::FailedPreconditionError("every thread of the program exited");
   while (supervisor_->HeldThreads() > 0) {
     if (absl::Now() > deadline) {
       resume();
@@ -148,7 +153,7 @@ absl::StatusOr<std::unique_ptr<HomeProcess>> Replica::GoHome(const std::string& 
     return why;
   };
   absl::Status released = supervisor_->RunStopped(
-      running.front(),
+      parked.front(),
       [&](pid_t tid) -> absl::Status {
         STRETCH_ASSIGN_OR_RETURN(auto thread, uffd::RemoteThread::Adopt(tid));
         return agent_->Release(pid_, *thread, deadline);
