@@ -148,6 +148,9 @@ std::string Launcher::Migrate(pid_t tid, int to) {
     return "error manual mode: threads cannot move between nodes (their stacks and private "
            "memory are not coherent)";
   }
+  if (home_at_) {
+    return "error the program went home to node 0: it runs there as an ordinary process now";
+  }
   SetExclusive(false);
   for (int i = 0; i < o_.nodes; ++i) {
     if (!agents_[i].done) SendLine(agents_[i].control.get(), absl::StrCat("migrate-out ", tid));
@@ -189,6 +192,7 @@ std::string Launcher::Migrate(pid_t tid, int to) {
 }
 
 std::string Launcher::Where() {
+  if (home_at_) return "ok\nnode 0: every thread (the program went home: it runs there natively)";
   for (int i = 0; i < o_.nodes; ++i) {
     if (!agents_[i].done) SendLine(agents_[i].control.get(), "where");
   }

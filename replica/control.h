@@ -5,7 +5,9 @@
 // Control lines are datagrams of a SOCK_SEQPACKET socket, one line each.
 //
 // The control channel, in full (one line per datagram):
-// Launcher -> node: "go", "stop", "kill SIG", "cpu" (answered
+// Launcher -> node: first, to an agent started before the migration point (`stretchd node
+// --await_start`), "start --server=ADDRESS --run_threads=T,T"; then "go", "stop", "kill SIG",
+// "cpu" (answered
 // "cpu NS N STALL FAULTS INV CPUS WAIT": CPU time of the N threads running there and the time
 // its faults took to resolve, both in ns so far, how many faults and invalidations it had so
 // far, the CPUs it may use, and the time (ns) those threads waited for a CPU while runnable),
@@ -13,7 +15,10 @@
 // since the last "sharing"), "cores TID:I,J ..." (affinity assignment: thread TID may use only
 // the node's CPUs with indexes I, J; answered "cores N", the threads pinned), "exclusive
 // on|off" (the node serves the program's futex calls itself while every running thread is
-// there, FutexService::SetExclusive; answered with the same line), and for
+// there, FutexService::SetExclusive; answered with the same line), "home" (node 0 only:
+// take the program home, going_home.h; answered "home ok", after which the node only
+// forwards "kill SIG" and reports the program's end, or "home-error WHY", the replica running
+// on as before), and for
 // `stretchd migrate`: "where" (answered "here T1,T2,..."), "migrate-out T" (answered "migrated-out
 // T HEXSTATE", "notmine T" or "migrate-error T WHY"), "migrate-in T HEXSTATE" (answered
 // "migrated-in T" or "migrate-error T WHY"). Node -> launcher, once: "ready N", then "exit CODE",
