@@ -135,6 +135,20 @@ absl::StatusOr<std::string> FilterFields(absl::Span<const uint8_t> msg, const st
   return out;
 }
 
+// The two u32 magics every CRIU image but the inventory starts with: IMG_COMMON, then the
+// image's own (`what` names it in the error).
+absl::Status CheckMagic(absl::Span<const uint8_t> bytes, const std::string& name, uint32_t magic,
+                        const char* what) {
+  if (bytes.size() < 8) return Bad(name, "shorter than its 8-byte magic");
+  uint32_t m0, m1;
+  std::memcpy(&m0, bytes.data(), 4);
+  std::memcpy(&m1, bytes.data() + 4, 4);
+  if (m0 != kImgCommonMagic || m1 != magic) {
+    return Bad(name, absl::StrFormat("magic 0x%08x 0x%08x is not a CRIU %s", m0, m1, what));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::string> ReadFile(const std::string& path) {
   UniqueFd fd(open(path.c_str(), O_RDONLY | O_CLOEXEC));
   if (!fd.valid()) return ErrnoStatus(errno, absl::StrCat("open ", path));
@@ -152,13 +166,7 @@ absl::StatusOr<std::string> ReadFile(const std::string& path) {
 }  // namespace
 
 absl::StatusOr<Pagemap> ParsePagemap(absl::Span<const uint8_t> bytes, const std::string& name) {
-  if (bytes.size() < 8) return Bad(name, "shorter than its 8-byte magic");
-  uint32_t m0, m1;
-  std::memcpy(&m0, bytes.data(), 4);
-  std::memcpy(&m1, bytes.data() + 4, 4);
-  if (m0 != kImgCommonMagic || m1 != kPagemapMagic) {
-    return Bad(name, absl::StrFormat("magic 0x%08x 0x%08x is not a CRIU pagemap", m0, m1));
-  }
+  STRETCH_RETURN_IF_ERROR(CheckMagic(bytes, name, kPagemapMagic, "pagemap"));
   Pagemap pm;
   bool have_head = false;
   size_t pos = 8;
@@ -298,13 +306,7 @@ std::optional<absl::Span<const uint8_t>> CheckpointMemory::Find(uintptr_t addres
 absl::StatusOr<std::string> CoreImageWithoutSeccomp(absl::Span<const uint8_t> bytes,
                                                     const std::string& name) {
   constexpr uint32_t kCoreMagic = 0x55053847;
-  if (bytes.size() < 8) return Bad(name, "shorter than its 8-byte magic");
-  uint32_t m0, m1;
-  std::memcpy(&m0, bytes.data(), 4);
-  std::memcpy(&m1, bytes.data() + 4, 4);
-  if (m0 != kImgCommonMagic || m1 != kCoreMagic) {
-    return Bad(name, absl::StrFormat("magic 0x%08x 0x%08x is not a CRIU core image", m0, m1));
-  }
+  STRETCH_RETURN_IF_ERROR(CheckMagic(bytes, name, kCoreMagic, "core image"));
   // core_entry: tc = 3 (task_core_entry), thread_core = 5 (thread_core_entry); in both,
   // 11 and 12 are the seccomp mode and filter index.
   constexpr uint32_t kSeccompFields[] = {11, 12};
