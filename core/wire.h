@@ -312,6 +312,15 @@ struct PageRun {
   uint32_t count = 0;
 };
 inline constexpr uint32_t kMaxPagesPerRun = 1u << 20;
+// Appends `page` to `runs`: to the last run if it comes right after it (and the run has room).
+inline void AppendToRuns(std::vector<PageRun>& runs, PageId page) {
+  if (!runs.empty() && runs.back().first.number() + runs.back().count == page.number() &&
+      runs.back().count < kMaxPagesPerRun) {
+    ++runs.back().count;
+  } else {
+    runs.push_back({page, 1});
+  }
+}
 struct PagesHeld {
   uint64_t seq = 0;
   std::vector<PageRun> runs;  // at most kMaxListEntries

@@ -185,8 +185,7 @@ absl::Status NodeAgent::Impl::Detach(pid_t pid, RegionId region, absl::Time dead
   return absl::OkStatus();
 }
 
-absl::Status NodeAgent::Impl::Release(pid_t pid, uffd::RemoteThread& thread,
-                                      absl::Time deadline) {
+absl::Status NodeAgent::Impl::Release(pid_t pid, uffd::RemoteThread& thread, absl::Time deadline) {
   std::vector<Attachment*> atts;
   Target* target = nullptr;
   {
@@ -408,13 +407,7 @@ absl::Status NodeAgent::Impl::HoldCheckpointPages(
       }
     }
     for (size_t k = 0; k < n; ++k) {
-      const PageId page = PageId::Containing(addr + k * kPageSize);
-      if (!runs.empty() && runs.back().first.number() + runs.back().count == page.number() &&
-          runs.back().count < wire::kMaxPagesPerRun) {
-        ++runs.back().count;
-      } else {
-        runs.push_back({page, 1});
-      }
+      wire::AppendToRuns(runs, PageId::Containing(addr + k * kPageSize));
     }
     i += n;
   }

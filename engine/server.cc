@@ -607,14 +607,7 @@ class DirectoryServer::Impl {
     std::sort(want.begin(), want.end());
     want.erase(std::unique(want.begin(), want.end()), want.end());
     std::vector<wire::PageRun> runs;
-    for (PageId page : want) {
-      if (!runs.empty() && runs.back().first.number() + runs.back().count == page.number() &&
-          runs.back().count < wire::kMaxPagesPerRun) {
-        ++runs.back().count;
-      } else {
-        runs.push_back({page, 1});
-      }
-    }
+    for (PageId page : want) wire::AppendToRuns(runs, page);
     size_t i = 0;
     do {
       wire::PagesWantedReply reply;

@@ -90,9 +90,22 @@ std::vector<std::pair<pid_t, std::vector<int>>> ParseCores(const std::string& li
   return assignment;
 }
 
+// The answer to "cpu" (control.h).
+std::string CpuLine(engine::NodeAgent& agent, Replica& replica) {
+  const auto latency = agent.stats().fault_latency.Snap();
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  const int cpus = sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : 1;
+  const Replica::CpuTimes cpu = replica.CpuTime();
+  return absl::StrCat("cpu ", cpu.run_ns, " ", replica.ThreadsRunningHere().size(), " ",
+                      latency.sum_ns, " ", latency.count, " ",
+                      agent.stats().invalidations_received.Get(), " ", cpus, " ", cpu.wait_ns);
+}
+
 // The program after it went home (going_home.h): an ordinary process of this node, until it
 // ends or the launcher stops it. Placement has nothing to ask any more.
 void RunHome(HomeProcess& home, int ctl) {
+  SendLine(ctl, "home ok");
   bool closed = false;
   for (;;) {
     auto st = home.Wait(absl::Now() + absl::Milliseconds(10));
@@ -107,6 +120,21 @@ void RunHome(HomeProcess& home, int ctl) {
       home.Signal(sig);
     }
   }
+}
+
+// "home": takes the program home and runs it there to its end; its statistics field. Nothing
+// if it is still a replica (it runs on; "home-error" said why) or gone (its Wait() and
+// failure() say why).
+std::optional<std::string> GoHomeAndRun(Replica& replica, const std::string& work_dir, int ctl) {
+  auto home = replica.GoHome(absl::StrCat(work_dir, "/home"), absl::Now() + absl::Minutes(5));
+  if (!home.ok()) {
+    if (replica.failure().ok()) {
+      SendLine(ctl, absl::StrCat("home-error ", home.status().message()));
+    }
+    return std::nullopt;
+  }
+  RunHome(**home, ctl);
+  return (*home)->StatsJsonField();
 }
 
 }  // namespace
@@ -248,27 +276,12 @@ int RunReplicaAgent(const ReplicaAgentOptions& options) {
       (*replica)->SetFutexExclusive(*line == "exclusive on");
       SendLine(ctl, *line);
     } else if (line && *line == "home") {
-      auto home =
-          (*replica)->GoHome(absl::StrCat(o.work_dir, "/home"), absl::Now() + absl::Minutes(5));
-      if (home.ok()) {
-        SendLine(ctl, "home ok");
-        RunHome(**home, ctl);
-        home_stats = (*home)->StatsJsonField();
+      if (auto stats = GoHomeAndRun(**replica, o.work_dir, ctl)) {
+        home_stats = *stats;
         return finish(0);
       }
-      // Still a replica (it runs on), or gone: then its Wait() and failure() say why.
-      if ((*replica)->failure().ok())
-        SendLine(ctl, absl::StrCat("home-error ", home.status().message()));
     } else if (line && *line == "cpu") {
-      const auto latency = (*agent)->stats().fault_latency.Snap();
-      cpu_set_t set;
-      CPU_ZERO(&set);
-      const int cpus = sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : 1;
-      const Replica::CpuTimes cpu = (*replica)->CpuTime();
-      SendLine(ctl, absl::StrCat("cpu ", cpu.run_ns, " ", (*replica)->ThreadsRunningHere().size(),
-                                 " ", latency.sum_ns, " ", latency.count, " ",
-                                 (*agent)->stats().invalidations_received.Get(), " ", cpus, " ",
-                                 cpu.wait_ns));
+      SendLine(ctl, CpuLine(**agent, **replica));
     } else if (line) {
       HandleMigration(**replica, ctl, *line);
     }
