@@ -104,8 +104,9 @@ void Launcher::SetExclusive(bool on) {
 }
 
 // Every running thread is on node 0: it takes the program home (replica/going_home.h), and
-// the other nodes, whose threads are all parked, stop. Tried once; if node 0 cannot, the run
-// goes on distributed (or, if node 0 lost the program on the way, its error ends the run).
+// the other nodes, whose threads are all parked, stop. Tried once (again after a window if
+// node 0 was busy: every thread in a call); if node 0 cannot, the run goes on distributed
+// (or, if node 0 lost the program on the way, its error ends the run).
 void Launcher::GoHome() {
   if (!o_.go_home || home_tried_ || !node0_exclusive_ || agents_[0].done) return;
   home_tried_ = true;
@@ -122,6 +123,10 @@ void Launcher::GoHome() {
         absl::StartsWith(last, "error ")) {
       break;  // the program's end, or node 0's error: the loop reports it
     }
+  }
+  if (r && absl::StartsWith(*r, "home-error busy")) {
+    home_tried_ = false;  // every thread was in a call: again after the next window
+    return;
   }
   if (!r || !absl::StartsWith(*r, "home ok")) {
     LOG(WARNING) << "stretchd run: the program could not go home to node 0"

@@ -193,6 +193,15 @@ class ThreadSupervisor::Impl {
     return out;
   }
 
+  std::vector<pid_t> StoppedOutsideCalls() const {
+    absl::MutexLock l(&state_mu_);
+    std::vector<pid_t> out;
+    for (const auto& [tid, t] : threads_) {
+      if (t.stopped && !t.in_call && !t.exiting) out.push_back(tid);
+    }
+    return out;
+  }
+
   int HeldThreads() const {
     absl::MutexLock l(&state_mu_);
     int n = 0;
@@ -213,7 +222,10 @@ class ThreadSupervisor::Impl {
     bool stopped = false;      // in a ptrace-stop we have not resumed
     bool interrupted = false;  // PTRACE_INTERRUPT sent, stop not yet seen
     bool exiting = false;
-    bool held = false;       // on_seccomp holds it stopped until Release
+    bool held = false;  // on_seccomp holds it stopped until Release
+    // Stopped at the entry of a call (a seccomp stop): a syscall injected now would take the
+    // call's place (RemoteThread).
+    bool in_call = false;
     int pending_signal = 0;  // to deliver when it next resumes
     SyscallHook hook;        // set: resume with PTRACE_SYSCALL and ask it at each entry
     std::vector<std::shared_ptr<Command>> waiting;  // Park / RunStopped waiting for a stop
@@ -341,6 +353,7 @@ class ThreadSupervisor::Impl {
     t.pending_signal = 0;
     if (ptrace(t.hook ? PTRACE_SYSCALL : PTRACE_CONT, tid, 0, sig) == 0) {
       t.stopped = false;
+      t.in_call = false;
     } else {
       VLOG(1) << "PTRACE_CONT " << tid << ": " << ErrnoName(errno);
     }
@@ -547,6 +560,7 @@ class ThreadSupervisor::Impl {
         OnStopped(tid, t);
         break;
       case PTRACE_EVENT_SECCOMP:
+        t.in_call = true;
         if (callbacks_.on_seccomp && callbacks_.on_seccomp(tid)) t.held = true;
         OnStopped(tid, t);
         break;
@@ -735,6 +749,9 @@ std::vector<pid_t> ThreadSupervisor::Threads() const { return impl_->Threads(fal
 std::vector<pid_t> ThreadSupervisor::RunningThreads() const { return impl_->Threads(true); }
 bool ThreadSupervisor::ProcessExited() const { return impl_->ProcessExited(); }
 int ThreadSupervisor::HeldThreads() const { return impl_->HeldThreads(); }
+std::vector<pid_t> ThreadSupervisor::StoppedOutsideCalls() const {
+  return impl_->StoppedOutsideCalls();
+}
 
 absl::Status ThreadSupervisor::Detach(absl::Time deadline) {
   auto c = std::make_shared<Command>();

@@ -126,6 +126,9 @@ class ThreadSupervisor {
   bool ProcessExited() const;
   // How many threads on_seccomp holds now (each until its Release).
   int HeldThreads() const;
+  // Threads stopped anywhere but at the entry of a call (a seccomp stop, held or not): the
+  // ones a syscall can be injected into (RemoteThread) without taking the place of theirs.
+  std::vector<pid_t> StoppedOutsideCalls() const;
 
   // Detaches from every thread, leaving parked threads stopped (SIGSTOP) and running ones
   // running. The supervisor does nothing afterwards.

@@ -10,6 +10,7 @@
 #include <sys/user.h>
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <sstream>
@@ -337,6 +338,11 @@ TEST_F(ThreadSupervisorTest, SeccompHoldKeepsTheThreadUntilReleased) {
                   .ok());
   EXPECT_EQ(orig_rax, static_cast<uint64_t>(SYS_clock_nanosleep));
   EXPECT_EQ(stops.load(), 1);
+  // Stopped at a call's entry: held, and no thread to inject a call into (it would take the
+  // place of clock_nanosleep: going home once broke xz's read that way, with ENOSYS).
+  EXPECT_EQ((*sup)->HeldThreads(), 1);
+  const std::vector<pid_t> outside = (*sup)->StoppedOutsideCalls();
+  EXPECT_EQ(std::count(outside.begin(), outside.end(), app_->pid()), 0);
   // Released with a result: it goes on and serves a spawn request.
   hold = false;
   WriteRemote<int>(app_->pid(), spawn_, 1);

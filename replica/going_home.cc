@@ -54,20 +54,6 @@ uint64_t DirectoryBytes(const std::string& dir) {
 
 double Ms(absl::Duration d) { return absl::ToDoubleMilliseconds(d); }
 
-// Moves the restored process's file offsets to `positions` (descriptor -> offset): lseek
-// injected into one of its threads, which is stopped and stays so.
-absl::Status Position(pid_t pid, const absl::flat_hash_map<int, uint64_t>& positions) {
-  if (positions.empty()) return absl::OkStatus();
-  STRETCH_ASSIGN_OR_RETURN(auto thread, uffd::RemoteThread::Seize(pid, absl::Seconds(10)));
-  for (const auto& [fd, pos] : positions) {
-    STRETCH_RETURN_IF_ERROR(thread
-                                ->SyscallOrError(absl::StrCat("lseek of fd ", fd), SYS_lseek,
-                                                 {static_cast<uint64_t>(fd), pos, SEEK_SET})
-                                .status());
-  }
-  return absl::OkStatus();
-}
-
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<HomeProcess>> Replica::GoHome(const std::string& images_dir,
@@ -108,6 +94,15 @@ absl::StatusOr<std::unique_ptr<HomeProcess>> Replica::GoHome(const std::string& 
     }
   }
   if (parked.empty()) return absl::FailedPreconditionError("every thread of the program exited");
+  // Calls are injected below (file offsets, the helper's removal) into a thread stopped
+  // outside a call: in one stopped at a call's entry, the injected call would take the place
+  // of the program's (which would then fail with ENOSYS).
+  const std::vector<pid_t> outside = supervisor_->StoppedOutsideCalls();
+  if (outside.empty()) {
+    resume();
+    return absl::UnavailableError("busy: every thread of the program is in a call");
+  }
+  const pid_t via = outside.front();
   while (supervisor_->HeldThreads() > 0) {
     if (absl::Now() > deadline) {
       resume();
@@ -129,6 +124,33 @@ absl::StatusOr<std::unique_ptr<HomeProcess>> Replica::GoHome(const std::string& 
     resume();
     return positions.status();
   }
+  // The replica's own offsets, which CRIU checkpoints, become the cluster's (harmless if it
+  // stays a replica: the service never uses them again). Through the helper's syscall site,
+  // which the filter lets through.
+  if (!positions->empty()) {
+    auto site = agent_->HelperSyscallSite(pid_);
+    absl::Status moved = site.status();
+    if (site.ok()) {
+      moved = supervisor_->RunStopped(
+          via,
+          [&](pid_t tid) -> absl::Status {
+            STRETCH_ASSIGN_OR_RETURN(auto thread, uffd::RemoteThread::Adopt(tid));
+            for (const auto& [fd, pos] : *positions) {
+              STRETCH_ASSIGN_OR_RETURN(
+                  int64_t r,
+                  thread->SyscallAt(*site, SYS_lseek, {static_cast<uint64_t>(fd), pos, SEEK_SET}));
+              if (r < 0) return ErrnoStatus(static_cast<int>(-r), absl::StrCat("lseek of fd ", fd));
+            }
+            return absl::OkStatus();
+          },
+          deadline);
+    }
+    if (!moved.ok()) {
+      resume();
+      return Annotate(moved, "moving the shared file offsets");
+    }
+  }
+  stats.files_positioned = static_cast<int>(positions->size());
   stats.gather = absl::Now() - gather_start;
   {
     absl::MutexLock l(&mu_);
@@ -153,7 +175,7 @@ absl::StatusOr<std::unique_ptr<HomeProcess>> Replica::GoHome(const std::string& 
     return why;
   };
   absl::Status released = supervisor_->RunStopped(
-      parked.front(),
+      via,
       [&](pid_t tid) -> absl::Status {
         STRETCH_ASSIGN_OR_RETURN(auto thread, uffd::RemoteThread::Adopt(tid));
         return agent_->Release(pid_, *thread, deadline);
@@ -200,12 +222,7 @@ absl::StatusOr<std::unique_ptr<HomeProcess>> Replica::GoHome(const std::string& 
   if (!pid.ok()) return lost(pid.status());
   auto pidfd = uffd::Pidfd::Open(*pid);
   if (!pidfd.ok()) return lost(pidfd.status());
-  // 6. Where the files stand, then run.
-  if (absl::Status s = Position(*pid, *positions); !s.ok()) {
-    kill(*pid, SIGKILL);
-    return lost(s);
-  }
-  stats.files_positioned = static_cast<int>(positions->size());
+  // 6. Run.
   if (kill(*pid, SIGCONT) != 0) return lost(ErrnoStatus(errno, "SIGCONT"));
   stats.restore = absl::Now() - restore_start;
   LOG(INFO) << absl::StrFormat(

@@ -7,13 +7,14 @@
 //   1. parks every thread (waiting out calls the services hold);
 //   2. reads every page with contents this node does not hold (NodeAgent::GatherPages), so
 //      its copy of the program's memory is whole;
-//   3. asks the server where the shared file offsets stand;
+//   3. asks the server where the shared file offsets stand and moves the replica's own
+//      offsets there (which CRIU then checkpoints);
 //   4. releases the memory (the invalidation helper leaves, the uffd ranges are
 //      unregistered, the keeper lets go) and detaches, leaving the process stopped;
 //   5. checkpoints it with CRIU, removes Stretch's seccomp filter from the images
 //      (RemoveSeccompFilters) and restores it without lazy pages: a process with no filter, no
 //      uffd and no tracer, in its own PID namespace as before, whose parent is this agent;
-//   6. moves the file offsets to the cluster's, and lets it run (SIGCONT).
+//   6. lets it run (SIGCONT).
 //
 // Until step 4 a failure leaves the replica as it was, threads running again: the run goes on
 // distributed. From step 4 on the replica is gone: a failure stops the run with an error.
