@@ -61,6 +61,10 @@ absl::StatusOr<std::unique_ptr<HomeProcess>> Replica::GoHome(const std::string& 
   if (options_.manual) {
     return absl::FailedPreconditionError("manual mode: the program's memory is not all coherent");
   }
+  if (const int filters = SeccompFilters(pid_); filters != 1) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the program has ", filters, " seccomp filters; only one, Stretch's, can be taken off it"));
+  }
   // Threads parked here run nowhere (the launcher asks only once no other node runs any):
   // they are the copies of threads that exited where they ran, which end here now, as the
   // copies of threads created after the migration point do (thread_copy.h).
@@ -72,10 +76,6 @@ absl::StatusOr<std::unique_ptr<HomeProcess>> Replica::GoHome(const std::string& 
     if (!ended.ok() && !absl::IsNotFound(ended)) {
       return Annotate(ended, absl::StrCat("ending the parked copy of thread ", tid));
     }
-  }
-  if (const int filters = SeccompFilters(pid_); filters != 1) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "the program has ", filters, " seccomp filters; only one, Stretch's, can be taken off it"));
   }
   HomeStats stats;
   const absl::Time start = absl::Now();
