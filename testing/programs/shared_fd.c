@@ -5,7 +5,9 @@
  *   read   reads 64 bytes with read() (the shared offset), twice
  *   pread  reads 64 bytes with pread() at its own offset
  *   write  writes 64 bytes of its own letter with write(), then 64 more with writev()
- *   seek   moves the offset 64 bytes on with lseek(SEEK_CUR), then reads 64 bytes
+ *   seek   moves the offset 64 bytes on with lseek(SEEK_CUR), then reads 64 bytes, both
+ *          under a mutex (without it, which bytes each reads depends on how the two calls of
+ *          each interleave: seek, seek, read, read reads other bytes than seek, read, ...)
  * and main prints what they read, the offset (lseek) and, for write, what the file holds
  * past the first 16 bytes. Usage: shared_fd FILE read|pread|write|seek. */
 #include <fcntl.h>
@@ -20,6 +22,7 @@ static int fd;
 static const char* mode;
 static long got[2];
 static unsigned long sums[2];
+static pthread_mutex_t seek_lock = PTHREAD_MUTEX_INITIALIZER;
 
 static void* worker(void* arg) {
   const long k = (long)arg;
@@ -32,15 +35,21 @@ static void* worker(void* arg) {
     got[k] += writev(fd, v, 2);
     return NULL;
   }
-  if (strcmp(mode, "seek") == 0 && lseek(fd, 64, SEEK_CUR) < 0) return NULL;
+  const int seek = strcmp(mode, "seek") == 0;
+  if (seek) pthread_mutex_lock(&seek_lock);
+  if (seek && lseek(fd, 64, SEEK_CUR) < 0) {
+    pthread_mutex_unlock(&seek_lock);
+    return NULL;
+  }
   const int reads = strcmp(mode, "read") == 0 ? 2 : 1;
   for (int r = 0; r < reads; r++) {
     const long n = strcmp(mode, "pread") == 0 ? pread(fd, buf, sizeof(buf), 16 + k * 64)
-                                               : read(fd, buf, sizeof(buf));
+                                              : read(fd, buf, sizeof(buf));
     if (n <= 0) break;
     got[k] += n;
     for (long i = 0; i < n; i++) sums[k] += buf[i];
   }
+  if (seek) pthread_mutex_unlock(&seek_lock);
   return NULL;
 }
 
