@@ -151,6 +151,7 @@ absl::Status Launcher::RunToMigrationPoint() {
   oo_.images_dir = ImagesDir();
   oo_.criu = o_.criu;
   oo_.migrate_at_threads = o_.migrate_at_threads;
+  oo_.migrate_after = o_.migrate_after;
   oo_.manual = o_.manual;
   oo_.forward_signals = {SIGINT, SIGTERM};
   if (!o_.placement_history.empty()) {
@@ -199,6 +200,13 @@ absl::Status Launcher::RunToMigrationPoint() {
   if (!origin_->migration_error.ok()) {
     work_.remove = false;  // CRIU's log is in there
     std::fprintf(stderr, "stretchd run: the program ran on one node only; kept %s\n", work.c_str());
+  } else if (!origin_->status.signaled && !origin_->stayed &&
+             origin_->parallel_time > absl::ZeroDuration()) {
+    LOG(WARNING) << "stretchd run: not migrated: its parallel work ended after "
+                 << absl::Trunc(origin_->parallel_time, absl::Milliseconds(1))
+                 << " here, sooner than migrating it would have paid off ("
+                 << absl::Trunc(origin_->migrate_after, absl::Milliseconds(1))
+                 << " at its size; --migrate_after=0 migrates at once)";
   } else if (!origin_->status.signaled && !origin_->stayed) {
     LOG(WARNING) << "stretchd run: the program ended before its migration point (it ran on "
                     "one node; --migrate_at_threads=N migrates as soon as it has N threads)";
@@ -216,6 +224,11 @@ absl::Status Launcher::WriteUndistributedStats() {
         ErrnoStatus(errno, absl::StrCat("write ", o_.stats_json)).ToString());
   }
   std::string json = R"({"nodes":[],"migrated":false)";
+  if (origin_->parallel_time > absl::ZeroDuration()) {
+    absl::StrAppend(&json, R"(,"native_parallel_ms":)",
+                    absl::ToDoubleMilliseconds(origin_->parallel_time), R"(,"migrate_after_ms":)",
+                    absl::ToDoubleMilliseconds(origin_->migrate_after));
+  }
   if (origin_->stayed) {
     absl::StrAppend(&json, R"(,"after_point_ms":)",
                     absl::ToDoubleMilliseconds(origin_->after_point), R"(,"placement":{"policy":")",

@@ -41,6 +41,9 @@ struct LaunchOptions {
   std::string work_dir;        // empty: a fresh directory under /tmp, removed afterwards
   std::string stats_json;      // where to write the statistics at exit ("" = nowhere)
   int migrate_at_threads = 0;  // 0: when the main thread first blocks after creating threads
+  // How long the program runs natively at its migration point (OriginOptions::migrate_after;
+  // nullopt: as long as migrating it would take).
+  std::optional<absl::Duration> migrate_after;
   // Threads (tids in the program's namespace) to run away from node 0, round-robin over nodes
   // 1..N-1; empty: every thread but the main one, round-robin over all nodes.
   std::vector<int> migrate_threads;

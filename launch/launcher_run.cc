@@ -406,7 +406,10 @@ absl::Status Launcher::Finish() {
     absl::StrAppend(
         &json, "],\"server\":", server_->StatsJson(),
         ",\"migrated\":true,\"threads\":", origin_->threads.size(),
-        ",\"migration\":{\"stop_ms\":", absl::ToDoubleMilliseconds(origin_->stop_time),
+        ",\"migration\":{\"native_parallel_ms\":",
+        absl::ToDoubleMilliseconds(origin_->parallel_time),
+        ",\"migrate_after_ms\":", absl::ToDoubleMilliseconds(origin_->migrate_after),
+        ",\"stop_ms\":", absl::ToDoubleMilliseconds(origin_->stop_time),
         ",\"checkpoint_ms\":", absl::ToDoubleMilliseconds(origin_->dump_time),
         ",\"image_bytes\":", image_bytes_,
         ",\"transfer_ms\":", absl::ToDoubleMilliseconds(transfer_time_),

@@ -12,6 +12,15 @@
 //     master computing in a parallel region, a main thread that sleeps or polls).
 // With `migrate_at_threads` = N,
 // as soon as the program has started N threads (main included; some may have ended since).
+//
+// A migration costs time (stopping, dumping and restoring the program, roughly in proportion
+// to its resident memory), which parallel work shorter than that cannot repay. So, by
+// default, the program goes on natively at its migration point until it has been there (its
+// threads busy in parallel, or main waiting for them) for `migrate_after` in all: as long as
+// migrating it would take, EstimatedMigrationCost() of its resident memory. A program whose
+// parallel work ends sooner is never migrated (its result says so: `parallel_time` <
+// `migrate_after`). This is the ski-rental rule: at worst a run pays twice what the better
+// choice would have cost it.
 // The program is stopped entirely before the dump. If CRIU cannot dump it, it is resumed and
 // runs to its end here (nothing is lost), with the reason in `migration_error`.
 //
@@ -21,6 +30,7 @@
 
 #include <sys/types.h>
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -37,6 +47,9 @@ struct OriginOptions {
   SubprocessOptions program;
   // 0: default policy (see the file comment); N > 1: migrate once there are N threads.
   int migrate_at_threads = 0;
+  // With the default policy: how long the program runs natively at its migration point
+  // before it is migrated; nullopt: EstimatedMigrationCost() of its resident memory then.
+  std::optional<absl::Duration> migrate_after = absl::ZeroDuration();
   // Where the checkpoint goes (created if missing).
   std::string images_dir;
   CriuOptions criu;
@@ -65,6 +78,9 @@ struct OriginResult {
   // The program exited before the migration point.
   bool exited = false;
   ExitStatus status;
+  // How long it ran at its migration point natively (see the file comment), and how long it
+  // was to run there before being migrated; both 0 if it never reached the point.
+  absl::Duration parallel_time, migrate_after;
   // Otherwise: its threads at the checkpoint, as tids in the program's own PID namespace
   // (identical in every replica), main thread (1) first, then in creation order.
   std::vector<pid_t> threads;
@@ -85,6 +101,10 @@ struct OriginResult {
 };
 
 absl::StatusOr<OriginResult> RunOrigin(const OriginOptions& options);
+
+// What migrating a program with this much resident memory costs, stop to every replica
+// running, as measured on two emulated nodes (origin.cc has the figures).
+absl::Duration EstimatedMigrationCost(uint64_t resident_bytes);
 
 // The tid of `tid` (a tid in our namespace) in its innermost PID namespace, from
 // /proc/<tid>/status "NSpid:".

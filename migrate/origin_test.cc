@@ -185,6 +185,49 @@ TEST_F(OriginTest, DefaultPolicyMigratesWorkersThatComputeWhileMainSleeps) {
   EXPECT_EQ(testing::ReadFileOrEmpty(dir_.path() + "/out"), native);
 }
 
+// At its migration point the program goes on natively for `migrate_after` before it is
+// checkpointed; parallel work that ends sooner is never migrated.
+TEST_F(OriginTest, ParallelWorkShorterThanMigrateAfterEndsWithoutAMigration) {
+  std::vector<std::string> argv = {Program("main_sleeps"), "200000000"};
+  std::string native = NativeOutput(argv, dir_.path());
+  auto o = Options(argv);
+  o.migrate_after = absl::Seconds(50);
+  auto r = RunOrigin(o);
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_TRUE(r->exited) << "migrated after " << r->parallel_time;
+  EXPECT_FALSE(r->stayed);
+  EXPECT_EQ(r->status.code, 0);
+  EXPECT_GT(r->parallel_time, absl::ZeroDuration()) << "no migration point seen";
+  EXPECT_LT(r->parallel_time, absl::Seconds(50));
+  EXPECT_EQ(r->migrate_after, absl::Seconds(50));
+  EXPECT_EQ(testing::ReadFileOrEmpty(dir_.path() + "/out"), native);
+  struct stat images;
+  EXPECT_NE(stat((dir_.path() + "/images/inventory.img").c_str(), &images), 0);
+}
+
+// By default (nullopt) the wait is what migrating would cost at the program's size; longer
+// parallel work is migrated once it has run that long, and the restore finishes natively.
+TEST_F(OriginTest, ParallelWorkLongerThanItsMigrationCostIsMigratedAfterIt) {
+  std::vector<std::string> argv = {Program("main_sleeps"), "800000000"};
+  std::string native = NativeOutput(argv, dir_.path());
+  auto o = Options(argv);
+  o.migrate_after = std::nullopt;
+  auto r = RunOrigin(o);
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_FALSE(r->exited) << "ran to its end after " << r->parallel_time << " of "
+                          << r->migrate_after;
+  EXPECT_GE(r->migrate_after, EstimatedMigrationCost(0));
+  EXPECT_GE(r->parallel_time, r->migrate_after);
+  ExitStatus st = RestoreAndRun(r->images_dir, dir_.path() + "/work");
+  EXPECT_EQ(st.code, 0) << testing::ReadFileOrEmpty(dir_.path() + "/err");
+  EXPECT_EQ(testing::ReadFileOrEmpty(dir_.path() + "/out"), native);
+}
+
+TEST(EstimatedMigrationCostTest, GrowsWithResidentMemory) {
+  EXPECT_GT(EstimatedMigrationCost(0), absl::ZeroDuration());
+  EXPECT_GT(EstimatedMigrationCost(uint64_t{1} << 30), EstimatedMigrationCost(uint64_t{1} << 20));
+}
+
 TEST_F(OriginTest, DefaultPolicyMigratesAnOpenMpProgramWhoseMasterComputes) {
   std::vector<std::string> argv = {Program("omp_master_computes"), "60"};
   std::string native = NativeOutput(argv, dir_.path());

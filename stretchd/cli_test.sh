@@ -29,6 +29,9 @@ expect 2 "--node must be 0..63" err node
 expect 2 "no program given" err run
 expect 2 "--nodes must be 1..64" err run --nodes=0 -- /bin/true
 expect 2 "--migrate_threads must be thread ids" err run --migrate_threads=x -- /bin/true
+expect 2 "--migrate_after must be auto or a duration" err run --migrate_after=soon -- /bin/true
+expect 2 "--migrate_after must be auto or a duration" err run --migrate_after=-1s -- /bin/true
+expect 0 "--migrate_after" out help run
 expect 1 "is not an executable program" err run -- /nonexistent/program
 expect 2 "unknown transport" err run --transport=carrier-pigeon -- /bin/true
 expect 2 "--node_cpus must be CPU lists" err run --node_cpus='0;x' -- /bin/true

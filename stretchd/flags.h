@@ -17,6 +17,7 @@ DECLARE_int32(fault_cpu);
 DECLARE_string(stats_json);
 DECLARE_int32(nodes);
 DECLARE_int32(migrate_at_threads);
+DECLARE_string(migrate_after);
 DECLARE_string(migrate_threads);
 DECLARE_bool(netns);
 DECLARE_bool(one_malloc_arena);

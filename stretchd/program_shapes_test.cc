@@ -52,6 +52,27 @@ TEST_F(ProgramShapesTest, WorkersComputingWhileMainSleepsMigrate) {
   EXPECT_NATIVE_AND_DISTRIBUTED(native, stretch);
 }
 
+// Parallel work that ends before migrating would have paid off ends on node 0, natively, and
+// the stats and stderr say why.
+TEST_F(ProgramShapesTest, ParallelWorkTooShortToRepayAMigrationStaysOnOneNode) {
+  auto [native, stretch] = Both({Program("main_sleeps"), "200000000"}, {"--migrate_after=50s"});
+  ASSERT_EQ(stretch.status.ToString(), "exit status 0") << stretch.err;
+  EXPECT_EQ(stretch.out, native.out);
+  EXPECT_THAT(last_stats_, ::testing::HasSubstr("\"migrated\":false"));
+  EXPECT_GT(StatNumber("native_parallel_ms"), 0) << last_stats_;
+  EXPECT_EQ(StatNumber("migrate_after_ms"), 50000) << last_stats_;
+  EXPECT_THAT(stretch.err, ::testing::HasSubstr("not migrated: its parallel work ended after"));
+}
+
+// The default wait (as long as migrating would take) on parallel work that outlasts it.
+TEST_F(ProgramShapesTest, ParallelWorkLongerThanItsMigrationCostMigratesByDefault) {
+  auto [native, stretch] =
+      Both({Program("main_sleeps"), "1200000000"}, {"--default_migrate_after"});
+  EXPECT_NATIVE_AND_DISTRIBUTED(native, stretch);
+  EXPECT_GE(StatNumber("native_parallel_ms"), StatNumber("migrate_after_ms")) << last_stats_;
+  EXPECT_GE(StatNumber("migrate_after_ms"), 400) << last_stats_;
+}
+
 TEST_F(ProgramShapesTest, AShellThatExecsTheProgramIsFollowed) {
   auto [native, stretch] =
       Both({"/bin/sh", "-c", absl::StrCat("exec ", Program("main_sleeps"), " 600000000")});
@@ -168,12 +189,12 @@ TEST_F(ProgramShapesTest, StandardInputFromAPipeReachesTheProgram) {
     Outcome native =
         RunCommand({"/bin/sh", "-c", absl::StrCat(producer, " | ", Program("read_stdin"))},
                    dir_.path(), "pipe-native");
-    Outcome stretch =
-        RunCommand({"/bin/sh", "-c",
-                    absl::StrCat(producer, " | ", Runfile("stretchd/stretchd"),
-                                 " run --nodes=2 --placement=static --stats_json=", json, " -- ",
-                                 Program("read_stdin"))},
-                   dir_.path(), "pipe-stretch");
+    Outcome stretch = RunCommand(
+        {"/bin/sh", "-c",
+         absl::StrCat(producer, " | ", Runfile("stretchd/stretchd"),
+                      " run --nodes=2 --placement=static --migrate_after=0 --stats_json=", json,
+                      " -- ", Program("read_stdin"))},
+        dir_.path(), "pipe-stretch");
     last_stats_ = ::stretch::testing::ReadFileOrEmpty(json);
     SCOPED_TRACE(producer);
     EXPECT_THAT(native.out, ::testing::HasSubstr("200000 lines"));

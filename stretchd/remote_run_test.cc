@@ -150,6 +150,8 @@ class RemoteRunTest : public ::testing::Test {
                      [](const std::string& f) { return absl::StartsWith(f, "--placement="); })) {
       o.argv.push_back("--placement=static");
     }
+    // ... and migrate at their migration point at once, however short their parallel work.
+    o.argv.push_back("--migrate_after=0");
     o.argv.insert(o.argv.end(), flags.begin(), flags.end());
     o.argv.push_back("--");
     o.argv.insert(o.argv.end(), prog.begin(), prog.end());

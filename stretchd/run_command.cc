@@ -21,6 +21,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "absl/time/time.h"
 #include "core/unique_fd.h"
 #include "core/wire.h"
 #include "engine/node_agent.h"
@@ -214,6 +215,17 @@ bool LaunchOptionsFromFlags(const std::vector<std::string>& args, launch::Launch
   o->busy_poll = absl::Microseconds(FLAGS_busy_poll_us);
   o->stretchd = SelfPath();
   o->criu.binary = CriuPath();
+  if (FLAGS_migrate_after != "auto") {
+    absl::Duration after;
+    if (!absl::ParseDuration(FLAGS_migrate_after, &after) || after < absl::ZeroDuration()) {
+      std::fprintf(stderr,
+                   "stretchd run: --migrate_after must be auto or a duration like 0, 500ms, 2s "
+                   "(got '%s')\n",
+                   FLAGS_migrate_after.c_str());
+      return false;
+    }
+    o->migrate_after = after;
+  }
   if (!ParseIntList(FLAGS_migrate_threads, &o->migrate_threads)) {
     std::fprintf(stderr, "stretchd run: --migrate_threads must be thread ids like 2,3 (got '%s')\n",
                  FLAGS_migrate_threads.c_str());

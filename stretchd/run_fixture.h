@@ -67,8 +67,15 @@ class RunFixture : public ::testing::Test {
         })) {
       argv.push_back("--placement=static");
     }
+    // ... and migrate at their migration point at once, however short their parallel work
+    // (program_shapes_test runs the default wait).
+    if (std::none_of(flags.begin(), flags.end(), [](const std::string& f) {
+          return absl::StartsWith(f, "--migrate_after=") || f == "--default_migrate_after";
+        })) {
+      argv.push_back("--migrate_after=0");
+    }
     for (const std::string& f : flags) {
-      if (f != "--default_placement") argv.push_back(f);
+      if (f != "--default_placement" && f != "--default_migrate_after") argv.push_back(f);
     }
     argv.push_back("--");
     argv.insert(argv.end(), prog.begin(), prog.end());
