@@ -44,6 +44,7 @@
 #include "replica/control.h"
 #include "replica/remote_start.h"
 #include "replica/standard_input.h"
+#include "transport/create_transport.h"
 #include "transport/fault_injecting_transport.h"
 
 namespace stretch::launch {
@@ -184,7 +185,19 @@ absl::Status Launcher::RunToMigrationPoint() {
     AppendJsonString(choice.reason, &history_json_);
     absl::StrAppend(&history_json_, "}");
   }
+  // libfabric loads in the background while the program runs (transport/libfabric.h); the
+  // checkpoint waits for it, and a transport that does not work leaves the program here.
+  absl::Status transport_ready;
+  std::thread probe([this, &transport_ready] {
+    transport_ready = transport::CreateTransport(o_.transport, {}).status();
+  });
+  oo_.before_checkpoint = [&probe, &transport_ready] {
+    probe.join();
+    return transport_ready;
+  };
   auto origin = RunOrigin(oo_);
+  if (probe.joinable()) probe.join();
+  oo_.before_checkpoint = nullptr;
   if (!origin.ok()) return origin.status();
   origin_ = *std::move(origin);
   if (!origin_->exited) return absl::OkStatus();

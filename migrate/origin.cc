@@ -435,6 +435,11 @@ absl::StatusOr<OriginResult> RunOrigin(const OriginOptions& options) {
   }
   sup.reset();
   if (options.stay) return FinishHere(app, forward, deadline, absl::OkStatus());
+  if (options.before_checkpoint) {
+    if (absl::Status ready = options.before_checkpoint(); !ready.ok()) {
+      return FinishHere(app, forward, deadline, std::move(ready));
+    }
+  }
   if (absl::Status movable = CheckMigratable(app.pid(), options.manual); !movable.ok()) {
     return FinishHere(app, forward, deadline, std::move(movable));
   }

@@ -30,6 +30,7 @@
 
 #include <sys/types.h>
 
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -62,6 +63,10 @@ struct OriginOptions {
   // At the migration point, do not checkpoint: stop tracing the program and let it run to its
   // end here, natively, as if never migrated (`stayed` in the result).
   bool stay = false;
+  // Called once at the migration point, the program stopped, before the dump (not with
+  // `stay`): an error leaves the program to run to its end here, as one that cannot be
+  // checkpointed (`migration_error`). E.g. waiting for the transport the nodes will need.
+  std::function<absl::Status()> before_checkpoint;
   // Upper bound for reaching the migration point or exiting, and for the dump.
   absl::Duration timeout = absl::Hours(24 * 365);
 };

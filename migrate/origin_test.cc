@@ -223,6 +223,26 @@ TEST_F(OriginTest, ParallelWorkLongerThanItsMigrationCostIsMigratedAfterIt) {
   EXPECT_EQ(testing::ReadFileOrEmpty(dir_.path() + "/out"), native);
 }
 
+// What must be ready before the checkpoint (the launcher: its transport) is asked once, at the
+// migration point; if it is not, the program goes on here to its native end.
+TEST_F(OriginTest, NotReadyToCheckpointFinishesHere) {
+  std::vector<std::string> argv = {Program("main_sleeps"), "300000000"};
+  std::string native = NativeOutput(argv, dir_.path());
+  auto o = Options(argv);
+  int asked = 0;
+  o.before_checkpoint = [&asked] {
+    ++asked;
+    return absl::FailedPreconditionError("no transport");
+  };
+  auto r = RunOrigin(o);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(asked, 1);
+  EXPECT_TRUE(r->exited);
+  EXPECT_EQ(r->migration_error.message(), "no transport");
+  EXPECT_EQ(r->status.code, 0);
+  EXPECT_EQ(testing::ReadFileOrEmpty(dir_.path() + "/out"), native);
+}
+
 TEST(EstimatedMigrationCostTest, GrowsWithResidentMemory) {
   EXPECT_GT(EstimatedMigrationCost(0), absl::ZeroDuration());
   EXPECT_GT(EstimatedMigrationCost(uint64_t{1} << 30), EstimatedMigrationCost(uint64_t{1} << 20));

@@ -28,6 +28,7 @@
 #include "core/json.h"
 #include "core/status.h"
 #include "core/unique_fd.h"
+#include "transport/libfabric.h"
 #include "uffd/uffd_compat.h"
 
 namespace stretch {
@@ -377,12 +378,12 @@ void CheckCriu(const CheckOptions& options, std::vector<CheckResult>& out) {
 
 void CheckFabric(const char* provider, bool required, const char* advice,
                  std::vector<CheckResult>& out) {
-  struct fi_info* hints = fi_allocinfo();
+  struct fi_info* hints = transport::libfabric::AllocInfo();
   hints->caps = FI_MSG;
   hints->ep_attr->type = FI_EP_RDM;
   hints->fabric_attr->prov_name = strdup(provider);
   struct fi_info* info = nullptr;
-  int rc = fi_getinfo(FI_VERSION(1, 17), "127.0.0.1", nullptr, 0, hints, &info);
+  int rc = transport::libfabric::GetInfo(FI_VERSION(1, 17), "127.0.0.1", nullptr, 0, hints, &info);
   std::string name = absl::StrCat("libfabric ", provider);
   if (rc == 0 && info != nullptr) {
     out.push_back(Ok(name,
@@ -391,10 +392,11 @@ void CheckFabric(const char* provider, bool required, const char* advice,
                                   FI_MINOR(info->fabric_attr->prov_version)),
                      required));
   } else {
-    out.push_back(Missing(name, absl::StrCat("fi_getinfo: ", fi_strerror(-rc)), advice, required));
+    out.push_back(Missing(name, absl::StrCat("fi_getinfo: ", transport::libfabric::StrError(-rc)),
+                          advice, required));
   }
-  if (info) fi_freeinfo(info);
-  fi_freeinfo(hints);
+  if (info) transport::libfabric::FreeInfo(info);
+  transport::libfabric::FreeInfo(hints);
 }
 
 }  // namespace

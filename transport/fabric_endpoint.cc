@@ -66,7 +66,7 @@ absl::Status FabricEndpoint::GetInfo(absl::string_view provider, const Transport
 
 absl::Status FabricEndpoint::OpenObjects(const std::string& where, size_t cq_size) {
   fi_info* info = info_.get();
-  int rc = fi_fabric(info->fabric_attr, fabric_.out(), nullptr);
+  int rc = libfabric::OpenFabric(info->fabric_attr, fabric_.out(), nullptr);
   if (rc != 0) return FiStatus(rc, absl::StrCat("fi_fabric for ", where));
   fi_eq_attr eq_attr{};
   eq_attr.wait_obj = FI_WAIT_NONE;

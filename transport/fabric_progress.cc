@@ -43,7 +43,8 @@ int FabricTransport::ProgressLocked(bool until_event) {
       ++handled;
       continue;
     }
-    LOG_EVERY_N(ERROR, 100) << local_text_ << ": fi_cq_read: " << fi_strerror(static_cast<int>(-n));
+    LOG_EVERY_N(ERROR, 100) << local_text_
+                            << ": fi_cq_read: " << libfabric::StrError(static_cast<int>(-n));
     stats_.receive_errors.Add();
     break;
   }
@@ -80,15 +81,16 @@ void FabricTransport::HandleCqErrorLocked() {
   ssize_t rc = fi_cq_readerr(endpoint_->cq(), &err, 0);
   if (rc < 0) {
     if (rc != -FI_EAGAIN) {
-      LOG(ERROR) << local_text_ << ": fi_cq_readerr: " << fi_strerror(static_cast<int>(-rc));
+      LOG(ERROR) << local_text_
+                 << ": fi_cq_readerr: " << libfabric::StrError(static_cast<int>(-rc));
     }
     return;
   }
   char prov_buf[256] = {};
   const char* prov =
       fi_cq_strerror(endpoint_->cq(), err.prov_errno, err.err_data, prov_buf, sizeof prov_buf);
-  const std::string text = absl::StrCat(fi_strerror(err.err), " (provider error ", err.prov_errno,
-                                        ": ", prov != nullptr ? prov : "?", ")");
+  const std::string text = absl::StrCat(libfabric::StrError(err.err), " (provider error ",
+                                        err.prov_errno, ": ", prov != nullptr ? prov : "?", ")");
   auto* ctx = static_cast<OpContext*>(err.op_context);
   if (ctx == nullptr) {
     LOG(ERROR) << local_text_ << ": completion error without context: " << text;
@@ -196,7 +198,7 @@ void FabricTransport::AwaitProgressLocked(absl::Time until) {
     poller_blocked_ = false;
     kicked_ = false;
   } else if (rc != -FI_EAGAIN) {
-    LOG_EVERY_N(ERROR, 100) << local_text_ << ": fi_trywait: " << fi_strerror(-rc);
+    LOG_EVERY_N(ERROR, 100) << local_text_ << ": fi_trywait: " << libfabric::StrError(-rc);
   }
   ProgressLocked(/*until_event=*/true);
   poller_active_ = false;

@@ -43,7 +43,7 @@ absl::StatusOr<std::unique_ptr<MemoryRegion>> FabricTransport::RegisterMemory(vo
 void FabricTransport::ReleaseRegion(fid_mr* mr) {
   absl::MutexLock l(&mu_);
   int rc = fi_close(&mr->fid);
-  if (rc != 0) LOG(ERROR) << local_text_ << ": fi_close(mr): " << fi_strerror(-rc);
+  if (rc != 0) LOG(ERROR) << local_text_ << ": fi_close(mr): " << libfabric::StrError(-rc);
   --live_regions_;
 }
 

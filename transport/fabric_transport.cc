@@ -51,25 +51,6 @@ void ConfigureLibfabricEnvironment() {
   });
 }
 
-void RestoreDefaultSignalHandlers() {
-  for (int sig : {SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGABRT, SIGINT, SIGTERM}) {
-    struct sigaction sa;
-    if (sigaction(sig, nullptr, &sa) != 0) continue;
-    if (sa.sa_handler != SIG_DFL && sa.sa_handler != SIG_IGN) signal(sig, SIG_DFL);
-  }
-}
-
-namespace {
-
-// Before main(), after every shared library's constructor: undoes libinfinipath's handlers in
-// every binary that links libfabric (fabric_transport.h says why).
-[[maybe_unused]] const bool kSignalsRestored = [] {
-  RestoreDefaultSignalHandlers();
-  return true;
-}();
-
-}  // namespace
-
 namespace fabric {
 namespace {
 
@@ -208,7 +189,7 @@ void FabricTransport::RepostRecvLocked(int index) {
                        endpoint_->rx_desc(), FI_ADDR_UNSPEC, &ctx);
   if (rc == 0) return;
   if (rc != -FI_EAGAIN) {
-    LOG(ERROR) << local_text_ << ": fi_recv: " << fi_strerror(static_cast<int>(-rc));
+    LOG(ERROR) << local_text_ << ": fi_recv: " << libfabric::StrError(static_cast<int>(-rc));
     stats_.receive_errors.Add();
   }
   rx_unposted_.push_back(index);  // retried after the next progress
@@ -400,7 +381,7 @@ void FabricTransport::MaybeHousekeepLocked(absl::Time now) {
   if (n == -FI_EAVAIL) {
     fi_eq_err_entry err{};
     if (fi_eq_readerr(endpoint_->eq(), &err, 0) > 0) {
-      LOG(WARNING) << local_text_ << ": EQ error: " << fi_strerror(err.err);
+      LOG(WARNING) << local_text_ << ": EQ error: " << libfabric::StrError(err.err);
     }
   } else if (n > 0) {
     VLOG(1) << local_text_ << ": EQ event " << event;
@@ -677,7 +658,7 @@ absl::StatusOr<std::unique_ptr<Transport>> CreateFabricTransport(absl::string_vi
     return absl::FailedPreconditionError(
         absl::StrCat(info.status().message(), ". ", fabric::ProviderAdvice(provider)));
   }
-  fi_freeinfo(*info);
+  libfabric::FreeInfo(*info);
   return std::unique_ptr<Transport>(
       new fabric::FabricTransport(std::string(backend), std::string(provider), std::move(options)));
 }

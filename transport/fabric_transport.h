@@ -53,15 +53,6 @@ absl::StatusOr<std::unique_ptr<Transport>> CreateFabricTransport(absl::string_vi
 // Thread-safe and idempotent.
 void ConfigureLibfabricEnvironment();
 
-// Debian's libfabric loads the PSM provider's libinfinipath, whose constructor replaces the
-// handlers of SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGABRT, SIGINT and SIGTERM with one that writes
-// a backtrace file into the current directory and calls exit(1). A CHECK failure then does not
-// kill the process: exit() runs while the other threads go on, and can hang in the exit
-// handlers (a death-test child did, 1 run in 20); SIGTERM becomes exit(1). This puts the
-// default dispositions back (a handler a program installs later is its own business). It runs
-// before main() in every binary that links this file.
-void RestoreDefaultSignalHandlers();
-
 }  // namespace stretch::transport
 
 #endif  // STRETCH_TRANSPORT_FABRIC_TRANSPORT_H_

@@ -39,13 +39,14 @@ absl::StatusCode FiCode(int err) {
 
 absl::Status FiStatus(int rc, absl::string_view context) {
   int err = rc < 0 ? -rc : rc;
-  return absl::Status(FiCode(err), absl::StrCat(context, ": ", fi_strerror(err), " (-", err, ")"));
+  return absl::Status(FiCode(err),
+                      absl::StrCat(context, ": ", libfabric::StrError(err), " (-", err, ")"));
 }
 
 absl::StatusOr<fi_info*> GetInfo(absl::string_view provider, bool verbs_rules, const char* node,
                                  const char* service, uint64_t flags, uint32_t addr_format,
                                  size_t inject_size) {
-  FiInfoPtr hints(fi_allocinfo());
+  FiInfoPtr hints(libfabric::AllocInfo());
   if (!hints) return absl::ResourceExhaustedError("fi_allocinfo");
   hints->caps = FI_MSG | FI_RMA;
   hints->mode = FI_CONTEXT | FI_CONTEXT2;
@@ -63,7 +64,7 @@ absl::StatusOr<fi_info*> GetInfo(absl::string_view provider, bool verbs_rules, c
   hints->rx_attr->msg_order = FI_ORDER_SAS;
   hints->tx_attr->inject_size = inject_size;
   fi_info* info = nullptr;
-  int rc = fi_getinfo(kFiVersion, node, service, flags, hints.get(), &info);
+  int rc = libfabric::GetInfo(kFiVersion, node, service, flags, hints.get(), &info);
   if (rc != 0) {
     return FiStatus(
         rc, absl::StrCat("fi_getinfo(provider ", provider, node ? " node " : "", node ? node : "",

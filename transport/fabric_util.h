@@ -19,6 +19,7 @@
 #include "absl/strings/string_view.h"
 #include "core/status.h"
 #include "glog/logging.h"
+#include "transport/libfabric.h"
 
 namespace stretch::transport::fabric {
 
@@ -48,7 +49,7 @@ class Fid {
   void reset() {
     if (p_ == nullptr) return;
     int rc = fi_close(&p_->fid);
-    if (rc != 0) LOG(ERROR) << "fi_close: " << fi_strerror(-rc);
+    if (rc != 0) LOG(ERROR) << "fi_close: " << libfabric::StrError(-rc);
     p_ = nullptr;
   }
 
@@ -57,7 +58,7 @@ class Fid {
 };
 
 struct FiInfoDeleter {
-  void operator()(fi_info* info) const { fi_freeinfo(info); }
+  void operator()(fi_info* info) const { libfabric::FreeInfo(info); }
 };
 using FiInfoPtr = std::unique_ptr<fi_info, FiInfoDeleter>;
 

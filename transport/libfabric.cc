@@ -1,0 +1,103 @@
+#include "transport/libfabric.h"
+
+#include <dlfcn.h>
+#include <rdma/fi_errno.h>
+#include <signal.h>
+
+#include <mutex>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+
+namespace stretch::transport::libfabric {
+namespace {
+
+// The symbol versions Stretch was built against (objdump -T libfabric.so.1: the default
+// version of each, marked without parentheses).
+struct Symbols {
+  int (*getinfo)(uint32_t, const char*, const char*, uint64_t, const fi_info*, fi_info**);
+  void (*freeinfo)(fi_info*);
+  fi_info* (*dupinfo)(const fi_info*);
+  int (*fabric)(fi_fabric_attr*, fid_fabric**, void*);
+  const char* (*strerror)(int);
+};
+
+Symbols symbols;
+absl::Status* load_status;
+std::string* load_error;  // load_status's message, for StrError
+
+template <typename F>
+bool Bind(void* lib, const char* name, const char* version, F* out, std::string* missing) {
+  void* sym = dlvsym(lib, name, version);
+  if (sym == nullptr) {
+    absl::StrAppend(missing, missing->empty() ? "" : ", ", name, "@", version);
+    return false;
+  }
+  *out = reinterpret_cast<F>(sym);
+  return true;
+}
+
+absl::Status LoadOnce() {
+  // The PSM library's constructor installs handlers for these; they are the process's own.
+  constexpr int kFatal[] = {SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGABRT, SIGINT, SIGTERM};
+  struct sigaction saved[sizeof(kFatal) / sizeof(kFatal[0])];
+  for (size_t i = 0; i < sizeof(kFatal) / sizeof(kFatal[0]); ++i) {
+    sigaction(kFatal[i], nullptr, &saved[i]);
+  }
+  void* lib = dlopen("libfabric.so.1", RTLD_NOW | RTLD_LOCAL);
+  for (size_t i = 0; i < sizeof(kFatal) / sizeof(kFatal[0]); ++i) {
+    sigaction(kFatal[i], &saved[i], nullptr);
+  }
+  if (lib == nullptr) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("cannot load libfabric (", dlerror(), "; tools/setup installs libfabric1)"));
+  }
+  std::string missing;
+  Symbols s;
+  bool ok = Bind(lib, "fi_getinfo", "FABRIC_1.3", &s.getinfo, &missing);
+  ok &= Bind(lib, "fi_freeinfo", "FABRIC_1.3", &s.freeinfo, &missing);
+  ok &= Bind(lib, "fi_dupinfo", "FABRIC_1.3", &s.dupinfo, &missing);
+  ok &= Bind(lib, "fi_fabric", "FABRIC_1.1", &s.fabric, &missing);
+  ok &= Bind(lib, "fi_strerror", "FABRIC_1.0", &s.strerror, &missing);
+  if (!ok) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("libfabric.so.1 lacks ", missing, " (a libfabric older than 1.17?)"));
+  }
+  symbols = s;
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status Load() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    load_status = new absl::Status(LoadOnce());
+    load_error = new std::string(load_status->message());
+  });
+  return *load_status;
+}
+
+int GetInfo(uint32_t version, const char* node, const char* service, uint64_t flags,
+            const fi_info* hints, fi_info** info) {
+  if (!Load().ok()) return -FI_ENOSYS;
+  return symbols.getinfo(version, node, service, flags, hints, info);
+}
+
+void FreeInfo(fi_info* info) {
+  if (info != nullptr && Load().ok()) symbols.freeinfo(info);
+}
+
+fi_info* DupInfo(const fi_info* info) { return Load().ok() ? symbols.dupinfo(info) : nullptr; }
+
+int OpenFabric(fi_fabric_attr* attr, fid_fabric** fabric, void* context) {
+  if (!Load().ok()) return -FI_ENOSYS;
+  return symbols.fabric(attr, fabric, context);
+}
+
+const char* StrError(int errnum) {
+  if (!Load().ok()) return load_error->c_str();
+  return symbols.strerror(errnum);
+}
+
+}  // namespace stretch::transport::libfabric

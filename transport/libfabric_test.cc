@@ -1,0 +1,60 @@
+// libfabric loaded on first use: the symbols bound, the fatal signals' dispositions as they
+// were before the load (libinfinipath's constructor replaces them), and nothing loaded before.
+#include "transport/libfabric.h"
+
+#include <dlfcn.h>
+#include <rdma/fi_errno.h>
+#include <signal.h>
+#include <stdlib.h>
+
+#include <cstring>
+
+#include "gtest/gtest.h"
+
+namespace stretch::transport::libfabric {
+namespace {
+
+bool PsmLoaded() {
+  void* h = dlopen("libinfinipath.so.4", RTLD_NOW | RTLD_NOLOAD);
+  if (h != nullptr) dlclose(h);
+  return h != nullptr;
+}
+
+// One test: the process loads the library once, so its order matters.
+TEST(LibfabricTest, LoadsOnFirstUseAndLeavesTheSignalsAsTheyWere) {
+  EXPECT_FALSE(PsmLoaded()) << "loaded at start: a binary links libfabric";
+  signal(SIGTERM, SIG_IGN);  // the process's own choice, kept
+  ASSERT_TRUE(Load().ok()) << Load();
+  EXPECT_TRUE(Load().ok());
+  for (int sig : {SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGABRT, SIGINT}) {
+    struct sigaction sa;
+    ASSERT_EQ(sigaction(sig, nullptr, &sa), 0);
+    EXPECT_EQ(sa.sa_handler, SIG_DFL) << "signal " << sig;
+  }
+  struct sigaction term;
+  ASSERT_EQ(sigaction(SIGTERM, nullptr, &term), 0);
+  EXPECT_EQ(term.sa_handler, SIG_IGN);
+  signal(SIGTERM, SIG_DFL);
+  EXPECT_EXIT(abort(), ::testing::KilledBySignal(SIGABRT), "");
+
+  // The bound functions work, with the current struct layout (mr_mode is there).
+  fi_info* hints = AllocInfo();
+  ASSERT_NE(hints, nullptr);
+  hints->ep_attr->type = FI_EP_RDM;
+  hints->caps = FI_MSG;
+  hints->fabric_attr->prov_name = strdup("tcp;ofi_rxm");
+  fi_info* info = nullptr;
+  ASSERT_EQ(GetInfo(FI_VERSION(1, 17), "127.0.0.1", nullptr, 0, hints, &info), 0);
+  ASSERT_NE(info, nullptr);
+  EXPECT_NE(info->domain_attr, nullptr);
+  fi_info* copy = DupInfo(info);
+  ASSERT_NE(copy, nullptr);
+  EXPECT_STREQ(copy->fabric_attr->prov_name, info->fabric_attr->prov_name);
+  FreeInfo(copy);
+  FreeInfo(info);
+  FreeInfo(hints);
+  EXPECT_STRNE(StrError(FI_ENODATA), "");
+}
+
+}  // namespace
+}  // namespace stretch::transport::libfabric
