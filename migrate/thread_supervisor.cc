@@ -13,10 +13,15 @@
 
 #include <cstring>
 #include <deque>
+#include <fstream>
 #include <map>
+#include <string>
 #include <thread>
+#include <vector>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "core/status.h"
 #include "core/unique_fd.h"
@@ -482,6 +487,7 @@ class ThreadSupervisor::Impl {
         c->Complete(absl::NotFoundError(absl::StrCat("thread ", tid, " exited")));
       }
       threads_.erase(it);
+      if (tid != pid_ && callbacks_.on_thread_gone) callbacks_.on_thread_gone(tid);
       if (tid == pid_) {
         leader_gone_ = true;
         if (emulated_signal_ != 0 && WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) {
@@ -597,8 +603,28 @@ class ThreadSupervisor::Impl {
     }
     LOG(ERROR) << "process " << pid_ << " thread " << tid << ": " << strsignal(sig) << " (code "
                << si.si_code << ") at address 0x" << std::hex
-               << reinterpret_cast<uintptr_t>(si.si_addr) << ", ip 0x" << regs.rip << ", sp 0x"
-               << regs.rsp << std::dec;
+               << reinterpret_cast<uintptr_t>(si.si_addr) << ", ip 0x" << regs.rip << std::dec
+               << MappingOf(tid, regs.rip) << ", sp 0x" << std::hex << regs.rsp << std::dec;
+  }
+
+  // " (FILE+0xOFFSET)" for the file mapping of `tid` that holds `addr`, else "".
+  static std::string MappingOf(pid_t tid, uintptr_t addr) {
+    std::ifstream maps(absl::StrCat("/proc/", tid, "/maps"));
+    std::string line;
+    while (std::getline(maps, line)) {
+      // "start-end perms offset dev inode path"
+      std::vector<std::string> f = absl::StrSplit(line, ' ', absl::SkipEmpty());
+      if (f.size() < 6) continue;
+      std::pair<std::string, std::string> range = absl::StrSplit(f[0], '-');
+      uintptr_t start = 0, end = 0;
+      uint64_t offset = 0;
+      if (!absl::SimpleHexAtoi(range.first, &start) || !absl::SimpleHexAtoi(range.second, &end) ||
+          !absl::SimpleHexAtoi(f[2], &offset) || addr < start || addr >= end) {
+        continue;
+      }
+      return absl::StrCat(" (", f[5], "+0x", absl::Hex(addr - start + offset), ")");
+    }
+    return "";
   }
 
   void OnSyscallStop(pid_t tid, Thread& t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(state_mu_) {

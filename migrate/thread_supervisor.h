@@ -75,6 +75,9 @@ struct SupervisorCallbacks {
   std::function<bool(pid_t parent, pid_t child)> park_after_clone;
   // A thread is about to exit (its exit code or signal in `status`, as waitpid reports).
   std::function<void(pid_t tid, int status)> on_thread_exit;
+  // A thread other than the leader is gone (reaped): the kernel is done with it, including
+  // its exit-time store to and wake of its clear_child_tid word.
+  std::function<void(pid_t tid)> on_thread_gone;
   // The process called exec (allow_exec): every thread but the leader is gone, and the one
   // that called exec, `former_tid`, now has the leader's tid.
   std::function<void(pid_t former_tid)> on_exec;

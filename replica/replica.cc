@@ -241,6 +241,7 @@ absl::Status Replica::Supervise(absl::Time deadline) {
   };
   cb.on_seccomp = [this](pid_t tid) { return OnSeccomp(tid); };
   cb.on_clone = [this](pid_t parent, pid_t child) { OnClone(parent, child); };
+  cb.on_thread_gone = [this](pid_t tid) { OnThreadGone(tid); };
   SupervisorOptions so;
   so.run_all_at_attach = false;
   so.wait_for_stop = true;  // --leave-stopped: CRIU's SIGSTOP may still be under way

@@ -173,6 +173,8 @@ class Replica {
   bool OnSeccomp(pid_t tid);
   // A thread is at the entry of exit(): publish its exit cluster-wide (see replica.cc).
   void OnThreadExitCall(pid_t tid);
+  // A thread that called exit() is gone: its joiners, wherever they are, may go on.
+  void OnThreadGone(pid_t tid);
   // Tracer thread: `tid` is at the entry of a call on fd 0 on a node other than 0, whose
   // standard input is node 0's: a read stops the run (see ReplicaOptions::stdin_key).
   void OnStdinRead(pid_t tid, const struct user_regs_struct& regs);

@@ -389,13 +389,14 @@ absl::Status Replica::failure() {
   return failure_;
 }
 
-// Tracer thread, `tid` stopped at the entry of exit(). A joiner on another node
-// waits on the thread's clear_child_tid word through the cluster futex table, which the
-// kernel's own store-and-wake at exit never reaches (and that store, from a dying task, would
-// be dropped by userfaultfd if the page is not writable here). So: store 0 through the DSM,
-// wake the cluster, and turn this exit() into set_tid_address(NULL) so the kernel stores
-// nothing later (the joiner may already reuse that memory); glibc calls exit() again in a loop,
-// and that second call goes through.
+// Tracer thread, `tid` stopped at the entry of exit(). A joiner on another node waits on the
+// thread's clear_child_tid word through the cluster futex table, which the kernel's own
+// store-and-wake at exit never reaches (and that store, from a dying task, is dropped by
+// userfaultfd if the page is not writable here). So once the thread is gone (OnThreadGone),
+// the store of 0 goes through the DSM and the wake to the cluster. Not before: the joiner may
+// free the thread's stack at once (munmap, replayed here), and a thread that still returned
+// to user mode would find its rseq area gone (the kernel kills the process with SIGSEGV) or
+// run on freed memory; and the kernel's own late store would land in memory reused by then.
 void Replica::OnThreadExitCall(pid_t tid) {
   struct user_regs_struct regs;
   if (ptrace(PTRACE_GETREGS, tid, 0, &regs) != 0 || regs.orig_rax != SYS_exit) return;
@@ -421,14 +422,11 @@ void Replica::OnThreadExitCall(pid_t tid) {
     (void)agent_->SendToServer(tc);
     return;
   }
-  uint64_t ctid;
   bool late;
   {
     absl::MutexLock l(&mu_);
     if (!attached_ || exit_published_[tid]) return;
     exit_published_[tid] = true;
-    auto it = ctid_.find(tid);
-    ctid = it == ctid_.end() ? 0 : it->second;
     late = late_.contains(tid);
   }
   if (late) {
@@ -439,14 +437,26 @@ void Replica::OnThreadExitCall(pid_t tid) {
     tc.action = wire::ThreadAction::kExited;
     (void)agent_->SendToServer(tc);
   }
+}
+
+// Tracer thread: `tid` is gone. If it had called exit() (automatic mode), its joiners learn it
+// now (OnThreadExitCall says why only now).
+void Replica::OnThreadGone(pid_t tid) {
+  uint64_t ctid = 0;
+  {
+    absl::MutexLock l(&mu_);
+    auto published = exit_published_.find(tid);
+    if (options_.manual || !attached_ || published == exit_published_.end() || !published->second) {
+      return;
+    }
+    auto it = ctid_.find(tid);
+    if (it != ctid_.end()) ctid = it->second;
+  }
   if (ctid == 0) return;
   uint32_t zero = 0;
   uffd::RemoteIo io{ctid, &zero, sizeof(zero)};
   if (!uffd::RemoteMemory(pid_).Write({&io, 1}).ok()) return;
-  if (!futexes_->WakeAll(ctid, ThreadOf(tid)).ok()) return;
-  regs.orig_rax = SYS_set_tid_address;
-  regs.rdi = 0;
-  ptrace(PTRACE_SETREGS, tid, 0, &regs);
+  (void)futexes_->WakeAll(ctid, ThreadOf(tid));  // its id was noted at its exit() call
 }
 
 namespace {
