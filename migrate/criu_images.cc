@@ -149,6 +149,23 @@ absl::Status CheckMagic(absl::Span<const uint8_t> bytes, const std::string& name
   return absl::OkStatus();
 }
 
+// The record at *pos of an image (a 4-byte length, then that many bytes, at most `max`), and
+// *pos past it.
+absl::StatusOr<absl::Span<const uint8_t>> NextRecord(absl::Span<const uint8_t> bytes,
+                                                     const std::string& name, size_t max,
+                                                     size_t* pos) {
+  if (bytes.size() - *pos < 4) return Bad(name, "truncated record length");
+  uint32_t len;
+  std::memcpy(&len, bytes.data() + *pos, 4);
+  *pos += 4;
+  if (len > max || len > bytes.size() - *pos) {
+    return Bad(name, absl::StrFormat("record of %u bytes at offset %u is corrupt", len, *pos - 4));
+  }
+  auto rec = bytes.subspan(*pos, len);
+  *pos += len;
+  return rec;
+}
+
 absl::StatusOr<std::string> ReadFile(const std::string& path) {
   UniqueFd fd(open(path.c_str(), O_RDONLY | O_CLOEXEC));
   if (!fd.valid()) return ErrnoStatus(errno, absl::StrCat("open ", path));
@@ -171,15 +188,7 @@ absl::StatusOr<Pagemap> ParsePagemap(absl::Span<const uint8_t> bytes, const std:
   bool have_head = false;
   size_t pos = 8;
   while (pos < bytes.size()) {
-    if (bytes.size() - pos < 4) return Bad(name, "truncated record length");
-    uint32_t len;
-    std::memcpy(&len, bytes.data() + pos, 4);
-    pos += 4;
-    if (len > kMaxRecord || len > bytes.size() - pos) {
-      return Bad(name, absl::StrFormat("record of %u bytes at offset %u is corrupt", len, pos - 4));
-    }
-    auto rec = bytes.subspan(pos, len);
-    pos += len;
+    STRETCH_ASSIGN_OR_RETURN(auto rec, NextRecord(bytes, name, kMaxRecord, &pos));
     if (!have_head) {
       bool got_id = false;
       STRETCH_RETURN_IF_ERROR(ParseVarintMessage(rec, name, [&](uint32_t f, uint64_t v) {
@@ -324,16 +333,8 @@ absl::StatusOr<std::string> CoreImageWithoutSeccomp(absl::Span<const uint8_t> by
   std::string out(reinterpret_cast<const char*>(bytes.data()), 8);
   size_t pos = 8;
   while (pos < bytes.size()) {
-    if (bytes.size() - pos < 4) return Bad(name, "truncated record length");
-    uint32_t len;
-    std::memcpy(&len, bytes.data() + pos, 4);
-    pos += 4;
-    if (len > bytes.size() - pos) {
-      return Bad(name, absl::StrFormat("record of %u bytes at offset %u is corrupt", len, pos - 4));
-    }
-    STRETCH_ASSIGN_OR_RETURN(std::string entry,
-                             FilterFields(bytes.subspan(pos, len), name, {}, in_core));
-    pos += len;
+    STRETCH_ASSIGN_OR_RETURN(auto rec, NextRecord(bytes, name, bytes.size(), &pos));
+    STRETCH_ASSIGN_OR_RETURN(std::string entry, FilterFields(rec, name, {}, in_core));
     const uint32_t n = static_cast<uint32_t>(entry.size());
     out.append(reinterpret_cast<const char*>(&n), 4);
     out += entry;
