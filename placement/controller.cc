@@ -151,6 +151,7 @@ void PlacementController::Consolidate(const std::string& reason, double cores, d
   int moved = 0, failed = 0;
   std::string failures;
   spread_.clear();
+  unmoved_.clear();
   for (int i = 1; i < o_.nodes; ++i) {
     if (!cluster_->Running(i)) continue;
     std::vector<int> here;
@@ -166,23 +167,14 @@ void PlacementController::Consolidate(const std::string& reason, double cores, d
         spread_.emplace_back(tid, i);
       } else {
         ++failed;
+        unmoved_.emplace_back(tid, i);  // e.g. in the middle of a call: moved in a later window
         LOG(WARNING) << "stretchd run: placement: " << result;
         if (failures.empty()) failures = result;
       }
     }
   }
   Decision("consolidate", cores, moved, failed, reason, predicted);
-  if (moved > 0) {
-    bool answered = false;
-    const auto now = WhereAll(&answered);
-    AssignCores(now, last_graph_);
-    // Node 0's own futex table, once every other node is known to run nothing.
-    if (failed == 0 && answered &&
-        std::all_of(now.begin() + 1, now.end(),
-                    [](const std::vector<int>& threads) { return threads.empty(); })) {
-      cluster_->SetExclusive(true);
-    }
-  }
+  if (moved > 0) ConsolidatedOnNodeZero(failed == 0);
   LOG(INFO) << "stretchd run: placement: moved " << moved << " thread(s) to node 0"
             << (failed ? absl::StrCat(", ", failed, " could not move: ", failures) : "");
   consolidated_ = moved > 0;
@@ -195,7 +187,49 @@ void PlacementController::Consolidate(const std::string& reason, double cores, d
 // they ran, after a backoff; if the next window keeps at least a quarter more cores busy than
 // node 0 alone did, they stay spread, otherwise they go back to node 0 and the backoff
 // doubles.
+void PlacementController::ConsolidatedOnNodeZero(bool all_moved) {
+  bool answered = false;
+  const auto now = WhereAll(&answered);
+  AssignCores(now, last_graph_);
+  // Node 0's own futex table, once every other node is known to run nothing.
+  if (all_moved && answered &&
+      std::all_of(now.begin() + 1, now.end(),
+                  [](const std::vector<int>& threads) { return threads.empty(); })) {
+    cluster_->SetExclusive(true);
+  }
+}
+
+bool PlacementController::MoveUnmoved(const Window& w) {
+  if (unmoved_.empty()) return false;
+  int moved = 0;
+  for (auto it = unmoved_.begin(); it != unmoved_.end();) {
+    const auto [tid, node] = *it;
+    if (!cluster_->Running(node)) {
+      it = unmoved_.erase(it);
+      continue;
+    }
+    if (!absl::StartsWith(cluster_->Migrate(tid, 0), "ok")) {
+      ++it;
+      continue;
+    }
+    ++moved;
+    spread_.emplace_back(tid, node);
+    it = unmoved_.erase(it);
+  }
+  if (moved == 0) return false;
+  Decision("consolidate_rest", w.cores, moved, static_cast<int>(unmoved_.size()),
+           "threads that could not move at the consolidation (busy in a call) moved now");
+  ConsolidatedOnNodeZero(unmoved_.empty());
+  return true;
+}
+
 void PlacementController::WatchConsolidated(absl::Time now, const Window& w) {
+  // The threads a consolidation could not move yet come first: until they do, the program
+  // runs distributed after all.
+  if (MoveUnmoved(w)) {
+    Rebaseline();
+    return;
+  }
   consolidated_cores_ = consolidated_cores_ == 0 ? w.cores : (consolidated_cores_ + w.cores) / 2;
   // Node 0's cores are all busy: with the program's threads, or (on a machine busy with other
   // work) also with other tasks, which the threads then wait behind.
@@ -392,8 +426,8 @@ void PlacementController::Sample() {
   // more cores busy all on node 0 (without their remote faults) than they keep on all nodes
   // now, while threads away from node 0 still run or wait for pages (a serial phase, threads
   // idle by design, is not that; nor is main alone on node 0 collecting results: moving
-  // threads would not move the data). Two windows in a row: one can be a transient (a burst of first-touch faults as
-  // a program starts computing looks like heavy sharing for a window).
+  // threads would not move the data). Two windows in a row: one can be a transient (a burst of
+  // first-touch faults as a program starts computing looks like heavy sharing for a window).
   const double gain = w.cores > 0 ? one_node / w.cores : (one_node > 0 ? HUGE_VAL : 1.0);
   const bool dsm_bound =
       gain >= 1.1 && w.away > 0.05 && (o_.min_cores <= 0 || w.cores < o_.min_cores);

@@ -111,11 +111,16 @@ class PlacementController {
   std::vector<std::vector<int>> WhereAll(bool* answered = nullptr);
   void Rebaseline();
   void Consolidate(const std::string& reason, double cores, double predicted);
+  // Threads were moved to node 0 (all that were asked, if `all_moved`): cores assigned again,
+  // and node 0 serves the futexes once no other node runs a thread.
+  void ConsolidatedOnNodeZero(bool all_moved);
+  // Moves the threads a consolidation could not move (unmoved_); true if some moved.
+  bool MoveUnmoved(const Window& w);
   void WatchConsolidated(absl::Time now, const Window& w);
   void JudgeProbe(absl::Time now, const Window& w);
   bool PlaceNewThreads(const std::vector<NodeCounters>& c);
-  void Decision(const char* action, double cores, int moved, int failed,
-                const std::string& reason, double predicted = -1);
+  void Decision(const char* action, double cores, int moved, int failed, const std::string& reason,
+                double predicted = -1);
   double Ms(absl::Time t) const { return absl::ToDoubleMilliseconds(t - start_); }
 
   const ControllerOptions o_;
@@ -145,7 +150,8 @@ class PlacementController {
   double spread_cores_ = 0, consolidated_cores_ = 0, probe_cores_ = 0;
   absl::Duration probe_backoff_ = absl::Seconds(1);
   absl::Time next_probe_ = absl::InfiniteFuture();
-  std::vector<std::pair<int, int>> spread_;  // where the consolidated threads ran
+  std::vector<std::pair<int, int>> spread_;   // where the consolidated threads ran
+  std::vector<std::pair<int, int>> unmoved_;  // (thread, node) not moved at consolidation
 
   std::vector<std::string> samples_json_, decisions_json_;
 };
