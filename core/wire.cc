@@ -7,196 +7,14 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "core/status.h"
+#include "core/wire_fields.h"
 #include "glog/logging.h"
 
 namespace stretch::wire {
 
 namespace {
 
-// Each message type's fields, in wire order, for every visitor (Sizer, Writer, Reader).
-// `M` is `const T` when encoding and `T` when decoding.
-template <typename V, typename M>
-void Fields(V& v, M& m) requires std::is_same_v<std::remove_const_t<M>, Hello> {
-  v(m.role, "role");
-  v(m.node, "node");
-  v(m.incarnation, "incarnation");
-  v(m.name, "name");
-}
-template <typename V, typename M>
-void Fields(V& v, M& m) requires std::is_same_v<std::remove_const_t<M>, HelloReply> {
-  v(m.accepted, "accepted");
-  v(m.node, "node");
-  v(m.reason, "reason");
-}
-template <typename V, typename M>
-void Fields(V& v, M& m) requires std::is_same_v<std::remove_const_t<M>, CoherenceMsg> {
-  v(m.op, "op");
-  v(m.flags, "flags");
-  v(m.src, "src");
-  v(m.requester, "requester");
-  v(m.ack_count, "ack_count");
-  v(m.thread, "thread");
-  v(m.page, "page");
-  v(m.version, "version");
-  if (m.flags & kCohHasData) v.PageData(m.data, "data");
-}
-template <typename V, typename M>
-void Fields(V& v, M& m) requires std::is_same_v<std::remove_const_t<M>, RegionAttach> {
-  v(m.region, "region");
-  v(m.base, "base");
-  v(m.length, "length");
-  v(m.pid, "pid");
-  v(m.flags, "flags");
-}
-template <typename V, typename M>
-void Fields(V& v, M& m) requires std::is_same_v<std::remove_const_t<M>, RegionAttachReply> {
-  v(m.code, "code");
-  v(m.message, "message");
-}
-template <typename V, typename M>
-void Fields(V& v, M& m) requires std::is_same_v<std::remove_const_t<M>, RegionAnnounce> {
-  v(m.region, "region");
-  v(m.base, "base");
-  v(m.length, "length");
-  v(m.flags, "flags");
-}
-template <typename V, typename M>
-void Fields(V& v, M& m) requires std::is_same_v<std::remove_const_t<M>, ThreadControl> {
-  v(m.thread, "thread");
-  v(m.node, "node");
-  v(m.action, "action");
-  v(m.status, "status");
-}
-template <typename V, typename M>
-void Fields(V& v, M& m) requires std::is_same_v<std::remove_const_t<M>, Futex> {
-  v(m.op, "op");
-  v(m.thread, "thread");
-  v(m.seq, "seq");
-  v(m.address, "address");
-  v(m.address2, "address2");
-  v(m.value, "value");
-  v(m.value2, "value2");
-  v(m.bitset, "bitset");
-}
-template <typename V, typename M>
-void Fields(V& v, M& m) requires std::is_same_v<std::remove_const_t<M>, FutexReply> {
-  v(m.seq, "seq");
-  v(m.result, "result");
-}
-template <typename V, typename M>
-void Fields(V& v, M& m) requires std::is_same_v<std::remove_const_t<M>, AddressSpace> {
-  v(m.op, "op");
-  v(m.thread, "thread");
-  v(m.seq, "seq");
-  v(m.address, "address");
-  v(m.length, "length");
-  v(m.new_address, "new_address");
-  v(m.new_length, "new_length");
-  v(m.prot, "prot");
-  v(m.flags, "flags");
-  v(m.offset, "offset");
-  v(m.path, "path");
-}
-template <typename V, typename M>
-void Fields(V& v, M& m) requires std::is_same_v<std::remove_const_t<M>, StatsRequest> {
-  v(m.seq, "seq");
-}
-template <typename V, typename M>
-void Fields(V& v, M& m) requires std::is_same_v<std::remove_const_t<M>, StatsReply> {
-  v(m.seq, "seq");
-  v(m.json, "json");
-}
-template <typename V, typename M>
-void Fields(V& v, M& m) requires std::is_same_v<std::remove_const_t<M>, Heartbeat> {
-  v(m.seq, "seq");
-  v(m.time_ns, "time_ns");
-}
-template <typename V, typename M>
-void Fields(V& v, M& m) requires std::is_same_v<std::remove_const_t<M>, Error> {
-  v(m.code, "code");
-  v(m.message, "message");
-}
-template <typename V, typename M>
-void Fields(V& v, M& m) requires std::is_same_v<std::remove_const_t<M>, Exit> {
-  v(m.signaled, "signaled");
-  v(m.status, "status");
-}
-
-template <typename V, typename M>
-void Fields(V& v, M& m) requires std::is_same_v<std::remove_const_t<M>, PeerEntry> {
-  v(m.node, "node");
-  v(m.address, "address");
-}
-template <typename V, typename M>
-void Fields(V& v, M& m) requires std::is_same_v<std::remove_const_t<M>, Peers> {
-  v(m.entries, "entries");
-}
-
-template <typename V, typename M>
-void Fields(V& v, M& m) requires std::is_same_v<std::remove_const_t<M>, PageSeed> {
-  v(m.page, "page");
-  v.PageData(m.data, "data");
-}
-
-template <typename V, typename M>
-void Fields(V& v, M& m) requires std::is_same_v<std::remove_const_t<M>, PageRun> {
-  v(m.first, "first");
-  v(m.count, "count");
-}
-template <typename V, typename M>
-void Fields(V& v, M& m) requires std::is_same_v<std::remove_const_t<M>, PagesHeld> {
-  v(m.seq, "seq");
-  v(m.runs, "runs");
-}
-template <typename V, typename M>
-void Fields(V& v, M& m) requires std::is_same_v<std::remove_const_t<M>, PagesHeldReply> {
-  v(m.seq, "seq");
-  v(m.pages, "pages");
-}
-
-template <typename V, typename M>
-void Fields(V& v, M& m) requires std::is_same_v<std::remove_const_t<M>, PagesWanted> {
-  v(m.seq, "seq");
-}
-template <typename V, typename M>
-void Fields(V& v, M& m) requires std::is_same_v<std::remove_const_t<M>, PagesWantedReply> {
-  v(m.seq, "seq");
-  v(m.runs, "runs");
-  v(m.last, "last");
-}
-
-template <typename V, typename M>
-void Fields(V& v, M& m) requires std::is_same_v<std::remove_const_t<M>, Launch> {
-  v(m.op, "op");
-  v(m.offset, "offset");
-  v(m.name, "name");
-  v(m.data, "data");
-}
-
-template <typename V, typename M>
-void Fields(V& v, M& m) requires std::is_same_v<std::remove_const_t<M>, FileOffset> {
-  v(m.op, "op");
-  v(m.thread, "thread");
-  v(m.seq, "seq");
-  v(m.fd, "fd");
-  v(m.initial, "initial");
-  v(m.length, "length");
-  v(m.offset, "offset");
-  v(m.whence, "whence");
-  v(m.size, "size");
-}
-template <typename V, typename M>
-void Fields(V& v, M& m) requires std::is_same_v<std::remove_const_t<M>, FileOffsetReply> {
-  v(m.seq, "seq");
-  v(m.position, "position");
-}
-
-template <typename V, typename M>
-void Fields(V& v, M& m) requires std::is_same_v<std::remove_const_t<M>, ThreadCreated> {
-  v(m.thread, "thread");
-  v(m.node, "node");
-  v(m.clear_tid, "clear_tid");
-}
+using internal::Fields;
 
 template <typename T>
 constexpr MessageType kTypeOf = [] {
@@ -225,6 +43,7 @@ constexpr MessageType kTypeOf = [] {
   if constexpr (std::is_same_v<T, FileOffset>) return MessageType::kFileOffset;
   if constexpr (std::is_same_v<T, FileOffsetReply>) return MessageType::kFileOffsetReply;
   if constexpr (std::is_same_v<T, ThreadCreated>) return MessageType::kThreadCreated;
+  if constexpr (std::is_same_v<T, Control>) return MessageType::kControl;
 }();
 
 // Counts payload bytes.
@@ -249,7 +68,11 @@ class Sizer {
   template <typename T>
   void operator()(const std::vector<T>& list, const char*) {
     size_ += 4;
-    for (const T& e : list) Fields(*this, e);
+    if constexpr (std::is_arithmetic_v<T>) {
+      size_ += list.size() * sizeof(T);
+    } else {
+      for (const T& e : list) Fields(*this, e);
+    }
   }
   size_t size() const { return size_; }
 
@@ -288,7 +111,13 @@ class Writer {
   template <typename T>
   void operator()(const std::vector<T>& list, const char* name) {
     (*this)(static_cast<uint32_t>(list.size()), name);
-    for (const T& e : list) Fields(*this, e);
+    for (const T& e : list) {
+      if constexpr (std::is_arithmetic_v<T>) {
+        (*this)(e, name);
+      } else {
+        Fields(*this, e);
+      }
+    }
   }
 
  private:
@@ -374,7 +203,11 @@ class Reader {
     }
     list.resize(count);
     for (T& e : list) {
-      Fields(*this, e);
+      if constexpr (std::is_arithmetic_v<T>) {
+        (*this)(e, name);
+      } else {
+        Fields(*this, e);
+      }
       if (!ok()) return;
     }
   }
@@ -607,6 +440,135 @@ absl::Status Validate(const Exit& m) {
   return absl::OkStatus();
 }
 
+// The fields each ControlOp may set (wire.h); every other one must be zero.
+enum ControlField : uint8_t {
+  kHasValue = 1 << 0,
+  kHasThread = 1 << 1,
+  kHasText = 1 << 2,
+  kHasThreads = 1 << 3,
+  kHasCpu = 1 << 4,
+  kHasCores = 1 << 5,
+  kHasSharing = 1 << 6,
+};
+uint8_t ControlFields(ControlOp op) {
+  switch (op) {
+    case ControlOp::kStart:
+      return kHasText | kHasThreads;
+    case ControlOp::kKill:
+    case ControlOp::kExclusive:
+    case ControlOp::kReady:
+    case ControlOp::kExited:
+    case ControlOp::kSignaled:
+    case ControlOp::kCoresPinned:
+    case ControlOp::kExclusiveSet:
+      return kHasValue;
+    case ControlOp::kCores:
+      return kHasCores;
+    case ControlOp::kMigrateOut:
+    case ControlOp::kNotMine:
+    case ControlOp::kMigratedIn:
+      return kHasThread;
+    case ControlOp::kMigrateIn:
+    case ControlOp::kMigratedOut:
+    case ControlOp::kMigrateFailed:
+      return kHasThread | kHasText;
+    case ControlOp::kMigrate:
+      return kHasThread | kHasValue;
+    case ControlOp::kFailed:
+      return kHasText;
+    case ControlOp::kCpuReport:
+      return kHasCpu;
+    case ControlOp::kSharingReport:
+      return kHasSharing;
+    case ControlOp::kHomeRefused:
+    case ControlOp::kAnswer:
+      return kHasText | kHasValue;
+    case ControlOp::kHere:
+      return kHasThreads;
+    case ControlOp::kGo:
+    case ControlOp::kStop:
+    case ControlOp::kCpu:
+    case ControlOp::kSharing:
+    case ControlOp::kHome:
+    case ControlOp::kWhere:
+    case ControlOp::kListThreads:
+    case ControlOp::kHomeOk:
+      return 0;
+  }
+  return 0;
+}
+bool IsThreadId(uint32_t t) { return t != 0 && t <= static_cast<uint32_t>(INT32_MAX); }
+absl::Status Validate(const Control& m) {
+  const char* op = Name(m.op);
+  const ControlCpu& c = m.cpu;
+  const uint8_t set =
+      (m.value != 0 ? kHasValue : 0) | (m.thread != 0 ? kHasThread : 0) |
+      (!m.text.empty() ? kHasText : 0) | (!m.threads.empty() ? kHasThreads : 0) |
+      (c.run_ns | c.threads | c.stall_ns | c.faults | c.invalidations | c.cpus | c.wait_ns ? kHasCpu
+                                                                                           : 0) |
+      (!m.cores.empty() ? kHasCores : 0) | (!m.sharing.empty() ? kHasSharing : 0);
+  if (set & ~ControlFields(m.op)) {
+    return Invalid("Control", absl::StrFormat("%s sets fields it has none of (0x%x)", op,
+                                              set & ~ControlFields(m.op)));
+  }
+  if ((ControlFields(m.op) & kHasThread) && !IsThreadId(m.thread)) {
+    return Invalid("Control", absl::StrFormat("%s of thread id %u", op, m.thread));
+  }
+  for (uint32_t t : m.threads) {
+    if (!IsThreadId(t)) return Invalid("Control", absl::StrFormat("%s lists thread %u", op, t));
+  }
+  int64_t most = INT32_MAX;  // kReady, kCoresPinned: a count of threads
+  switch (m.op) {
+    case ControlOp::kKill:
+    case ControlOp::kSignaled:
+      if (m.value < 1 || m.value > 64) {
+        return Invalid("Control", absl::StrFormat("%s of signal %d", op, m.value));
+      }
+      break;
+    case ControlOp::kExited:
+      most = 255;
+      break;
+    case ControlOp::kMigrate:
+      most = kMaxNodes - 1;
+      break;
+    case ControlOp::kExclusive:
+    case ControlOp::kExclusiveSet:
+    case ControlOp::kHomeRefused:
+    case ControlOp::kAnswer:
+      most = 1;
+      break;
+    case ControlOp::kStart:
+      if (m.text.empty() || m.text.size() > 256) {
+        return Invalid("Control", "start without a server address of at most 256 bytes");
+      }
+      break;
+    default:
+      break;
+  }
+  if (m.value < 0 || m.value > most) {
+    return Invalid("Control", absl::StrFormat("%s of value %d", op, m.value));
+  }
+  for (const ControlCores& k : m.cores) {
+    if (!IsThreadId(k.thread) || k.cpus.empty()) {
+      return Invalid("Control",
+                     absl::StrFormat("cores of thread %u on %u CPUs", k.thread, k.cpus.size()));
+    }
+    for (uint32_t cpu : k.cpus) {
+      if (cpu >= kMaxCpus) return Invalid("Control", absl::StrFormat("cores with CPU %u", cpu));
+    }
+  }
+  for (const SharedPage& p : m.sharing) {
+    if (p.page.number() >= (kUserAddressLimit >> kPageShift) || p.writers.empty()) {
+      return Invalid("Control", absl::StrFormat("sharing of page %s by %u threads",
+                                                p.page.ToString(), p.writers.size()));
+    }
+    for (uint32_t t : p.writers) {
+      if (!IsThreadId(t)) return Invalid("Control", absl::StrFormat("sharing by thread %u", t));
+    }
+  }
+  return absl::OkStatus();
+}
+
 template <typename T>
 absl::StatusOr<Message> DecodeAs(absl::Span<const uint8_t> payload) {
   T m;
@@ -758,6 +720,8 @@ absl::StatusOr<Message> Decode(absl::Span<const uint8_t> frame) {
       return DecodeAs<FileOffsetReply>(payload);
     case MessageType::kThreadCreated:
       return DecodeAs<ThreadCreated>(payload);
+    case MessageType::kControl:
+      return DecodeAs<Control>(payload);
   }
   return absl::InvalidArgumentError(
       absl::StrFormat("wire: unknown message type %d", static_cast<int>(frame[5])));

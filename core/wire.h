@@ -77,6 +77,7 @@ enum class MessageType : uint8_t {
   kThreadCreated = 24,
   kPagesWanted = 25,
   kPagesWantedReply = 26,
+  kControl = 27,
 };
 // Name of a value, or nullptr if it is not a MessageType (used to validate input).
 const char* Name(MessageType t);
@@ -349,7 +350,7 @@ struct PagesWantedReply {
 enum class LaunchOp : uint8_t {
   kFile = 1,     // launcher -> node: `data` belongs at `offset` of checkpoint image file `name`
   kStart = 2,    // launcher -> node: restore a replica; `data` holds "key=value" lines
-  kControl = 3,  // both ways: one line of the control channel (replica/control.h)
+  kControl = 3,  // both ways: `data` holds one encoded Control (replica/control.h)
   kOutput = 4,   // node -> launcher: what the program appended to `name` ("stdout", "stderr")
   kStats = 5,    // node -> launcher: the replica agent's statistics (JSON in `data`)
   kEnded = 6,    // node -> launcher: the replica agent exited with status `offset`
@@ -393,11 +394,90 @@ struct FileOffsetReply {
   int64_t position = 0;
 };
 
-using Message =
-    std::variant<Hello, HelloReply, CoherenceMsg, RegionAttach, RegionAttachReply, RegionAnnounce,
-                 ThreadControl, Futex, FutexReply, AddressSpace, StatsRequest, StatsReply,
-                 Heartbeat, Error, Exit, Peers, PageSeed, PagesHeld, PagesHeldReply, Launch,
-                 FileOffset, FileOffsetReply, ThreadCreated, PagesWanted, PagesWantedReply>;
+// The control channel between a launcher and each of its node agents (replica/control.h:
+// who sends what, when), and `stretchd migrate`'s requests to a launcher: one Control per
+// datagram of a local SOCK_SEQPACKET socket, or in a Launch kControl across machines. Each op
+// uses only the fields its comment names; the others stay zero (Validate checks nothing
+// else is set, so that one encoding means one thing).
+enum class ControlOp : uint8_t {
+  // launcher -> node agent
+  kStart = 1,        // to an agent started before the migration point (`stretchd node
+                     // --await_start`): restore, with the directory server at `text`, and run
+                     // `threads` here
+  kGo = 2,           // let the restored threads run
+  kStop = 3,         // stop the program and end
+  kKill = 4,         // deliver signal `value` to the program
+  kCpu = 5,          // answered kCpuReport
+  kSharing = 6,      // answered kSharingReport
+  kCores = 7,        // pin threads to CPUs (`cores`); answered kCoresPinned
+  kExclusive = 8,    // `value` 1 (on) or 0: serve futexes here; answered kExclusiveSet
+  kHome = 9,         // node 0: take the program home; answered kHomeOk or kHomeRefused
+  kWhere = 10,       // answered kHere
+  kMigrateOut = 11,  // `thread`; answered kMigratedOut, kNotMine or kMigrateFailed
+  kMigrateIn = 12,   // `thread`, its state in `text`; answered kMigratedIn or kMigrateFailed
+  // `stretchd migrate` -> launcher (one request per connection), answered kAnswer
+  kListThreads = 20,  // which node runs which thread
+  kMigrate = 21,      // move `thread` to node `value`
+  // node agent -> launcher
+  kReady = 32,          // restored, `value` threads to run here
+  kExited = 33,         // the program exited with status `value`
+  kSignaled = 34,       // the program was killed by signal `value`
+  kFailed = 35,         // the node stopped the program: `text` says why
+  kCpuReport = 36,      // `cpu`
+  kSharingReport = 37,  // `sharing`: the pages written with a fault since the last kSharing
+  kCoresPinned = 38,    // `value` threads pinned
+  kExclusiveSet = 39,   // `value` as asked
+  kHomeOk = 40,         // the program went home: only kKill and kStop are served from now on
+  kHomeRefused = 41,    // `text` why; `value` 1 if only busy now (every thread in a call)
+  kHere = 42,           // `threads` running on the node
+  kMigratedOut = 43,    // `thread` parked here, its state in `text`
+  kNotMine = 44,        // `thread` does not run here
+  kMigrateFailed = 45,  // `thread`, `text` why
+  kMigratedIn = 46,     // `thread` runs here now
+  // launcher -> `stretchd migrate`
+  kAnswer = 50,  // `text` what to print; `value` 0 for success, 1 for an error
+};
+const char* Name(ControlOp op);
+// What a node reports for placement (placement::NodeCounters): CPU time of its running
+// threads and what their faults cost, all totals since the start.
+struct ControlCpu {
+  uint64_t run_ns = 0;         // CPU time of the threads running there
+  uint32_t threads = 0;        // threads running there
+  uint64_t stall_ns = 0;       // time its faults took to resolve
+  uint64_t faults = 0;         // faults resolved
+  uint64_t invalidations = 0;  // invalidations received
+  uint32_t cpus = 0;           // CPUs it may use
+  uint64_t wait_ns = 0;        // time its threads waited for a CPU while runnable
+};
+// Most CPUs a node has (CPU indexes are below it).
+inline constexpr uint32_t kMaxCpus = 4096;
+// kCores: thread `thread` may use only the node's CPUs with these indexes.
+struct ControlCores {
+  uint32_t thread = 0;
+  std::vector<uint32_t> cpus;
+};
+// kSharingReport: a page written with `faults` write faults by these threads.
+struct SharedPage {
+  PageId page;
+  uint64_t faults = 0;
+  std::vector<uint32_t> writers;
+};
+struct Control {
+  ControlOp op = ControlOp::kGo;
+  int64_t value = 0;
+  uint32_t thread = 0;  // a thread id (> 0)
+  std::string text;
+  std::vector<uint32_t> threads;  // kStart, kHere
+  ControlCpu cpu;                 // kCpuReport
+  std::vector<ControlCores> cores;
+  std::vector<SharedPage> sharing;
+};
+
+using Message = std::variant<Hello, HelloReply, CoherenceMsg, RegionAttach, RegionAttachReply,
+                             RegionAnnounce, ThreadControl, Futex, FutexReply, AddressSpace,
+                             StatsRequest, StatsReply, Heartbeat, Error, Exit, Peers, PageSeed,
+                             PagesHeld, PagesHeldReply, Launch, FileOffset, FileOffsetReply,
+                             ThreadCreated, PagesWanted, PagesWantedReply, Control>;
 
 MessageType TypeOf(const Message& m);
 // The type a frame's header claims (nullopt if the frame is shorter than a header or its

@@ -31,32 +31,46 @@ std::vector<std::vector<uint8_t>> Seeds() {
   an.length = 0x1000;
   Futex f;
   f.address = 0x1000;
-  std::vector<Message> msgs = {h,
-                               HelloReply{true, NodeId(1), "ok"},
-                               c,
-                               ra,
-                               RegionAttachReply{0, ""},
-                               an,
-                               ThreadControl{ThreadId(5), NodeId(1), ThreadAction::kPark, 0},
-                               f,
-                               FutexReply{1, 0},
-                               AddressSpace{},
-                               StatsRequest{4},
-                               StatsReply{4, "{\"a\":1}"},
-                               Heartbeat{1, 2},
-                               Error{2, "x"},
-                               Exit{true, 9},
-                               Peers{{{NodeId(1), "10.0.0.1:1"}, {NodeId(2), "a"}}},
-                               PageSeed{PageId(3), page},
-                               PagesHeld{7, {{PageId(0x100), 3}, {PageId(0x200), 1}}},
-                               PagesHeldReply{7, 4},
-                               PagesWanted{8},
-                               PagesWantedReply{8, {{PageId(0x300), 2}}, true},
-                               Launch{LaunchOp::kFile, 4096, "core-1.img", "abc"},
-                               FileOffset{FileOffsetOp::kRead, ThreadId(2), 1, 3, 16, 64, 0, 0,
-                                          4096},
-                               FileOffsetReply{1, 16},
-                               ThreadCreated{ThreadId(7), NodeId(1), 0x10000}};
+  Control cores;
+  cores.op = ControlOp::kCores;
+  cores.cores = {{7, {0, 1}}, {8, {1}}};
+  Control sharing;
+  sharing.op = ControlOp::kSharingReport;
+  sharing.sharing = {{PageId(0x400), 3, {7, 8}}};
+  Control cpu;
+  cpu.op = ControlOp::kCpuReport;
+  cpu.cpu = {1000, 2, 30, 4, 5, 2, 6};
+  std::vector<Message> msgs = {
+      h,
+      HelloReply{true, NodeId(1), "ok"},
+      c,
+      ra,
+      RegionAttachReply{0, ""},
+      an,
+      ThreadControl{ThreadId(5), NodeId(1), ThreadAction::kPark, 0},
+      f,
+      FutexReply{1, 0},
+      AddressSpace{},
+      StatsRequest{4},
+      StatsReply{4, "{\"a\":1}"},
+      Heartbeat{1, 2},
+      Error{2, "x"},
+      Exit{true, 9},
+      Peers{{{NodeId(1), "10.0.0.1:1"}, {NodeId(2), "a"}}},
+      PageSeed{PageId(3), page},
+      PagesHeld{7, {{PageId(0x100), 3}, {PageId(0x200), 1}}},
+      PagesHeldReply{7, 4},
+      PagesWanted{8},
+      PagesWantedReply{8, {{PageId(0x300), 2}}, true},
+      Launch{LaunchOp::kFile, 4096, "core-1.img", "abc"},
+      FileOffset{FileOffsetOp::kRead, ThreadId(2), 1, 3, 16, 64, 0, 0, 4096},
+      FileOffsetReply{1, 16},
+      ThreadCreated{ThreadId(7), NodeId(1), 0x10000},
+      Control{ControlOp::kStart, 0, 0, "10.0.0.1:7000", {7, 8}},
+      Control{ControlOp::kMigratedOut, 0, 7, std::string("\0st", 3)},
+      cores,
+      sharing,
+      cpu};
   std::vector<std::vector<uint8_t>> out;
   for (const auto& m : msgs) out.push_back(Encode(m));
   return out;

@@ -56,6 +56,8 @@ const char* Name(MessageType t) {
       return "FileOffsetReply";
     case MessageType::kThreadCreated:
       return "ThreadCreated";
+    case MessageType::kControl:
+      return "Control";
   }
   return nullptr;
 }
@@ -68,6 +70,72 @@ const char* Name(FileOffsetOp op) {
       return "write";
     case FileOffsetOp::kSeek:
       return "seek";
+  }
+  return nullptr;
+}
+
+const char* Name(ControlOp op) {
+  switch (op) {
+    case ControlOp::kStart:
+      return "start";
+    case ControlOp::kGo:
+      return "go";
+    case ControlOp::kStop:
+      return "stop";
+    case ControlOp::kKill:
+      return "kill";
+    case ControlOp::kCpu:
+      return "cpu";
+    case ControlOp::kSharing:
+      return "sharing";
+    case ControlOp::kCores:
+      return "cores";
+    case ControlOp::kExclusive:
+      return "exclusive";
+    case ControlOp::kHome:
+      return "home";
+    case ControlOp::kWhere:
+      return "where";
+    case ControlOp::kMigrateOut:
+      return "migrate-out";
+    case ControlOp::kMigrateIn:
+      return "migrate-in";
+    case ControlOp::kListThreads:
+      return "list-threads";
+    case ControlOp::kMigrate:
+      return "migrate";
+    case ControlOp::kReady:
+      return "ready";
+    case ControlOp::kExited:
+      return "exited";
+    case ControlOp::kSignaled:
+      return "signaled";
+    case ControlOp::kFailed:
+      return "failed";
+    case ControlOp::kCpuReport:
+      return "cpu-report";
+    case ControlOp::kSharingReport:
+      return "sharing-report";
+    case ControlOp::kCoresPinned:
+      return "cores-pinned";
+    case ControlOp::kExclusiveSet:
+      return "exclusive-set";
+    case ControlOp::kHomeOk:
+      return "home-ok";
+    case ControlOp::kHomeRefused:
+      return "home-refused";
+    case ControlOp::kHere:
+      return "here";
+    case ControlOp::kMigratedOut:
+      return "migrated-out";
+    case ControlOp::kNotMine:
+      return "not-mine";
+    case ControlOp::kMigrateFailed:
+      return "migrate-failed";
+    case ControlOp::kMigratedIn:
+      return "migrated-in";
+    case ControlOp::kAnswer:
+      return "answer";
   }
   return nullptr;
 }

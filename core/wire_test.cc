@@ -371,7 +371,7 @@ TEST(WireTest, NamesCoverEveryValue) {
   std::vector<uint8_t> retired = Encode(Hello{});
   retired[5] = 3;  // the type byte: AuthProof's old number is an unknown type now
   EXPECT_EQ(DecodeStatus(retired).code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(Name(static_cast<MessageType>(27)), nullptr);
+  EXPECT_EQ(Name(static_cast<MessageType>(28)), nullptr);
   for (int i = 1; i <= 3; ++i) EXPECT_NE(Name(static_cast<FileOffsetOp>(i)), nullptr) << i;
   EXPECT_EQ(Name(static_cast<FileOffsetOp>(4)), nullptr);
   for (int i = 1; i <= 13; ++i) EXPECT_NE(Name(static_cast<CohOp>(i)), nullptr) << i;
@@ -399,6 +399,78 @@ TEST(WireTest, LaunchRoundTripAndLimits) {
   EXPECT_FALSE(Decode(frame).ok());
   frame[kHeaderSize] = 8;
   EXPECT_FALSE(Decode(frame).ok());
+}
+
+TEST(WireTest, ControlRoundTrip) {
+  Control m;
+  m.op = ControlOp::kSharingReport;
+  m.sharing = {{PageId(0x400), 3, {7, 8}}, {PageId(0x401), 1, {9}}};
+  auto out = Decode(Encode(m));
+  ASSERT_TRUE(out.ok()) << out.status();
+  const auto& c = std::get<Control>(*out);
+  EXPECT_EQ(c.op, ControlOp::kSharingReport);
+  ASSERT_EQ(c.sharing.size(), 2u);
+  EXPECT_EQ(c.sharing[0].page, PageId(0x400));
+  EXPECT_EQ(c.sharing[0].faults, 3u);
+  EXPECT_EQ(c.sharing[0].writers, (std::vector<uint32_t>{7, 8}));
+  EXPECT_EQ(c.sharing[1].writers, (std::vector<uint32_t>{9}));
+
+  Control cpu;
+  cpu.op = ControlOp::kCpuReport;
+  cpu.cpu = {1000, 2, 30, 4, 5, 2, 6};
+  out = Decode(Encode(cpu));
+  ASSERT_TRUE(out.ok()) << out.status();
+  const ControlCpu& r = std::get<Control>(*out).cpu;
+  EXPECT_EQ(r.run_ns, 1000u);
+  EXPECT_EQ(r.threads, 2u);
+  EXPECT_EQ(r.stall_ns, 30u);
+  EXPECT_EQ(r.faults, 4u);
+  EXPECT_EQ(r.invalidations, 5u);
+  EXPECT_EQ(r.cpus, 2u);
+  EXPECT_EQ(r.wait_ns, 6u);
+
+  Control state{ControlOp::kMigrateIn, 0, 12, std::string("\0\xff", 2)};
+  out = Decode(Encode(state));
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ(std::get<Control>(*out).thread, 12u);
+  EXPECT_EQ(std::get<Control>(*out).text, std::string("\0\xff", 2));
+}
+
+// Each op carries only its own fields, in their ranges: one encoding means one thing. (Encode
+// DCHECKs validity, so the frames are valid ones with a field overwritten: the payload starts
+// with op (1 byte), value (8), thread (4).)
+TEST(WireTest, ControlRejectsWhatItsOpDoesNotCarry) {
+  auto with = [](Control m, int64_t value, uint32_t thread) {
+    std::vector<uint8_t> frame = Encode(m);
+    std::memcpy(&frame[kHeaderSize + 1], &value, 8);
+    std::memcpy(&frame[kHeaderSize + 9], &thread, 4);
+    return std::string(DecodeStatus(frame).message());
+  };
+  EXPECT_THAT(with(Control{ControlOp::kGo}, 1, 0), HasSubstr("go sets fields"));
+  EXPECT_THAT(with(Control{ControlOp::kStop}, 0, 5), HasSubstr("stop sets fields"));
+  EXPECT_THAT(with(Control{ControlOp::kKill, 9}, 65, 0), HasSubstr("kill of signal 65"));
+  EXPECT_THAT(with(Control{ControlOp::kKill, 9}, 0, 0), HasSubstr("kill of signal 0"));
+  EXPECT_THAT(with(Control{ControlOp::kMigrateOut, 0, 5}, 0, 0), HasSubstr("thread id 0"));
+  EXPECT_THAT(with(Control{ControlOp::kMigrate, 1, 5}, kMaxNodes, 5), HasSubstr("of value"));
+  EXPECT_THAT(with(Control{ControlOp::kExclusive, 1}, 2, 0), HasSubstr("of value 2"));
+  EXPECT_THAT(with(Control{ControlOp::kExited, 3}, 256, 0), HasSubstr("of value 256"));
+  EXPECT_THAT(with(Control{ControlOp::kReady, 1}, -1, 0), HasSubstr("of value -1"));
+  // A thread list with a zero id; a start without threads.
+  Control here{ControlOp::kHere};
+  here.threads = {7};
+  std::vector<uint8_t> frame = Encode(here);
+  // threads[0]: before cpu (48 bytes) and the counts of cores and sharing
+  const size_t first_thread = 4 + 48 + 4 + 4;
+  std::memset(&frame[frame.size() - first_thread], 0, 4);
+  EXPECT_THAT(DecodeStatus(frame).message(), HasSubstr("lists thread 0"));
+  Control start{ControlOp::kStart, 0, 0, "s:1", {7}};
+  frame = Encode(start);
+  std::memset(&frame[frame.size() - first_thread], 0, 4);
+  EXPECT_THAT(DecodeStatus(frame).message(), HasSubstr("lists thread 0"));
+  // An op the format does not have.
+  frame = Encode(Control{ControlOp::kGo});
+  frame[kHeaderSize] = 13;
+  EXPECT_THAT(DecodeStatus(frame).message(), HasSubstr("unknown value 13"));
 }
 
 TEST(WireTest, FileOffsetRoundTripAndLimits) {

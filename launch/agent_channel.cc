@@ -3,43 +3,70 @@
 #include <algorithm>
 #include <cstdint>
 
-#include "absl/strings/match.h"
 #include "absl/time/clock.h"
 #include "replica/control.h"
 
 namespace stretch::launch {
 
-using replica::RecvLine;
-using replica::SendLine;
+using wire::Control;
+using wire::ControlOp;
 
-bool IsAnswer(absl::string_view line) {
-  const absl::string_view first = line.substr(0, line.find(' '));
-  for (absl::string_view w : {"here", "migrated-out", "migrated-in", "notmine", "migrate-error",
-                              "cpu", "cores", "sharing", "exclusive", "home", "home-error"}) {
-    if (first == w) return true;
+bool IsAnswer(ControlOp op) {
+  switch (op) {
+    case ControlOp::kHere:
+    case ControlOp::kMigratedOut:
+    case ControlOp::kMigratedIn:
+    case ControlOp::kNotMine:
+    case ControlOp::kMigrateFailed:
+    case ControlOp::kCpuReport:
+    case ControlOp::kCoresPinned:
+    case ControlOp::kSharingReport:
+    case ControlOp::kExclusiveSet:
+    case ControlOp::kHomeOk:
+    case ControlOp::kHomeRefused:
+      return true;
+    default:
+      return false;
   }
-  return false;
 }
 
-std::optional<std::string> Await(Agent& a, std::initializer_list<absl::string_view> words,
-                                 absl::Duration timeout) {
+bool IsEnd(ControlOp op) {
+  return op == ControlOp::kExited || op == ControlOp::kSignaled || op == ControlOp::kFailed;
+}
+
+namespace {
+
+std::optional<Control> ReceiveFrom(Agent& a, int timeout_ms) {
+  bool closed = false;
+  std::optional<Control> c = replica::Receive(a.control.get(), timeout_ms, &closed);
+  if (closed) return replica::Failed(kAgentGone);
+  return c;
+}
+
+}  // namespace
+
+std::optional<Control> Await(Agent& a, std::initializer_list<ControlOp> ops,
+                             absl::Duration timeout) {
   const absl::Time end = absl::Now() + timeout;
   while (!a.done) {
-    bool closed = false;
     int ms = static_cast<int>(std::max<int64_t>(0, absl::ToInt64Milliseconds(end - absl::Now())));
-    auto line = RecvLine(a.control.get(), ms, &closed);
-    if (!line) return std::nullopt;
-    if (closed) {
-      a.pending.push_back("");
-      return std::nullopt;
-    }
-    const absl::string_view first = absl::string_view(*line).substr(0, line->find(' '));
-    if (std::find(words.begin(), words.end(), first) != words.end()) return line;
-    if (IsAnswer(*line)) continue;  // to a request that stopped waiting for it
-    a.pending.push_back(*line);
+    std::optional<Control> c = ReceiveFrom(a, ms);
+    if (!c) return std::nullopt;
+    if (std::find(ops.begin(), ops.end(), c->op) != ops.end()) return c;
+    if (IsAnswer(c->op)) continue;  // to a request that stopped waiting for it
+    a.pending.push_back(std::move(*c));
     return std::nullopt;
   }
   return std::nullopt;
+}
+
+std::optional<Control> Next(Agent& a) {
+  if (!a.pending.empty()) {
+    Control c = std::move(a.pending.front());
+    a.pending.pop_front();
+    return c;
+  }
+  return ReceiveFrom(a, 0);
 }
 
 }  // namespace stretch::launch

@@ -19,8 +19,8 @@
 
 namespace stretch::launch {
 
-// The thread ids of a node's "here T1,T2,..." answer to "where".
-std::vector<int> HereThreads(absl::string_view line);
+// The thread ids of a node's kHere answer to kWhere.
+std::vector<int> HereThreads(const wire::Control& here);
 
 class ControlChannelCluster : public placement::Cluster {
  public:
@@ -34,7 +34,8 @@ class ControlChannelCluster : public placement::Cluster {
   bool Running(int node) override { return !agents_[node].done; }
   bool ReadCounters(std::vector<placement::NodeCounters>* counters) override;
   bool Where(int node, std::vector<int>* threads) override;
-  bool Sharing(std::vector<std::string>* reports, std::vector<std::vector<int>>* threads) override;
+  bool Sharing(std::vector<placement::SharingReport>* reports,
+               std::vector<std::vector<int>>* threads) override;
   std::string Migrate(int tid, int to) override { return migrate_(tid, to); }
   int PinCores(int node, const std::vector<int>& threads,
                const std::vector<std::vector<int>>& cores) override;

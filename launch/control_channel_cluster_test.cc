@@ -12,9 +12,23 @@
 namespace stretch::launch {
 namespace {
 
-using replica::RecvLine;
-using replica::SendLine;
+using replica::Receive;
+using replica::Send;
 using ::testing::ElementsAre;
+using wire::Control;
+using wire::ControlOp;
+
+Control Cpu(uint64_t run_ns, uint32_t threads, uint64_t stall_ns, uint64_t faults,
+            uint64_t invalidations, uint32_t cpus, uint64_t wait_ns) {
+  Control c{ControlOp::kCpuReport};
+  c.cpu = {run_ns, threads, stall_ns, faults, invalidations, cpus, wait_ns};
+  return c;
+}
+Control Here(std::vector<uint32_t> threads) {
+  Control c{ControlOp::kHere};
+  c.threads = std::move(threads);
+  return c;
+}
 
 // Two nodes whose agents are the test: it writes their answers before the cluster asks (the
 // channel keeps them in order) and reads what the cluster asked.
@@ -29,16 +43,19 @@ class ControlChannelClusterTest : public ::testing::Test {
       node_[i].reset(sv[1]);
     }
   }
-  void Answer(int node, const std::string& line) { ASSERT_TRUE(SendLine(node_[node].get(), line)); }
-  // What the cluster sent to `node`, one line per request.
-  std::vector<std::string> Asked(int node) {
-    std::vector<std::string> lines;
+  void Answer(int node, const Control& c) { ASSERT_TRUE(Send(node_[node].get(), c)); }
+  // What the cluster sent to `node`, one message per request.
+  std::vector<Control> Requests(int node) {
+    std::vector<Control> out;
     bool closed = false;
-    while (auto line = RecvLine(node_[node].get(), 0, &closed)) {
-      if (closed) break;
-      lines.push_back(*line);
-    }
-    return lines;
+    while (auto c = Receive(node_[node].get(), 0, &closed)) out.push_back(std::move(*c));
+    return out;
+  }
+  // Their ops' names.
+  std::vector<std::string> Asked(int node) {
+    std::vector<std::string> ops;
+    for (const Control& c : Requests(node)) ops.push_back(wire::Name(c.op));
+    return ops;
   }
 
   std::vector<Agent> agents_;
@@ -54,8 +71,8 @@ class ControlChannelClusterTest : public ::testing::Test {
 };
 
 TEST_F(ControlChannelClusterTest, CountersAreEveryNodesCpuAnswer) {
-  Answer(0, "cpu 100 2 30 4 5 1 70");
-  Answer(1, "cpu 200 1 60 8 9 2");  // an agent that does not say how long its threads waited
+  Answer(0, Cpu(100, 2, 30, 4, 5, 1, 70));
+  Answer(1, Cpu(200, 1, 60, 8, 9, 2, 0));
   std::vector<placement::NodeCounters> c(2);
   ASSERT_TRUE(cluster_.ReadCounters(&c));
   EXPECT_EQ(c[0].cpu_wait_ns, 70u);
@@ -71,8 +88,9 @@ TEST_F(ControlChannelClusterTest, CountersAreEveryNodesCpuAnswer) {
 }
 
 TEST_F(ControlChannelClusterTest, AMalformedOrMissingAnswerFailsTheSample) {
-  Answer(0, "cpu 100 2 30 4 5 1");
-  Answer(1, "cpu 200 x 60 8 9 2");
+  Answer(0, Cpu(100, 2, 30, 4, 5, 1, 0));
+  const std::string junk = "cpu 200 x 60 8 9 2";
+  ASSERT_EQ(send(node_[1].get(), junk.data(), junk.size(), 0), static_cast<ssize_t>(junk.size()));
   std::vector<placement::NodeCounters> c(2);
   EXPECT_FALSE(cluster_.ReadCounters(&c));
   agents_[1].done = true;
@@ -82,31 +100,45 @@ TEST_F(ControlChannelClusterTest, AMalformedOrMissingAnswerFailsTheSample) {
 }
 
 TEST_F(ControlChannelClusterTest, WhereIsTheNodesHereAnswer) {
-  Answer(1, "here 4,5,9");
+  Answer(1, Here({4, 5, 9}));
   std::vector<int> threads;
   ASSERT_TRUE(cluster_.Where(1, &threads));
   EXPECT_THAT(threads, ElementsAre(4, 5, 9));
   EXPECT_THAT(Asked(1), ElementsAre("where"));
-  EXPECT_THAT(HereThreads("here "), ElementsAre());
+  EXPECT_THAT(HereThreads(Here({})), ElementsAre());
 }
 
 TEST_F(ControlChannelClusterTest, SharingCollectsEveryNodesReportAndThreads) {
-  Answer(0, "sharing 7:3:4,5");
-  Answer(0, "here 4");
-  Answer(1, "sharing ");
-  Answer(1, "here 5");
-  std::vector<std::string> reports;
+  Control sharing{ControlOp::kSharingReport};
+  sharing.sharing = {{PageId(7), 3, {4, 5}}};
+  Answer(0, sharing);
+  Answer(0, Here({4}));
+  Answer(1, Control{ControlOp::kSharingReport});
+  Answer(1, Here({5}));
+  std::vector<placement::SharingReport> reports;
   std::vector<std::vector<int>> threads;
   ASSERT_TRUE(cluster_.Sharing(&reports, &threads));
-  EXPECT_THAT(reports, ElementsAre("sharing 7:3:4,5", "sharing "));
+  ASSERT_EQ(reports.size(), 2u);
+  ASSERT_EQ(reports[0].size(), 1u);
+  EXPECT_EQ(reports[0][0].page, 7u);
+  EXPECT_EQ(reports[0][0].faults, 3u);
+  EXPECT_THAT(reports[0][0].writers, ElementsAre(4, 5));
+  EXPECT_TRUE(reports[1].empty());
   EXPECT_THAT(threads, ElementsAre(ElementsAre(4), ElementsAre(5)));
   EXPECT_THAT(Asked(0), ElementsAre("sharing", "where"));
 }
 
 TEST_F(ControlChannelClusterTest, PinCoresSendsTheAssignmentAndReturnsWhatWasPinned) {
-  Answer(0, "cores 2");
+  Answer(0, Control{ControlOp::kCoresPinned, 2});
   EXPECT_EQ(cluster_.PinCores(0, {4, 5}, {{0, 1}, {1}}), 2);
-  EXPECT_THAT(Asked(0), ElementsAre("cores 4:0,1 5:1"));
+  std::vector<Control> asked = Requests(0);
+  ASSERT_EQ(asked.size(), 1u);
+  EXPECT_EQ(asked[0].op, ControlOp::kCores);
+  ASSERT_EQ(asked[0].cores.size(), 2u);
+  EXPECT_EQ(asked[0].cores[0].thread, 4u);
+  EXPECT_THAT(asked[0].cores[0].cpus, ElementsAre(0, 1));
+  EXPECT_EQ(asked[0].cores[1].thread, 5u);
+  EXPECT_THAT(asked[0].cores[1].cpus, ElementsAre(1));
 }
 
 TEST_F(ControlChannelClusterTest, MovesAndFutexModeGoThroughTheLauncher) {

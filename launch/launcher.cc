@@ -29,6 +29,7 @@
 #include "core/json.h"
 #include "core/status.h"
 #include "core/unique_fd.h"
+#include "core/wire.h"
 #include "engine/node_agent.h"
 #include "engine/server.h"
 #include "glog/logging.h"
@@ -49,11 +50,13 @@
 
 namespace stretch::launch {
 
-using replica::RecvLine;
+using replica::Receive;
 using replica::RemoteStart;
-using replica::SendLine;
+using replica::Send;
 using replica::StandardInput;
 using replica::Tailer;
+using wire::Control;
+using wire::ControlOp;
 
 int Fail(const std::string& what) {
   std::fprintf(stderr, "stretchd run: %s\n", what.c_str());
@@ -318,22 +321,22 @@ absl::Status Launcher::StartNodes() {
   // Every replica restored and parked before any thread runs.
   for (int i = 0; i < o_.nodes; ++i) {
     bool closed = false;
-    auto line = RecvLine(agents_[i].control.get(), 180000, &closed);
-    if (!line || closed || !absl::StartsWith(*line, "ready ")) {
-      std::string why = !line                            ? "did not get ready in time"
-                        : closed                         ? "exited while restoring its replica"
-                        : line->substr(0, 6) == "error " ? line->substr(6)
-                                                         : *line;
+    auto c = Receive(agents_[i].control.get(), 180000, &closed);
+    if (!c || c->op != ControlOp::kReady) {
+      std::string why = closed                        ? "exited while restoring its replica"
+                        : !c                          ? "did not get ready in time"
+                        : c->op == ControlOp::kFailed ? c->text
+                                                      : absl::StrCat("sent ", wire::Name(c->op));
       return absl::UnavailableError(absl::StrCat("node ", i, ": ", why));
     }
-    (void)absl::SimpleAtoi(line->substr(6), &agents_[i].threads_run);
+    agents_[i].threads_run = static_cast<int>(c->value);
   }
   restore_time_ = absl::Now() - restore_start;
   LOG(INFO) << "stretchd run: migrated " << origin_->threads.size() << " threads: stop "
             << origin_->stop_time << ", checkpoint " << origin_->dump_time << " ("
             << image_bytes_ / (1 << 20) << " MiB of images), restore on " << o_.nodes << " nodes "
             << restore_time_;
-  for (auto& a : agents_) SendLine(a.control.get(), "go");
+  for (auto& a : agents_) Send(a.control.get(), Control{ControlOp::kGo});
   return absl::OkStatus();
 }
 
@@ -417,14 +420,14 @@ absl::Status Launcher::SpawnLocalAgent(int i) {
 }
 
 // Node i's agent, spawned before the migration point: the server to join and the threads to
-// run ("start --server=ADDRESS --run_threads=T,T").
+// run (kStart).
 absl::Status Launcher::StartLocalAgent(int i) {
   if (i >= static_cast<int>(agents_.size())) {
     return absl::InternalError(absl::StrCat("node ", i, " has no agent"));
   }
-  if (!SendLine(agents_[i].control.get(),
-                absl::StrCat("start --server=", server_->address(),
-                             " --run_threads=", absl::StrJoin(placement_[i], ",")))) {
+  Control start{ControlOp::kStart, 0, 0, server_->address()};
+  start.threads.assign(placement_[i].begin(), placement_[i].end());
+  if (!Send(agents_[i].control.get(), start)) {
     return absl::UnavailableError(absl::StrCat("node ", i, ": its agent exited before it started"));
   }
   return absl::OkStatus();

@@ -4,17 +4,14 @@
 // The launcher runs the program natively until its migration point (migrate/origin.h),
 // checkpoints it, starts a directory server with the checkpoint as the pages' initial contents
 // and one node agent per node; each agent restores a replica (replica/replica.h) and reports
-// "ready"; once all are ready the launcher says "go" and every agent lets its threads run. The
+// kReady; once all are ready the launcher sends kGo and every agent lets its threads run. The
 // first replica to end decides the program's exit status; the launcher stops the others.
-// Agents talk to the launcher over a SOCK_SEQPACKET pair on their fd 3 with one-line
-// messages: agent -> launcher "ready <threads>", "exit <code>", "signal <sig>", "error <text>";
-// launcher -> agent "go", "stop", "kill <sig>".
+// Agents talk to the launcher over a SOCK_SEQPACKET pair on their fd 3, one wire::Control per
+// datagram (replica/control.h has the whole exchange).
 //
 // The program's stdout and stderr are files the launcher copies to its own as they grow; all
 // replicas append to them (the restores all finish before any replica runs, so CRIU's check of
 // the files' size holds), so each stream keeps the order in which the writes happened.
-//
-// The control channel's messages are in replica/control.h.
 #ifndef STRETCH_LAUNCH_LAUNCHER_H_
 #define STRETCH_LAUNCH_LAUNCHER_H_
 

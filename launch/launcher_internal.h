@@ -103,15 +103,20 @@ class Launcher {
   absl::Status StartRemoteAgents();
   absl::Status OpenControlSocket();
   void Loop();
-  // Handles the lines the agents sent; true once the program's outcome is known.
-  bool HandleAgentLines(const std::vector<struct pollfd>& p);
+  // Handles what the agents sent; true once the program's outcome is known.
+  bool HandleAgentMessages(const std::vector<struct pollfd>& p);
   void StopNodes();
   absl::Status Finish();
   void RecordHistory(const placement::HistoryRun& run);
 
-  std::optional<std::string> AwaitLine(int i, std::initializer_list<absl::string_view> words,
-                                       absl::Duration timeout) {
-    return Await(agents_[i], words, timeout);
+  // Node i's answer (agent_channel.h); false if it did not come or the program ended first.
+  std::optional<wire::Control> AwaitAnswer(int i, std::initializer_list<wire::ControlOp> ops,
+                                           absl::Duration timeout) {
+    return Await(agents_[i], ops, timeout);
+  }
+  // The program ended on node i while a request waited (Await kept it in `pending`).
+  bool EndedWhileWaiting(int i, size_t pending_before) const {
+    return agents_[i].pending.size() > pending_before && IsEnd(agents_[i].pending.back().op);
   }
   void SetExclusive(bool on);
   void GoHome();

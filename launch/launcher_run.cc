@@ -28,6 +28,7 @@
 #include "core/json.h"
 #include "core/status.h"
 #include "core/unique_fd.h"
+#include "core/wire.h"
 #include "engine/node_agent.h"
 #include "engine/server.h"
 #include "glog/logging.h"
@@ -47,11 +48,13 @@
 
 namespace stretch::launch {
 
-using replica::RecvLine;
+using replica::Receive;
 using replica::RemoteStart;
-using replica::SendLine;
+using replica::Send;
 using replica::StandardInput;
 using replica::Tailer;
+using wire::Control;
+using wire::ControlOp;
 
 // `stretchd migrate` talks to us on a Unix socket.
 absl::Status Launcher::OpenControlSocket() {
@@ -78,28 +81,22 @@ absl::Status Launcher::OpenControlSocket() {
 }
 
 // Node 0 serves the program's futex calls itself (FutexService::SetExclusive) while every
-// running thread is there: from "go" if no thread was placed elsewhere, and after adaptive
-// placement consolidated them; off before any thread moves (the node handles "exclusive off"
-// before the "migrate-out" that follows it on the same channel).
+// running thread is there: from kGo if no thread was placed elsewhere, and after adaptive
+// placement consolidated them; off before any thread moves (the node handles kExclusive off
+// before the kMigrateOut that follows it on the same channel).
 void Launcher::SetExclusive(bool on) {
   if (o_.manual || o_.nodes < 2 || agents_[0].done || node0_exclusive_ == on) return;
-  const std::string want = on ? "exclusive on" : "exclusive off";
-  SendLine(agents_[0].control.get(), want);
+  Send(agents_[0].control.get(), Control{ControlOp::kExclusive, on ? 1 : 0});
   node0_exclusive_ = on;
   // Its answer, past late answers to earlier requests (an earlier switch's too), so that the
   // next request's answer is not taken for it; not past the program's end.
   const absl::Time end = absl::Now() + absl::Seconds(5);
   while (!agents_[0].done && absl::Now() < end) {
     const size_t kept = agents_[0].pending.size();
-    auto r = AwaitLine(0, {"exclusive"}, end - absl::Now());
-    if (r && *r == want) return;
+    auto r = AwaitAnswer(0, {ControlOp::kExclusiveSet}, end - absl::Now());
+    if (r && r->value == (on ? 1 : 0)) return;
     if (r) continue;
-    if (agents_[0].pending.size() == kept) return;  // no answer in time
-    const std::string& last = agents_[0].pending.back();
-    if (last.empty() || absl::StartsWith(last, "exit ") || absl::StartsWith(last, "signal ") ||
-        absl::StartsWith(last, "error ")) {
-      return;
-    }
+    if (agents_[0].pending.size() == kept || EndedWhileWaiting(0, kept)) return;
   }
 }
 
@@ -111,33 +108,28 @@ void Launcher::GoHome() {
   if (!o_.go_home || home_tried_ || !node0_exclusive_ || agents_[0].done) return;
   home_tried_ = true;
   const absl::Time start = absl::Now();
-  SendLine(agents_[0].control.get(), "home");
+  Send(agents_[0].control.get(), Control{ControlOp::kHome});
   const absl::Time end = start + absl::Minutes(5);
-  std::optional<std::string> r;
+  std::optional<Control> r;
   while (!agents_[0].done && absl::Now() < end) {
     const size_t kept = agents_[0].pending.size();
-    r = AwaitLine(0, {"home", "home-error"}, end - absl::Now());
-    if (r || agents_[0].pending.size() == kept) break;
-    const std::string& last = agents_[0].pending.back();
-    if (last.empty() || absl::StartsWith(last, "exit ") || absl::StartsWith(last, "signal ") ||
-        absl::StartsWith(last, "error ")) {
-      break;  // the program's end, or node 0's error: the loop reports it
-    }
+    r = AwaitAnswer(0, {ControlOp::kHomeOk, ControlOp::kHomeRefused}, end - absl::Now());
+    // No answer in time, or the program's end (or node 0's error): the loop reports it.
+    if (r || agents_[0].pending.size() == kept || EndedWhileWaiting(0, kept)) break;
   }
-  if (r && absl::StartsWith(*r, "home-error busy")) {
+  if (r && r->op == ControlOp::kHomeRefused && r->value == 1) {
     home_tried_ = false;  // every thread was in a call: again after the next window
     return;
   }
-  if (!r || !absl::StartsWith(*r, "home ok")) {
+  if (!r || r->op != ControlOp::kHomeOk) {
     LOG(WARNING) << "stretchd run: the program could not go home to node 0"
-                 << (r ? absl::StrCat(": ", absl::StripPrefix(*r, "home-error ")) : "")
-                 << "; it runs on distributed";
+                 << (r ? absl::StrCat(": ", r->text) : "") << "; it runs on distributed";
     return;
   }
   home_at_ = absl::Now();
   for (int i = 1; i < o_.nodes; ++i) {
     if (agents_[i].done) continue;
-    SendLine(agents_[i].control.get(), "stop");
+    Send(agents_[i].control.get(), Control{ControlOp::kStop});
     agents_[i].done = true;  // StopNodes waits for it
   }
   LOG(INFO) << "stretchd run: the program went home to node 0 in "
@@ -157,41 +149,46 @@ std::string Launcher::Migrate(pid_t tid, int to) {
     return "error the program went home to node 0: it runs there as an ordinary process now";
   }
   SetExclusive(false);
+  const uint32_t thread = static_cast<uint32_t>(tid);
   for (int i = 0; i < o_.nodes; ++i) {
-    if (!agents_[i].done) SendLine(agents_[i].control.get(), absl::StrCat("migrate-out ", tid));
+    if (!agents_[i].done)
+      Send(agents_[i].control.get(), Control{ControlOp::kMigrateOut, 0, thread});
   }
   int from = -1;
   std::string state, why;
   for (int i = 0; i < o_.nodes; ++i) {
     if (agents_[i].done) continue;
-    auto r = AwaitLine(i, {"migrated-out", "notmine", "migrate-error"}, absl::Seconds(15));
+    auto r =
+        AwaitAnswer(i, {ControlOp::kMigratedOut, ControlOp::kNotMine, ControlOp::kMigrateFailed},
+                    absl::Seconds(15));
     if (!r) {
       absl::StrAppend(&why, "node ", i, " did not answer; ");
-      continue;
-    }
-    std::vector<std::string> w = absl::StrSplit(*r, absl::MaxSplits(' ', 2));
-    if (w[0] == "migrated-out" && w.size() == 3) {
+    } else if (r->thread != thread) {
+      absl::StrAppend(&why, "node ", i, " answered for thread ", r->thread, "; ");
+    } else if (r->op == ControlOp::kMigratedOut) {
       from = i;
-      state = w[2];
-    } else if (w[0] == "migrate-error") {
-      absl::StrAppend(&why, "node ", i, ": ", w.size() == 3 ? w[2] : "?", "; ");
+      state = r->text;
+    } else if (r->op == ControlOp::kMigrateFailed) {
+      absl::StrAppend(&why, "node ", i, ": ", r->text, "; ");
     }
   }
   if (from < 0) {
     return absl::StrCat("error thread ", tid, " could not be taken from where it runs: ",
                         why.empty() ? "no node runs it" : why);
   }
-  SendLine(agents_[to].control.get(), absl::StrCat("migrate-in ", tid, " ", state));
-  auto r = AwaitLine(to, {"migrated-in", "migrate-error"}, absl::Seconds(15));
-  if (r && absl::StartsWith(*r, "migrated-in")) {
+  const Control in{ControlOp::kMigrateIn, 0, thread, state};
+  Send(agents_[to].control.get(), in);
+  auto r = AwaitAnswer(to, {ControlOp::kMigratedIn, ControlOp::kMigrateFailed}, absl::Seconds(15));
+  if (r && r->op == ControlOp::kMigratedIn) {
     LOG(INFO) << "stretchd run: thread " << tid << " moved from node " << from << " to node " << to;
     return absl::StrCat("ok thread ", tid, " moved from node ", from, " to node ", to);
   }
-  std::string failure = r ? r->substr(std::min(r->size(), r->find(' ', 14) + 1)) : "no answer";
-  SendLine(agents_[from].control.get(), absl::StrCat("migrate-in ", tid, " ", state));
-  auto back = AwaitLine(from, {"migrated-in", "migrate-error"}, absl::Seconds(15));
+  const std::string failure = r ? r->text : "no answer";
+  Send(agents_[from].control.get(), in);
+  auto back =
+      AwaitAnswer(from, {ControlOp::kMigratedIn, ControlOp::kMigrateFailed}, absl::Seconds(15));
   return absl::StrCat("error node ", to, " could not take thread ", tid, ": ", failure,
-                      back && absl::StartsWith(*back, "migrated-in")
+                      back && back->op == ControlOp::kMigratedIn
                           ? absl::StrCat(" (it runs on node ", from, " again)")
                           : " (and it could not be put back: the program may hang)");
 }
@@ -199,37 +196,39 @@ std::string Launcher::Migrate(pid_t tid, int to) {
 std::string Launcher::Where() {
   if (home_at_) return "ok\nnode 0: every thread (the program went home: it runs there natively)";
   for (int i = 0; i < o_.nodes; ++i) {
-    if (!agents_[i].done) SendLine(agents_[i].control.get(), "where");
+    if (!agents_[i].done) Send(agents_[i].control.get(), Control{ControlOp::kWhere});
   }
   std::string out = "ok";
   for (int i = 0; i < o_.nodes; ++i) {
     if (agents_[i].done) continue;
-    auto r = AwaitLine(i, {"here"}, absl::Seconds(5));
-    absl::StrAppend(&out, "\nnode ", i, ": ", r ? absl::StripPrefix(*r, "here ") : "?");
+    auto r = AwaitAnswer(i, {ControlOp::kHere}, absl::Seconds(5));
+    absl::StrAppend(&out, "\nnode ", i, ": ", r ? absl::StrJoin(r->threads, ",") : "?");
   }
   return out;
 }
 
-// One request per connection: "threads" or "migrate TID NODE".
+// One request per connection (kListThreads or kMigrate), answered with one kAnswer: what
+// `stretchd migrate` prints.
 void Launcher::ServeControl() {
   UniqueFd c(accept4(control_listen_.get(), nullptr, nullptr, SOCK_CLOEXEC));
   if (!c.valid()) return;
   bool closed = false;
-  auto req = RecvLine(c.get(), 2000, &closed);
-  if (!req || closed) return;
-  std::vector<std::string> w = absl::StrSplit(*req, ' ', absl::SkipEmpty());
-  pid_t tid = 0;
-  int to = 0;
+  auto req = Receive(c.get(), 2000, &closed);
+  if (!req) return;
   std::string reply;
-  if (w.size() == 1 && w[0] == "threads") {
+  if (req->op == ControlOp::kListThreads) {
     reply = Where();
-  } else if (w.size() == 3 && w[0] == "migrate" && absl::SimpleAtoi(w[1], &tid) &&
-             absl::SimpleAtoi(w[2], &to)) {
-    reply = Migrate(tid, to);
+  } else if (req->op == ControlOp::kMigrate) {
+    reply = Migrate(static_cast<pid_t>(req->thread), static_cast<int>(req->value));
   } else {
-    reply = absl::StrCat("error unknown request: ", *req);
+    reply = absl::StrCat("error unexpected request: ",
+                         req->op == ControlOp::kFailed ? req->text : wire::Name(req->op));
   }
-  SendLine(c.get(), reply);
+  const bool ok = absl::StartsWith(reply, "ok");
+  absl::string_view text =
+      ok ? absl::StripLeadingAsciiWhitespace(absl::string_view(reply).substr(2))
+         : absl::StripPrefix(reply, "error ");
+  Send(c.get(), Control{ControlOp::kAnswer, ok ? 0 : 1, 0, std::string(text)});
 }
 
 // Until the program's outcome is known: the agents' lines, `stretchd migrate` requests,
@@ -291,7 +290,8 @@ void Launcher::Loop() {
       if (read(sigfd.get(), &si, sizeof(si)) == sizeof(si)) {
         if (++interrupts_ == 1) {
           // Deliver it to the program as natively: to the node running its main thread.
-          SendLine(agents_[0].control.get(), absl::StrCat("kill ", si.ssi_signo));
+          Send(agents_[0].control.get(),
+               Control{ControlOp::kKill, static_cast<int64_t>(si.ssi_signo)});
         } else {
           error_ = "interrupted twice: stopping every node";
           result_ = 128 + static_cast<int>(si.ssi_signo);
@@ -306,45 +306,30 @@ void Launcher::Loop() {
       next_sample = absl::Now() + o_.placement_window;
       GoHome();  // if placement just consolidated
     }
-    if (!finished) finished = HandleAgentLines(p);
+    if (!finished) finished = HandleAgentMessages(p);
     if (std::all_of(agents_.begin(), agents_.end(), [](const Agent& a) { return a.done; })) break;
   }
 }
 
-bool Launcher::HandleAgentLines(const std::vector<struct pollfd>& p) {
+bool Launcher::HandleAgentMessages(const std::vector<struct pollfd>& p) {
   for (int i = 0; i < o_.nodes; ++i) {
     if (agents_[i].done) continue;
-    bool closed = false;
-    std::optional<std::string> line;
-    if (!agents_[i].pending.empty()) {
-      line = agents_[i].pending.front();
-      agents_[i].pending.pop_front();
-      closed = line->empty();
-    } else if (p[i].revents & (POLLIN | POLLHUP)) {
-      line = RecvLine(agents_[i].control.get(), 0, &closed);
-    }
-    if (!line) continue;
+    if (agents_[i].pending.empty() && !(p[i].revents & (POLLIN | POLLHUP))) continue;
+    std::optional<Control> c = Next(agents_[i]);
     // Late answers to a request that gave up waiting for them.
-    if (!closed && IsAnswer(*line)) continue;
+    if (!c || IsAnswer(c->op)) continue;
     agents_[i].done = true;
-    int value = 0;
-    if (!closed && absl::StartsWith(*line, "exit ") && absl::SimpleAtoi(line->substr(5), &value)) {
-      result_ = value;
-      error_.clear();
-      run_end_ = absl::Now();
-      return true;
-    }
-    if (!closed && absl::StartsWith(*line, "signal ") &&
-        absl::SimpleAtoi(line->substr(7), &value)) {
-      result_ = -value;
+    if (c->op == ControlOp::kExited || c->op == ControlOp::kSignaled) {
+      result_ =
+          c->op == ControlOp::kExited ? static_cast<int>(c->value) : -static_cast<int>(c->value);
       error_.clear();
       run_end_ = absl::Now();
       return true;
     }
     // Every node's view, in the order they came: the first is often just "gone".
-    absl::StrAppend(&error_, error_.empty() ? "" : "; ", "node ", i, ": ",
-                    closed ? "its agent exited unexpectedly"
-                           : (absl::StartsWith(*line, "error ") ? line->substr(6) : *line));
+    absl::StrAppend(
+        &error_, error_.empty() ? "" : "; ", "node ", i, ": ",
+        c->op == ControlOp::kFailed ? c->text : absl::StrCat("sent ", wire::Name(c->op)));
     result_ = 1;
     if (error_grace_end_ == absl::InfiniteFuture()) {
       // Longer than the cluster's failure detection (peer_timeout, 2 s by default).
@@ -357,7 +342,7 @@ bool Launcher::HandleAgentLines(const std::vector<struct pollfd>& p) {
 // Stops the nodes still running and waits for their agents; then the error, if any.
 void Launcher::StopNodes() {
   for (auto& a : agents_) {
-    if (!a.done) SendLine(a.control.get(), "stop");
+    if (!a.done) Send(a.control.get(), Control{ControlOp::kStop});
   }
   for (size_t i = 0; i < agents_.size(); ++i) {
     Agent& a = agents_[i];

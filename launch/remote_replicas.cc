@@ -36,8 +36,7 @@
 
 namespace stretch::launch {
 
-using replica::RecvLine;
-using replica::SendLine;
+using replica::ReceiveDatagram;
 
 using replica::LaunchMessage;
 using transport::Event;
@@ -231,9 +230,9 @@ class RemoteReplicas::Impl {
     return s;
   }
 
-  // Ends node i's bridge: `line` (if any) first, then the caller's end reads as closed. Never
-  // blocks (a caller that stopped reading node i does not care any more).
-  void End(size_t i, const std::string& line) {
+  // Ends node i's bridge: a kFailed saying `why` (if any) first, then the caller's end reads
+  // as closed. Never blocks (a caller that stopped reading node i does not care any more).
+  void End(size_t i, const std::string& why) {
     int mine;
     {
       absl::MutexLock l(&mu_);
@@ -242,12 +241,16 @@ class RemoteReplicas::Impl {
       p.ended = true;
       mine = p.mine.get();
     }
-    if (!line.empty()) ToCaller(mine, line);
+    if (!why.empty()) {
+      const std::vector<uint8_t> failed = wire::Encode(replica::Failed(why));
+      ToCaller(mine, std::string(failed.begin(), failed.end()));
+    }
     shutdown(mine, SHUT_RDWR);
   }
 
-  static void ToCaller(int mine, const std::string& line) {
-    (void)send(mine, line.data(), line.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+  // One datagram of the control channel, as the node's agent sent it.
+  static void ToCaller(int mine, const std::string& datagram) {
+    (void)send(mine, datagram.data(), datagram.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
   }
 
   bool Ended(size_t i) {
@@ -276,15 +279,14 @@ class RemoteReplicas::Impl {
         mine = peers_[i].mine.get();
       }
       if (ev->kind == Event::Kind::kDisconnected) {
-        End(i, absl::StrCat("error ", bridge_label, ": lost the connection to its agent (",
+        End(i, absl::StrCat(bridge_label, ": lost the connection to its agent (",
                             ev->status.message(), ")"));
         continue;
       }
       if (ev->kind != Event::Kind::kMessage) continue;
       auto m = wire::Decode(ev->data);
       if (!m.ok()) {
-        End(i, absl::StrCat("error ", bridge_label,
-                            " sent a malformed message: ", m.status().message()));
+        End(i, absl::StrCat(bridge_label, " sent a malformed message: ", m.status().message()));
         continue;
       }
       auto* launch = std::get_if<wire::Launch>(&*m);
@@ -308,7 +310,7 @@ class RemoteReplicas::Impl {
           End(i, "");
           break;
         case wire::LaunchOp::kRefused:
-          End(i, absl::StrCat("error ", bridge_label, " refused the replica: ", launch->data));
+          End(i, absl::StrCat(bridge_label, " refused the replica: ", launch->data));
           break;
         case wire::LaunchOp::kFile:
         case wire::LaunchOp::kStart:
@@ -335,16 +337,15 @@ class RemoteReplicas::Impl {
       if (fds[0].revents != 0) return;
       for (size_t k = 1; k < fds.size(); ++k) {
         if (fds[k].revents == 0) continue;
-        char buf[65536];
-        ssize_t n = recv(fds[k].fd, buf, sizeof(buf), MSG_DONTWAIT);
+        bool closed = false;
+        std::optional<std::string> d = ReceiveDatagram(fds[k].fd, 0, &closed);
         const size_t i = index[k];
-        if (n < 0 && (errno == EAGAIN || errno == EINTR)) continue;
-        if (n <= 0) {
+        if (closed) {
           absl::MutexLock l(&mu_);
           peers_[i].closed = true;
           continue;
         }
-        (void)Send(i, wire::Encode(LaunchMessage(wire::LaunchOp::kControl, std::string(buf, n))));
+        if (d) (void)Send(i, wire::Encode(LaunchMessage(wire::LaunchOp::kControl, *std::move(d))));
       }
     }
   }

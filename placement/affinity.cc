@@ -13,46 +13,14 @@
 namespace stretch {
 namespace placement {
 
-std::string FormatSharingReport(const std::vector<PageWriters>& pages) {
-  std::string line = "sharing";
-  for (size_t i = 0; i < pages.size() && i < kMaxReportPages; ++i) {
-    const auto& p = pages[i];
+void SharingGraph::AddReport(const SharingReport& report) {
+  for (const PageWriters& p : report) {
     if (p.writers.empty()) continue;
-    absl::StrAppend(&line, " ", absl::Hex(p.page), ":", p.faults, ":",
-                    absl::StrJoin(p.writers, ","));
-  }
-  return line;
-}
-
-absl::Status SharingGraph::AddReport(const std::string& line) {
-  std::vector<absl::string_view> words = absl::StrSplit(line, ' ', absl::SkipEmpty());
-  if (words.empty() || words[0] != "sharing") {
-    return absl::InvalidArgumentError(absl::StrCat("not a sharing report: ", line.substr(0, 40)));
-  }
-  std::vector<std::pair<uint64_t, Page>> parsed;
-  for (size_t i = 1; i < words.size(); ++i) {
-    std::vector<absl::string_view> f = absl::StrSplit(words[i], ':');
-    Page p;
-    uint64_t page = 0;
-    if (f.size() != 3 || !absl::SimpleHexAtoi(f[0], &page) || !absl::SimpleAtoi(f[1], &p.faults)) {
-      return absl::InvalidArgumentError(absl::StrCat("bad sharing entry '", words[i], "'"));
-    }
-    for (absl::string_view t : absl::StrSplit(f[2], ',', absl::SkipEmpty())) {
-      int tid = 0;
-      if (!absl::SimpleAtoi(t, &tid) || tid <= 0) {
-        return absl::InvalidArgumentError(absl::StrCat("bad thread in '", words[i], "'"));
-      }
-      p.writers.insert(tid);
-    }
-    parsed.emplace_back(page, std::move(p));
-  }
-  for (auto& [page, p] : parsed) {
-    Page& mine = pages_[page];
+    Page& mine = pages_[p.page];
     mine.faults += p.faults;
     mine.writers.insert(p.writers.begin(), p.writers.end());
   }
   dirty_ = true;
-  return absl::OkStatus();
 }
 
 const std::map<std::pair<int, int>, uint64_t>& SharingGraph::weights() const {

@@ -10,7 +10,7 @@
 // until somebody writes) and is left out.
 //
 //   SharingGraph g;
-//   for (each node's report line) STRETCH_RETURN_IF_ERROR(g.AddReport(line));
+//   for (each node's report) g.AddReport(report);
 //   Regrouping r = Regroup(placement, g, /*pinned=*/{1});
 //   for (const Move& m : r.moves) migrate(m.tid, m.to);
 #ifndef STRETCH_PLACEMENT_AFFINITY_H_
@@ -36,16 +36,13 @@ struct PageWriters {
   std::vector<int> writers;
 };
 
-// A node's report as one control line: "sharing PAGE:FAULTS:TID,TID PAGE:FAULTS:TID ...",
-// PAGE the page number in hex. Fits the control channel's 64 KiB messages for
-// kMaxReportPages pages.
-inline constexpr size_t kMaxReportPages = 1500;
-std::string FormatSharingReport(const std::vector<PageWriters>& pages);
+// A node's report (a wire::ControlOp::kSharingReport).
+using SharingReport = std::vector<PageWriters>;
 
 class SharingGraph {
  public:
-  // Merges one node's report (InvalidArgument if it is malformed; nothing is added then).
-  absl::Status AddReport(const std::string& line);
+  // Merges one node's report; pages without writers are left out.
+  void AddReport(const SharingReport& report);
   // Weight between threads a < b: write faults of the pages both wrote.
   uint64_t Weight(int a, int b) const;
   const std::map<std::pair<int, int>, uint64_t>& weights() const;

@@ -74,11 +74,11 @@ std::vector<std::vector<int>> PlacementController::WhereAll(bool* answered) {
 // windows, once it moves.
 bool PlacementController::Regroup(double cores) {
   SharingGraph graph;
-  std::vector<std::string> reports;
+  std::vector<SharingReport> reports;
   std::vector<std::vector<int>> now;
-  bool complete = cluster_->Sharing(&reports, &now);
+  const bool complete = cluster_->Sharing(&reports, &now);
   now.resize(o_.nodes);
-  for (const std::string& r : reports) complete = complete && graph.AddReport(r).ok();
+  for (const SharingReport& r : reports) graph.AddReport(r);
   const absl::Time since = last_sharing_;
   last_sharing_ = cluster_->Now();
   if (++regroup_attempts_ >= 3 || !complete) regroup_done_ = true;

@@ -50,9 +50,9 @@ class Cluster {
   virtual bool ReadCounters(std::vector<NodeCounters>* counters) = 0;
   // The threads running on `node` now; false if it did not answer.
   virtual bool Where(int node, std::vector<int>* threads) = 0;
-  // Every node's write-sharing report since the last call (a "sharing ..." line,
-  // affinity.h) and the threads running there; false if some node did not answer both.
-  virtual bool Sharing(std::vector<std::string>* reports,
+  // Every node's write-sharing report since the last call (affinity.h) and the threads
+  // running there; false if some node did not answer both.
+  virtual bool Sharing(std::vector<SharingReport>* reports,
                        std::vector<std::vector<int>>* threads) = 0;
   // Moves thread `tid` to node `to`: "ok ..." or "error WHY".
   virtual std::string Migrate(int tid, int to) = 0;

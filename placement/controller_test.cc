@@ -64,10 +64,9 @@ class FakeCluster : public Cluster {
     *threads = where_[node];
     return true;
   }
-  bool Sharing(std::vector<std::string>* reports, std::vector<std::vector<int>>* threads) override {
-    for (size_t i = 0; i < where_.size(); ++i) {
-      reports->push_back(FormatSharingReport(sharing_[i]));
-    }
+  bool Sharing(std::vector<SharingReport>* reports,
+               std::vector<std::vector<int>>* threads) override {
+    for (size_t i = 0; i < where_.size(); ++i) reports->push_back(sharing_[i]);
     sharing_.clear();
     *threads = where_;
     return true;

@@ -5,27 +5,52 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 
+#include "absl/strings/str_cat.h"
 #include "core/unique_fd.h"
 
 namespace stretch::replica {
 
-bool SendLine(int fd, const std::string& line) {
-  return send(fd, line.data(), line.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(line.size());
+bool Send(int fd, const wire::Control& c) {
+  const std::vector<uint8_t> frame = wire::Encode(c);
+  return send(fd, frame.data(), frame.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(frame.size());
 }
 
-std::optional<std::string> RecvLine(int fd, int timeout_ms, bool* closed) {
+std::optional<std::string> ReceiveDatagram(int fd, int timeout_ms, bool* closed) {
   struct pollfd p = {fd, POLLIN, 0};
-  int r = poll(&p, 1, timeout_ms);
-  if (r <= 0) return std::nullopt;
-  char buf[65536];
-  ssize_t n = recv(fd, buf, sizeof(buf), 0);
+  if (poll(&p, 1, timeout_ms) <= 0) return std::nullopt;
+  // The datagram's whole length first (MSG_TRUNC), so that none is cut short.
+  char byte;
+  ssize_t size = recv(fd, &byte, 1, MSG_PEEK | MSG_TRUNC | MSG_DONTWAIT);
+  if (size < 0 && (errno == EAGAIN || errno == EINTR)) return std::nullopt;
+  std::string d(size > 0 ? static_cast<size_t>(size) : 1, '\0');
+  ssize_t n = recv(fd, d.data(), d.size(), MSG_DONTWAIT);
+  if (n < 0 && (errno == EAGAIN || errno == EINTR)) return std::nullopt;
   if (n <= 0) {
     *closed = true;
-    return std::string();
+    return std::nullopt;
   }
-  return std::string(buf, static_cast<size_t>(n));
+  d.resize(static_cast<size_t>(n));
+  return d;
+}
+
+std::optional<wire::Control> Receive(int fd, int timeout_ms, bool* closed) {
+  std::optional<std::string> d = ReceiveDatagram(fd, timeout_ms, closed);
+  if (!d) return std::nullopt;
+  absl::StatusOr<wire::Message> m =
+      wire::Decode(absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(d->data()), d->size()));
+  if (!m.ok()) return Failed(absl::StrCat("a malformed control message: ", m.status().message()));
+  if (auto* c = std::get_if<wire::Control>(&*m)) return std::move(*c);
+  return Failed(absl::StrCat("a ", wire::Name(wire::TypeOf(*m)), " on the control channel"));
+}
+
+wire::Control Failed(std::string why) {
+  wire::Control c;
+  c.op = wire::ControlOp::kFailed;
+  c.text = std::move(why);
+  return c;
 }
 
 void Tailer::Add(const std::string& path, Sink sink, off_t from) {

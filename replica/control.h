@@ -2,27 +2,17 @@
 // output files: shared by the launcher (launch/launcher.h), the replica agents
 // (replica_agent.h) and the launch service of cluster nodes (launch_service.h).
 //
-// Control lines are datagrams of a SOCK_SEQPACKET socket, one line each.
-//
-// The control channel, in full (one line per datagram):
-// Launcher -> node: first, to an agent started before the migration point (`stretchd node
-// --await_start`), "start --server=ADDRESS --run_threads=T,T"; then "go", "stop", "kill SIG",
-// "cpu" (answered
-// "cpu NS N STALL FAULTS INV CPUS WAIT": CPU time of the N threads running there and the time
-// its faults took to resolve, both in ns so far, how many faults and invalidations it had so
-// far, the CPUs it may use, and the time (ns) those threads waited for a CPU while runnable),
-// "sharing" (answered "sharing PAGE:FAULTS:TIDS ...", affinity.h: the pages written with a fault
-// since the last "sharing"), "cores TID:I,J ..." (affinity assignment: thread TID may use only
-// the node's CPUs with indexes I, J; answered "cores N", the threads pinned), "exclusive
-// on|off" (the node serves the program's futex calls itself while every running thread is
-// there, FutexService::SetExclusive; answered with the same line), "home" (node 0 only:
-// take the program home, going_home.h; answered "home ok", after which the node only
-// forwards "kill SIG" and reports the program's end, or "home-error WHY", the replica running
-// on as before), and for
-// `stretchd migrate`: "where" (answered "here T1,T2,..."), "migrate-out T" (answered "migrated-out
-// T HEXSTATE", "notmine T" or "migrate-error T WHY"), "migrate-in T HEXSTATE" (answered
-// "migrated-in T" or "migrate-error T WHY"). Node -> launcher, once: "ready N", then "exit CODE",
-// "signal SIG" or "error WHY".
+// The channel carries one wire::Control per datagram of a SOCK_SEQPACKET socket (across
+// machines, inside a wire::Launch kControl; the launch service relays the datagrams as they
+// are). wire.h's ControlOp lists every message and the fields each carries. In order:
+//   launcher -> node: kStart (only to an agent started before the migration point, `stretchd
+//     node --await_start`), then kGo, and at any time kStop and kKill;
+//   node -> launcher: kReady once restored, and at the end one of kExited, kSignaled, kFailed;
+//   in between, placement's requests (kCpu, kSharing, kCores, kExclusive, kHome: node 0 takes
+//     the program home, going_home.h, after which it serves only kKill and kStop) and
+//     `stretchd migrate`'s (kWhere, kMigrateOut, kMigrateIn), each answered once.
+// `stretchd migrate` itself sends one kListThreads or kMigrate per connection to the run's
+// control socket and gets one kAnswer.
 #ifndef STRETCH_REPLICA_CONTROL_H_
 #define STRETCH_REPLICA_CONTROL_H_
 
@@ -36,13 +26,20 @@
 #include <vector>
 
 #include "core/unique_fd.h"
+#include "core/wire.h"
 
 namespace stretch::replica {
 
-// Sends one line; false if the other side is gone.
-bool SendLine(int fd, const std::string& line);
-// The next line; nullopt on timeout; "" (with *closed) when the other side is gone.
-std::optional<std::string> RecvLine(int fd, int timeout_ms, bool* closed);
+// Sends one message; false if the other side is gone.
+bool Send(int fd, const wire::Control& c);
+// The next message within `timeout_ms` (-1: no limit); nullopt on a timeout, or with *closed
+// set when the other side is gone. A datagram that is not a valid Control is returned as
+// kFailed saying what is wrong with it.
+std::optional<wire::Control> Receive(int fd, int timeout_ms, bool* closed);
+// The next datagram as it is, for relays: same contract as Receive.
+std::optional<std::string> ReceiveDatagram(int fd, int timeout_ms, bool* closed);
+// A kFailed saying `why`.
+wire::Control Failed(std::string why);
 
 // Copies what is appended to files to a sink, from a background thread, until stopped; Stop()
 // copies what is left. Add files before Start(). Thread-compatible.

@@ -377,15 +377,19 @@ class LaunchService::Impl {
     return absl::OkStatus();
   }
 
-  // The replica agent's control lines go to the launcher; once it is gone, its output, its
-  // statistics and how it ended follow.
+  // The replica agent's control messages go to the launcher as they are; once it is gone, its
+  // output, its statistics and how it ended follow.
   void Relay(PeerId peer, Run* run) {
     for (;;) {
       bool closed = false;
-      auto line = RecvLine(run->control.get(), 500, &closed);
+      auto d = ReceiveDatagram(run->control.get(), 500, &closed);
       if (closed) break;
-      if (line && absl::StartsWith(*line, "ready ")) run->ready = true;
-      if (line) (void)agent_->SendLaunch(peer, LaunchMessage(wire::LaunchOp::kControl, *line));
+      if (!d) continue;
+      auto m =
+          wire::Decode(absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(d->data()), d->size()));
+      auto* c = m.ok() ? std::get_if<wire::Control>(&*m) : nullptr;
+      if (c != nullptr && c->op == wire::ControlOp::kReady) run->ready = true;
+      (void)agent_->SendLaunch(peer, LaunchMessage(wire::LaunchOp::kControl, *d));
     }
     auto st = run->agent->Wait(absl::Now() + absl::Seconds(30));
     if (!st.ok()) {

@@ -22,18 +22,13 @@
 #include <sstream>
 #include <thread>
 
-#include "absl/strings/escaping.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
-#include "absl/strings/str_split.h"
-#include "absl/strings/strip.h"
 #include "core/json.h"
 #include "core/status.h"
 #include "core/unique_fd.h"
+#include "core/wire.h"
 #include "engine/node_agent.h"
 #include "glog/logging.h"
-#include "placement/affinity.h"
 #include "replica/control.h"
 #include "replica/replica.h"
 #include "replica/standard_input.h"
@@ -42,94 +37,103 @@
 namespace stretch::replica {
 namespace {
 
-// A node's part of `stretchd migrate` (see the control channel above).
-void HandleMigration(Replica& replica, int ctl, const std::string& line) {
-  std::vector<std::string> w = absl::StrSplit(line, absl::MaxSplits(' ', 2));
-  pid_t tid = 0;
-  if (w[0] == "where") {
-    std::vector<pid_t> here = replica.ThreadsRunningHere();
-    SendLine(ctl, absl::StrCat("here ", absl::StrJoin(here, ",")));
-    return;
-  }
-  if (w.size() < 2 || !absl::SimpleAtoi(w[1], &tid)) return;
-  if (w[0] == "migrate-out") {
+using wire::Control;
+using wire::ControlOp;
+
+// A node's part of `stretchd migrate` (control.h).
+void HandleMigration(Replica& replica, int ctl, const Control& c) {
+  const pid_t tid = static_cast<pid_t>(c.thread);
+  if (c.op == ControlOp::kWhere) {
+    Control here{ControlOp::kHere};
+    for (pid_t t : replica.ThreadsRunningHere()) here.threads.push_back(static_cast<uint32_t>(t));
+    Send(ctl, here);
+  } else if (c.op == ControlOp::kMigrateOut) {
     auto state = replica.MigrateOut(tid);
     if (state.ok()) {
-      SendLine(ctl, absl::StrCat("migrated-out ", tid, " ", absl::BytesToHexString(*state)));
+      Send(ctl, Control{ControlOp::kMigratedOut, 0, c.thread, *state});
     } else if (absl::IsNotFound(state.status())) {
-      SendLine(ctl, absl::StrCat("notmine ", tid));
+      Send(ctl, Control{ControlOp::kNotMine, 0, c.thread});
     } else {
-      SendLine(ctl, absl::StrCat("migrate-error ", tid, " ", state.status().message()));
+      Send(ctl,
+           Control{ControlOp::kMigrateFailed, 0, c.thread, std::string(state.status().message())});
     }
-  } else if (w[0] == "migrate-in" && w.size() == 3) {
-    absl::Status s = replica.MigrateIn(tid, absl::HexStringToBytes(w[2]));
-    SendLine(ctl, s.ok() ? absl::StrCat("migrated-in ", tid)
-                         : absl::StrCat("migrate-error ", tid, " ", s.message()));
+  } else if (c.op == ControlOp::kMigrateIn) {
+    absl::Status s = replica.MigrateIn(tid, c.text);
+    Send(ctl, s.ok() ? Control{ControlOp::kMigratedIn, 0, c.thread}
+                     : Control{ControlOp::kMigrateFailed, 0, c.thread, std::string(s.message())});
   }
 }
 
-// "exit N" / "signal S" for a status; the launcher's encoding: >= 0 exit code, < 0 -signal.
-std::string StatusLine(const ExitStatus& st) {
-  return st.signaled ? absl::StrCat("signal ", st.code) : absl::StrCat("exit ", st.code);
+// kExited or kSignaled.
+Control Ended(const ExitStatus& st) {
+  return Control{st.signaled ? ControlOp::kSignaled : ControlOp::kExited, st.code};
 }
 
-// "cores TID:I,J TID:K ...": placement's core assignment (Replica::AssignCores).
-std::vector<std::pair<pid_t, std::vector<int>>> ParseCores(const std::string& line) {
+// kCores: placement's core assignment (Replica::AssignCores).
+std::vector<std::pair<pid_t, std::vector<int>>> Cores(const Control& c) {
   std::vector<std::pair<pid_t, std::vector<int>>> assignment;
-  for (absl::string_view item :
-       absl::StrSplit(absl::StripPrefix(line, "cores"), ' ', absl::SkipEmpty())) {
-    std::pair<absl::string_view, absl::string_view> kv = absl::StrSplit(item, ':');
-    std::pair<pid_t, std::vector<int>> a;
-    if (!absl::SimpleAtoi(kv.first, &a.first)) continue;
-    for (absl::string_view c : absl::StrSplit(kv.second, ',', absl::SkipEmpty())) {
-      int index = 0;
-      if (absl::SimpleAtoi(c, &index) && index >= 0) a.second.push_back(index);
-    }
-    if (!a.second.empty()) assignment.push_back(std::move(a));
+  for (const wire::ControlCores& k : c.cores) {
+    assignment.emplace_back(static_cast<pid_t>(k.thread),
+                            std::vector<int>(k.cpus.begin(), k.cpus.end()));
   }
   return assignment;
 }
 
-// The answer to "cpu" (control.h).
-std::string CpuLine(engine::NodeAgent& agent, Replica& replica) {
+// The answer to kCpu.
+Control CpuReport(engine::NodeAgent& agent, Replica& replica) {
   const auto latency = agent.stats().fault_latency.Snap();
   cpu_set_t set;
   CPU_ZERO(&set);
   const int cpus = sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : 1;
   const Replica::CpuTimes cpu = replica.CpuTime();
-  return absl::StrCat("cpu ", cpu.run_ns, " ", replica.ThreadsRunningHere().size(), " ",
-                      latency.sum_ns, " ", latency.count, " ",
-                      agent.stats().invalidations_received.Get(), " ", cpus, " ", cpu.wait_ns);
+  Control c{ControlOp::kCpuReport};
+  c.cpu.run_ns = cpu.run_ns;
+  c.cpu.threads = static_cast<uint32_t>(replica.ThreadsRunningHere().size());
+  c.cpu.stall_ns = latency.sum_ns;
+  c.cpu.faults = latency.count;
+  c.cpu.invalidations = agent.stats().invalidations_received.Get();
+  c.cpu.cpus = static_cast<uint32_t>(cpus);
+  c.cpu.wait_ns = cpu.wait_ns;
+  return c;
+}
+
+// The answer to kSharing: the pages written with a fault since the last one.
+Control SharingReport(engine::NodeAgent& agent) {
+  Control c{ControlOp::kSharingReport};
+  for (engine::PageWriters& p : agent.TakeWriteSharing(wire::kMaxListEntries)) {
+    c.sharing.push_back(
+        {p.page, p.faults, std::vector<uint32_t>(p.writers.begin(), p.writers.end())});
+  }
+  return c;
 }
 
 // The program after it went home (going_home.h): an ordinary process of this node, until it
 // ends or the launcher stops it. Placement has nothing to ask any more.
 void RunHome(HomeProcess& home, int ctl) {
-  SendLine(ctl, "home ok");
+  Send(ctl, Control{ControlOp::kHomeOk});
   bool closed = false;
   for (;;) {
     auto st = home.Wait(absl::Now() + absl::Milliseconds(10));
     if (st.ok()) {
-      SendLine(ctl, StatusLine(*st));
+      Send(ctl, Ended(*st));
       return;
     }
-    auto line = RecvLine(ctl, 0, &closed);
-    if (closed || (line && *line == "stop")) return;  // ~HomeProcess kills it
-    int sig = 0;
-    if (line && absl::StartsWith(*line, "kill ") && absl::SimpleAtoi(line->substr(5), &sig)) {
-      home.Signal(sig);
-    }
+    auto c = Receive(ctl, 0, &closed);
+    if (closed || (c && c->op == ControlOp::kStop)) return;  // ~HomeProcess kills it
+    if (c && c->op == ControlOp::kKill) home.Signal(static_cast<int>(c->value));
   }
 }
 
-// "home": takes the program home and runs it there to its end; its statistics field. Nothing
-// if it is still a replica (it runs on; "home-error" said why) or gone (its Wait() and
+// kHome: takes the program home and runs it there to its end; its statistics field. Nothing
+// if it is still a replica (it runs on; kHomeRefused said why) or gone (its Wait() and
 // failure() say why).
 std::optional<std::string> GoHomeAndRun(Replica& replica, const std::string& work_dir, int ctl) {
   auto home = replica.GoHome(absl::StrCat(work_dir, "/home"), absl::Now() + absl::Minutes(5));
   if (!home.ok()) {
     if (replica.failure().ok()) {
-      SendLine(ctl, absl::StrCat("home-error ", home.status().message()));
+      // Unavailable: every thread was in a call (going_home.h); worth asking again later.
+      Send(ctl, Control{ControlOp::kHomeRefused, absl::IsUnavailable(home.status()) ? 1 : 0, 0,
+                        std::string(home.status().message())});
     }
     return std::nullopt;
   }
@@ -143,7 +147,7 @@ int RunReplicaAgent(const ReplicaAgentOptions& options) {
   ReplicaAgentOptions o = options;
   const int ctl = o.control_fd;
   auto report_error = [ctl](const std::string& what) {
-    SendLine(ctl, absl::StrCat("error ", what));
+    Send(ctl, Failed(what));
     std::fprintf(stderr, "stretchd node: %s\n", what.c_str());
     return 1;
   };
@@ -187,7 +191,7 @@ int RunReplicaAgent(const ReplicaAgentOptions& options) {
   ro.stdin_elsewhere = o.stdin_elsewhere;
   auto replica = Replica::Restore(agent->get(), ro);
   if (!replica.ok()) return report_error(std::string(replica.status().message()));
-  SendLine(ctl, absl::StrCat("ready ", (*replica)->threads_run()));
+  Send(ctl, Control{ControlOp::kReady, (*replica)->threads_run()});
 
   std::string home_stats;  // the program went home: what it took
   auto finish = [&](int code) {
@@ -214,16 +218,13 @@ int RunReplicaAgent(const ReplicaAgentOptions& options) {
   bool closed = false;
   int early_signal = 0;
   for (;;) {
-    auto line = RecvLine(ctl, 600000, &closed);
-    if (!line || closed || *line == "stop") {
+    auto c = Receive(ctl, 600000, &closed);
+    if (!c || c->op == ControlOp::kStop) {
       (*replica)->Kill();
       return finish(0);
     }
-    if (*line == "go") break;
-    int sig = 0;
-    if (absl::StartsWith(*line, "kill ") && absl::SimpleAtoi(line->substr(5), &sig)) {
-      early_signal = sig;
-    }
+    if (c->op == ControlOp::kGo) break;
+    if (c->op == ControlOp::kKill) early_signal = static_cast<int>(c->value);
   }
   if (absl::Status s = (*replica)->Go(); !s.ok()) {
     (*replica)->Kill();
@@ -232,7 +233,7 @@ int RunReplicaAgent(const ReplicaAgentOptions& options) {
   }
   if (early_signal != 0) kill((*replica)->pid(), early_signal);
   for (;;) {
-    // Control lines (placement's "cpu", migrations) are answered within 10 ms.
+    // Requests (placement's kCpu, migrations) are answered within 10 ms.
     auto st = (*replica)->Wait(absl::Now() + absl::Milliseconds(10));
     if (st.ok()) {
       // Killed by this agent because the cluster failed or the program did what Stretch
@@ -245,7 +246,7 @@ int RunReplicaAgent(const ReplicaAgentOptions& options) {
         report_error(std::string(h.message()));
         return finish(1);
       }
-      SendLine(ctl, StatusLine(*st));
+      Send(ctl, Ended(*st));
       return finish(0);
     }
     if (absl::Status h = (*agent)->health(); !h.ok()) {
@@ -253,37 +254,44 @@ int RunReplicaAgent(const ReplicaAgentOptions& options) {
       report_error(std::string(h.message()));
       return finish(1);
     }
-    auto line = RecvLine(ctl, 0, &closed);
-    if (closed || (line && *line == "stop")) {
+    auto c = Receive(ctl, 0, &closed);
+    if (closed || (c && c->op == ControlOp::kStop)) {
       (*replica)->Kill();
       (void)(*replica)->Wait(absl::Now() + absl::Seconds(5));
       return finish(0);
     }
-    int sig = 0;
-    if (line && absl::StartsWith(*line, "kill ") && absl::SimpleAtoi(line->substr(5), &sig)) {
-      kill((*replica)->pid(), sig);
-    }
-    if (line && absl::StartsWith(*line, "cores")) {
-      SendLine(ctl, absl::StrCat("cores ", (*replica)->AssignCores(ParseCores(*line))));
-    } else if (line && *line == "sharing") {
-      std::vector<placement::PageWriters> pages;
-      for (auto& p : (*agent)->TakeWriteSharing(placement::kMaxReportPages)) {
-        pages.push_back(
-            {p.page.number(), p.faults, std::vector<int>(p.writers.begin(), p.writers.end())});
-      }
-      SendLine(ctl, placement::FormatSharingReport(pages));
-    } else if (line && (*line == "exclusive on" || *line == "exclusive off")) {
-      (*replica)->SetFutexExclusive(*line == "exclusive on");
-      SendLine(ctl, *line);
-    } else if (line && *line == "home") {
-      if (auto stats = GoHomeAndRun(**replica, o.work_dir, ctl)) {
-        home_stats = *stats;
-        return finish(0);
-      }
-    } else if (line && *line == "cpu") {
-      SendLine(ctl, CpuLine(**agent, **replica));
-    } else if (line) {
-      HandleMigration(**replica, ctl, *line);
+    if (!c) continue;
+    switch (c->op) {
+      case ControlOp::kKill:
+        kill((*replica)->pid(), static_cast<int>(c->value));
+        break;
+      case ControlOp::kCores:
+        Send(ctl, Control{ControlOp::kCoresPinned, (*replica)->AssignCores(Cores(*c))});
+        break;
+      case ControlOp::kSharing:
+        Send(ctl, SharingReport(**agent));
+        break;
+      case ControlOp::kExclusive:
+        (*replica)->SetFutexExclusive(c->value != 0);
+        Send(ctl, Control{ControlOp::kExclusiveSet, c->value});
+        break;
+      case ControlOp::kHome:
+        if (auto stats = GoHomeAndRun(**replica, o.work_dir, ctl)) {
+          home_stats = *stats;
+          return finish(0);
+        }
+        break;
+      case ControlOp::kCpu:
+        Send(ctl, CpuReport(**agent, **replica));
+        break;
+      case ControlOp::kWhere:
+      case ControlOp::kMigrateOut:
+      case ControlOp::kMigrateIn:
+        HandleMigration(**replica, ctl, *c);
+        break;
+      default:
+        LOG(WARNING) << "stretchd node: ignored " << wire::Name(c->op) << " on the control channel";
+        break;
     }
   }
 }

@@ -199,27 +199,20 @@ int RunServer(const std::vector<std::string>& args) {
   return 0;
 }
 
-// --await_start: the launcher's "start --server=A --run_threads=T,T" on the control channel
-// (fd 3) says what is known only at the migration point. Cancelled if the channel closed first
-// (the program ended natively: nothing to do).
+// --await_start: the launcher's kStart on the control channel (fd 3) says what is known only
+// at the migration point. Cancelled if the channel closed first (the program ended natively:
+// nothing to do).
 absl::Status AwaitStart(replica::ReplicaAgentOptions* r) {
   bool closed = false;
-  auto line = replica::RecvLine(r->control_fd, -1, &closed);
-  if (!line || closed) return absl::CancelledError("the launcher is gone");
-  std::vector<std::string> words = absl::StrSplit(*line, ' ', absl::SkipEmpty());
-  if (words.empty() || words[0] != "start") {
+  auto c = replica::Receive(r->control_fd, -1, &closed);
+  if (!c) return absl::CancelledError("the launcher is gone");
+  if (c->op != wire::ControlOp::kStart) {
     return absl::InvalidArgumentError(
-        absl::StrCat("expected \"start ...\" on the control channel, got '", *line, "'"));
+        absl::StrCat("expected start on the control channel, got ",
+                     c->op == wire::ControlOp::kFailed ? c->text : wire::Name(c->op)));
   }
-  for (size_t i = 1; i < words.size(); ++i) {
-    absl::string_view w = words[i];
-    if (absl::ConsumePrefix(&w, "--server=")) {
-      r->server = std::string(w);
-    } else if (!absl::ConsumePrefix(&w, "--run_threads=") ||
-               !ParseIntList(std::string(w), &r->run_threads)) {
-      return absl::InvalidArgumentError(absl::StrCat("bad start flag '", words[i], "'"));
-    }
-  }
+  r->server = c->text;
+  r->run_threads.assign(c->threads.begin(), c->threads.end());
   return absl::OkStatus();
 }
 
@@ -392,6 +385,11 @@ int RunMigrate(const std::vector<std::string>& args) {
                  "neither to list threads\n");
     return 2;
   }
+  if (FLAGS_to >= static_cast<int>(kMaxNodes)) {
+    std::fprintf(stderr, "stretchd migrate: --to=%d: a run has nodes 0..%u\n", FLAGS_to,
+                 kMaxNodes - 1);
+    return 2;
+  }
   UniqueFd fd(socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
   struct sockaddr_un addr = {};
   addr.sun_family = AF_UNIX;
@@ -405,30 +403,32 @@ int RunMigrate(const std::vector<std::string>& args) {
                  FLAGS_control.c_str(), strerror(errno));
     return 1;
   }
-  const std::string req = FLAGS_thread != 0 ? absl::StrCat("migrate ", FLAGS_thread, " ", FLAGS_to)
-                                            : std::string("threads");
-  if (send(fd.get(), req.data(), req.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(req.size())) {
+  const wire::Control req = FLAGS_thread != 0 ? wire::Control{wire::ControlOp::kMigrate, FLAGS_to,
+                                                              static_cast<uint32_t>(FLAGS_thread)}
+                                              : wire::Control{wire::ControlOp::kListThreads};
+  if (!replica::Send(fd.get(), req)) {
     std::fprintf(stderr, "stretchd migrate: send: %s\n", strerror(errno));
     return 1;
   }
-  struct pollfd p = {fd.get(), POLLIN, 0};
-  if (poll(&p, 1, 60000) <= 0) {
-    std::fprintf(stderr, "stretchd migrate: no answer from the run within 60 s\n");
+  bool closed = false;
+  std::optional<wire::Control> reply = replica::Receive(fd.get(), 60000, &closed);
+  if (!reply) {
+    std::fprintf(stderr, "%s\n",
+                 closed ? "stretchd migrate: the run closed the connection (it ended?)"
+                        : "stretchd migrate: no answer from the run within 60 s");
     return 1;
   }
-  char buf[65536];
-  ssize_t n = recv(fd.get(), buf, sizeof(buf), 0);
-  if (n <= 0) {
-    std::fprintf(stderr, "stretchd migrate: the run closed the connection (it ended?)\n");
+  if (reply->op != wire::ControlOp::kAnswer) {
+    std::fprintf(
+        stderr, "stretchd migrate: the run answered %s\n",
+        reply->op == wire::ControlOp::kFailed ? reply->text.c_str() : wire::Name(reply->op));
     return 1;
   }
-  std::string reply(buf, static_cast<size_t>(n));
-  if (absl::StartsWith(reply, "ok")) {
-    std::printf("%s\n", std::string(absl::StripLeadingAsciiWhitespace(reply.substr(2))).c_str());
+  if (reply->value == 0) {
+    std::printf("%s\n", reply->text.c_str());
     return 0;
   }
-  std::fprintf(stderr, "stretchd migrate: %s\n",
-               std::string(absl::StripPrefix(reply, "error ")).c_str());
+  std::fprintf(stderr, "stretchd migrate: %s\n", reply->text.c_str());
   return 1;
 }
 

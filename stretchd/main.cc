@@ -168,8 +168,8 @@ DEFINE_string(out, "", "secret: the file to create (mode 0600; never replaced)")
 DEFINE_string(replica_images, "", "node (internal, used by run): restore a replica from here");
 DEFINE_bool(await_start, false,
             "node (internal, used by run): started before the program's migration point, wait "
-            "on the control channel for \"start --server=ADDRESS --run_threads=T,T\" (the "
-            "flags known only then) before joining the server");
+            "on the control channel for its start message (the server to join and the threads "
+            "to run, known only then)");
 DEFINE_string(replica_work, "", "node (internal, used by run): CRIU work directory");
 DEFINE_string(run_threads, "", "node (internal, used by run): thread ids this node runs");
 DEFINE_string(replica_stdin, "",
