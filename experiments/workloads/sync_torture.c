@@ -262,7 +262,9 @@ static void test_atomic(void) {
   printf("atomic: counter=%ld relay=%d\n", a_counter, a_turn);
 }
 
-/* ---- join: values returned through pthread_join (the kernel's exit-time wake). */
+/* ---- join: values returned through pthread_join (the kernel's exit-time wake), in several
+ * rounds: glibc hands a joined thread's stack, and the tid word in it, to the next thread
+ * created, so a late store to the old thread's word would end the new one's join early. */
 static void* join_worker(void* p) {
   long id = *(long*)p, acc = 0;
   for (long r = 0; r < g_rounds; ++r) acc += (r ^ id) & 7;
@@ -272,9 +274,17 @@ static void test_join(void) {
   long args[MAX_THREADS];
   void* results[MAX_THREADS];
   for (int i = 0; i < g_threads; ++i) args[i] = i;
-  run_threads(g_threads, join_worker, args, sizeof(long), results);
   long sum = 0;
-  for (int i = 0; i < g_threads; ++i) sum += (long)results[i];
+  for (int round = 0; round < 10; ++round) {
+    run_threads(g_threads, join_worker, args, sizeof(long), results);
+    for (int i = 0; i < g_threads; ++i) {
+      long acc = 0;
+      for (long r = 0; r < g_rounds; ++r) acc += (r ^ i) & 7;
+      CHECK((long)results[i] == acc * 100 + i, "join round %d thread %d returned %ld, not %ld",
+            round, i, (long)results[i], acc * 100 + i);
+      sum += (long)results[i];
+    }
+  }
   printf("join: sum=%ld\n", sum);
 }
 
