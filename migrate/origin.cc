@@ -302,6 +302,64 @@ absl::Duration EstimatedMigrationCost(uint64_t resident_bytes) {
          absl::Seconds(static_cast<double>(resident_bytes) / kMigrationBytesPerSecond);
 }
 
+namespace {
+
+// Until the program is at its migration point (and has been there long enough) or ended.
+// Besides a join, main staying blocked in a futex wait (a barrier, a condition, a semaphore)
+// once it has workers counts. Signals in `forward` that arrive meanwhile go to the program.
+absl::Status AwaitMigrationPoint(Subprocess& app, Watch& watch, const OriginOptions& options,
+                                 const sigset_t& forward, absl::Time deadline,
+                                 OriginResult* result) {
+  const int want_threads = options.migrate_at_threads;
+  const std::string main_syscall =
+      absl::StrCat("/proc/", app.pid(), "/task/", app.pid(), "/syscall");
+  BusyWatch busy;
+  // How long the program has been at its migration point, and is to be there natively.
+  absl::Duration at_point, migrate_after;
+  absl::Time last_sample = absl::Now();
+  for (int blocked_samples = 0;;) {
+    const struct timespec now = {0, 0};
+    if (int sig = sigtimedwait(&forward, nullptr, &now); sig > 0) {
+      // The supervisor sees it at delivery, as a handler or as the end of the program.
+      kill(app.pid(), sig);
+    }
+    absl::MutexLock l(&watch.mu);
+    auto reached = [&watch, want_threads]() ABSL_SHARED_LOCKS_REQUIRED(watch.mu) {
+      return watch.exited || watch.main_blocked ||
+             (want_threads > 0 && watch.created >= want_threads);
+    };
+    if (watch.mu.AwaitWithDeadline(absl::Condition(&reached),
+                                   std::min(deadline, absl::Now() + kStallSample))) {
+      break;
+    }
+    const absl::Time sampled = absl::Now();
+    if (sampled >= deadline) {
+      return absl::DeadlineExceededError("the program reached no migration point in time");
+    }
+    const absl::Duration since = sampled - last_sample;
+    last_sample = sampled;
+    if (want_threads > 0 || watch.threads.size() < 2) continue;
+    blocked_samples = InFutex(main_syscall) ? blocked_samples + 1 : 0;
+    const bool parallel = busy.Sample(watch.threads, sampled);
+    if (!parallel && blocked_samples < kStallSamples) continue;
+    migrate_after = options.migrate_after.has_value()
+                        ? *options.migrate_after
+                        : EstimatedMigrationCost(ResidentBytes(app.pid()));
+    if (at_point == absl::ZeroDuration()) {
+      VLOG(1) << "origin: migration point ("
+              << (parallel ? "two or more threads busy" : "main waits") << "); migrating after "
+              << migrate_after << " there";
+    }
+    at_point += since;
+    if (at_point >= migrate_after) break;
+  }
+  result->parallel_time = at_point;
+  result->migrate_after = migrate_after;
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::StatusOr<OriginResult> RunOrigin(const OriginOptions& options) {
   const absl::Time deadline = absl::Now() + options.timeout;
   SubprocessOptions prog = options.program;
@@ -345,56 +403,11 @@ absl::StatusOr<OriginResult> RunOrigin(const OriginOptions& options) {
       deadline));
   STRETCH_RETURN_IF_ERROR(app.OpenGate());
 
-  // Wait for the migration point or the end of the program. Besides a join, main staying
-  // blocked in a futex wait (a barrier, a condition, a semaphore) once it has workers counts.
-  const std::string main_syscall =
-      absl::StrCat("/proc/", app.pid(), "/task/", app.pid(), "/syscall");
   sigset_t forward;
   sigemptyset(&forward);
   for (int sig : options.forward_signals) sigaddset(&forward, sig);
-  BusyWatch busy;
-  // How long the program has been at its migration point, and is to be there natively.
-  absl::Duration at_point, migrate_after;
-  absl::Time last_sample = absl::Now();
-  for (int blocked_samples = 0;;) {
-    const struct timespec now = {0, 0};
-    if (int sig = sigtimedwait(&forward, nullptr, &now); sig > 0) {
-      // The supervisor sees it at delivery, as a handler or as the end of the program.
-      kill(app.pid(), sig);
-    }
-    absl::MutexLock l(&watch.mu);
-    auto reached = [&watch, want_threads]() ABSL_SHARED_LOCKS_REQUIRED(watch.mu) {
-      return watch.exited || watch.main_blocked ||
-             (want_threads > 0 && watch.created >= want_threads);
-    };
-    if (watch.mu.AwaitWithDeadline(absl::Condition(&reached),
-                                   std::min(deadline, absl::Now() + kStallSample))) {
-      break;
-    }
-    const absl::Time sampled = absl::Now();
-    if (sampled >= deadline) {
-      return absl::DeadlineExceededError("the program reached no migration point in time");
-    }
-    const absl::Duration since = sampled - last_sample;
-    last_sample = sampled;
-    if (want_threads > 0 || watch.threads.size() < 2) continue;
-    blocked_samples = InFutex(main_syscall) ? blocked_samples + 1 : 0;
-    const bool parallel = busy.Sample(watch.threads, sampled);
-    if (!parallel && blocked_samples < kStallSamples) continue;
-    migrate_after = options.migrate_after.has_value()
-                        ? *options.migrate_after
-                        : EstimatedMigrationCost(ResidentBytes(app.pid()));
-    if (at_point == absl::ZeroDuration()) {
-      VLOG(1) << "origin: migration point ("
-              << (parallel ? "two or more threads busy" : "main waits") << "); migrating after "
-              << migrate_after << " there";
-    }
-    at_point += since;
-    if (at_point >= migrate_after) break;
-  }
   OriginResult result;
-  result.parallel_time = at_point;
-  result.migrate_after = migrate_after;
+  STRETCH_RETURN_IF_ERROR(AwaitMigrationPoint(app, watch, options, forward, deadline, &result));
   // Stop everything and hand the stopped process to CRIU, unless it ended first (also while
   // being stopped).
   absl::Status detached = absl::OkStatus();

@@ -79,30 +79,65 @@ absl::StatusOr<std::unique_ptr<HomeProcess>> Replica::GoHome(const std::string& 
   }
   HomeStats stats;
   const absl::Time start = absl::Now();
-  // 1. Every thread stops; calls the services hold finish first (they are released parked).
+  // 1. Every thread stops; calls the services hold finish first.
+  STRETCH_ASSIGN_OR_RETURN(const pid_t via, StopForHome(running, deadline));
+  stats.stop = absl::Now() - start;
+  // 2, 3. The whole memory here, and the cluster's file offsets.
+  if (absl::Status s = GatherForHome(via, deadline, &stats); !s.ok()) {
+    for (pid_t tid : running) (void)supervisor_->Resume(tid, absl::Now() + absl::Seconds(10));
+    return s;
+  }
+  // 4. From here on the replica cannot go back to being one.
+  {
+    absl::MutexLock l(&mu_);
+    copy_stop_ = true;
+  }
+  if (copier_.joinable()) copier_.join();
+  if (absl::Status s = LeaveHome(via, deadline); !s.ok()) return Lost(s);
+  // 5. A checkpoint of this copy, without the filter, restored as an ordinary process.
+  const pid_t old_pid = pid_;
+  if (absl::Status s = DumpWithoutFilter(images_dir, &stats); !s.ok()) return Lost(s);
+  const absl::Time restore_start = absl::Now();
+  auto pid = RestoreAtHome(images_dir, deadline);
+  if (!pid.ok()) return Lost(pid.status());
+  auto pidfd = uffd::Pidfd::Open(*pid);
+  if (!pidfd.ok()) return Lost(pidfd.status());
+  // 6. Run.
+  if (kill(*pid, SIGCONT) != 0) return Lost(ErrnoStatus(errno, "SIGCONT"));
+  stats.restore = absl::Now() - restore_start;
+  LOG(INFO) << absl::StrFormat(
+      "replica pid %d went home as pid %d: %d pages gathered, stop %.1f ms, gather %.1f ms, "
+      "dump %.1f ms, restore %.1f ms (%d KiB)",
+      old_pid, *pid, stats.pages_gathered, Ms(stats.stop), Ms(stats.gather), Ms(stats.dump),
+      Ms(stats.restore), stats.image_bytes >> 10);
+  return std::make_unique<HomeProcess>(*pid, std::move(*pidfd), stats);
+}
+
+// Parks every running thread (one that exits meanwhile is not an error) and waits for the
+// calls the services hold, which are released parked. Returns a thread stopped outside a
+// call: calls are injected into it later (file offsets, the helper's removal), and in one
+// stopped at a call's entry the injected call would take the place of the program's (which
+// would then fail with ENOSYS). On an error every thread runs on.
+absl::StatusOr<pid_t> Replica::StopForHome(const std::vector<pid_t>& running, absl::Time deadline) {
   auto resume = [&]() {
     for (pid_t tid : running) (void)supervisor_->Resume(tid, absl::Now() + absl::Seconds(10));
   };
-  std::vector<pid_t> parked;  // a thread that exits meanwhile is not an error
+  bool any = false;
   for (pid_t tid : running) {
     absl::Status s = supervisor_->Park(tid, deadline);
     if (s.ok()) {
-      parked.push_back(tid);
+      any = true;
     } else if (!absl::IsNotFound(s)) {
       resume();
       return s;
     }
   }
-  if (parked.empty()) return absl::FailedPreconditionError("every thread of the program exited");
-  // Calls are injected below (file offsets, the helper's removal) into a thread stopped
-  // outside a call: in one stopped at a call's entry, the injected call would take the place
-  // of the program's (which would then fail with ENOSYS).
+  if (!any) return absl::FailedPreconditionError("every thread of the program exited");
   const std::vector<pid_t> outside = supervisor_->StoppedOutsideCalls();
   if (outside.empty()) {
     resume();
     return absl::UnavailableError("busy: every thread of the program is in a call");
   }
-  const pid_t via = outside.front();
   while (supervisor_->HeldThreads() > 0) {
     if (absl::Now() > deadline) {
       resume();
@@ -110,84 +145,56 @@ absl::StatusOr<std::unique_ptr<HomeProcess>> Replica::GoHome(const std::string& 
     }
     absl::SleepFor(absl::Milliseconds(1));
   }
-  stats.stop = absl::Now() - start;
-  // 2, 3. The whole memory here, and the cluster's file offsets.
+  return outside.front();
+}
+
+// Every page of the program here, and the cluster's file offsets as the replica's own (which
+// CRIU checkpoints; harmless if it stays a replica: the service never uses them again),
+// set through the helper's syscall site, which the filter lets through.
+absl::Status Replica::GatherForHome(pid_t via, absl::Time deadline, HomeStats* stats) {
   const absl::Time gather_start = absl::Now();
-  auto gathered = agent_->GatherPages(pid_, deadline);
-  if (!gathered.ok()) {
-    resume();
-    return gathered.status();
+  STRETCH_ASSIGN_OR_RETURN(stats->pages_gathered, agent_->GatherPages(pid_, deadline));
+  STRETCH_ASSIGN_OR_RETURN(auto positions, file_offsets_->Positions(deadline));
+  if (!positions.empty()) {
+    STRETCH_ASSIGN_OR_RETURN(auto site, agent_->HelperSyscallSite(pid_));
+    absl::Status moved = supervisor_->RunStopped(
+        via,
+        [&](pid_t tid) -> absl::Status {
+          STRETCH_ASSIGN_OR_RETURN(auto thread, uffd::RemoteThread::Adopt(tid));
+          for (const auto& [fd, pos] : positions) {
+            STRETCH_ASSIGN_OR_RETURN(
+                int64_t r,
+                thread->SyscallAt(site, SYS_lseek, {static_cast<uint64_t>(fd), pos, SEEK_SET}));
+            if (r < 0) return ErrnoStatus(static_cast<int>(-r), absl::StrCat("lseek of fd ", fd));
+          }
+          return absl::OkStatus();
+        },
+        deadline);
+    if (!moved.ok()) return Annotate(moved, "moving the shared file offsets");
   }
-  stats.pages_gathered = *gathered;
-  auto positions = file_offsets_->Positions(deadline);
-  if (!positions.ok()) {
-    resume();
-    return positions.status();
-  }
-  // The replica's own offsets, which CRIU checkpoints, become the cluster's (harmless if it
-  // stays a replica: the service never uses them again). Through the helper's syscall site,
-  // which the filter lets through.
-  if (!positions->empty()) {
-    auto site = agent_->HelperSyscallSite(pid_);
-    absl::Status moved = site.status();
-    if (site.ok()) {
-      moved = supervisor_->RunStopped(
-          via,
-          [&](pid_t tid) -> absl::Status {
-            STRETCH_ASSIGN_OR_RETURN(auto thread, uffd::RemoteThread::Adopt(tid));
-            for (const auto& [fd, pos] : *positions) {
-              STRETCH_ASSIGN_OR_RETURN(
-                  int64_t r,
-                  thread->SyscallAt(*site, SYS_lseek, {static_cast<uint64_t>(fd), pos, SEEK_SET}));
-              if (r < 0) return ErrnoStatus(static_cast<int>(-r), absl::StrCat("lseek of fd ", fd));
-            }
-            return absl::OkStatus();
-          },
-          deadline);
-    }
-    if (!moved.ok()) {
-      resume();
-      return Annotate(moved, "moving the shared file offsets");
-    }
-  }
-  stats.files_positioned = static_cast<int>(positions->size());
-  stats.gather = absl::Now() - gather_start;
-  {
-    absl::MutexLock l(&mu_);
-    copy_stop_ = true;
-  }
-  if (copier_.joinable()) copier_.join();
-  // 4. From here on the replica cannot go back to being one.
-  // The replica is gone (or killed now, and reaped: nobody else waits for it any more).
-  auto lost = [&](absl::Status why) {
-    why = Annotate(why, "taking the program home");
-    LOG(ERROR) << "replica pid " << pid_ << ": " << why.message();
-    if (pid_ > 0) {
-      kill(pid_, SIGKILL);
-      int status;
-      (void)waitpid(pid_, &status, __WALL);
-    }
-    absl::MutexLock l(&mu_);
-    if (failure_.ok()) failure_ = why;
-    exited_ = true;
-    exit_status_ = SIGKILL;  // a wait status: killed by SIGKILL
-    pid_ = 0;
-    return why;
-  };
-  absl::Status released = supervisor_->RunStopped(
+  stats->files_positioned = static_cast<int>(positions.size());
+  stats->gather = absl::Now() - gather_start;
+  return absl::OkStatus();
+}
+
+// The node agent lets go of the program (its helper and userfaultfd registration, through
+// `via`), and the tracer detaches.
+absl::Status Replica::LeaveHome(pid_t via, absl::Time deadline) {
+  STRETCH_RETURN_IF_ERROR(supervisor_->RunStopped(
       via,
       [&](pid_t tid) -> absl::Status {
         STRETCH_ASSIGN_OR_RETURN(auto thread, uffd::RemoteThread::Adopt(tid));
         return agent_->Release(pid_, *thread, deadline);
       },
-      deadline);
-  if (!released.ok()) return lost(released);
-  if (absl::Status s = supervisor_->Detach(deadline); !s.ok()) return lost(s);
-  // 5. A checkpoint of this copy, without the filter, restored as an ordinary process.
+      deadline));
+  return supervisor_->Detach(deadline);
+}
+
+// Checkpoints the program (CRIU ends it) and takes Stretch's seccomp filter out of the images.
+absl::Status Replica::DumpWithoutFilter(const std::string& images_dir, HomeStats* stats) {
   const absl::Time dump_start = absl::Now();
   Criu criu(options_.criu);
-  if (absl::Status s = criu.Dump(pid_, images_dir); !s.ok()) return lost(s);
-  const pid_t old_pid = pid_;
+  STRETCH_RETURN_IF_ERROR(criu.Dump(pid_, images_dir));
   {
     int status;
     (void)waitpid(pid_, &status, __WALL);  // CRIU ended it
@@ -196,11 +203,15 @@ absl::StatusOr<std::unique_ptr<HomeProcess>> Replica::GoHome(const std::string& 
     exit_status_ = SIGKILL;
     pid_ = 0;
   }
-  auto stripped = RemoveSeccompFilters(images_dir);
-  if (!stripped.ok()) return lost(stripped.status());
-  stats.dump = absl::Now() - dump_start;
-  stats.image_bytes = DirectoryBytes(images_dir);
-  const absl::Time restore_start = absl::Now();
+  STRETCH_RETURN_IF_ERROR(RemoveSeccompFilters(images_dir).status());
+  stats->dump = absl::Now() - dump_start;
+  stats->image_bytes = DirectoryBytes(images_dir);
+  return absl::OkStatus();
+}
+
+// Restores the images as an ordinary process of this agent, stopped.
+absl::StatusOr<pid_t> Replica::RestoreAtHome(const std::string& images_dir, absl::Time deadline) {
+  Criu criu(options_.criu);
   RestoreOptions ro;
   ro.images_dir = images_dir;
   ro.work_dir = images_dir;
@@ -214,23 +225,28 @@ absl::StatusOr<std::unique_ptr<HomeProcess>> Replica::GoHome(const std::string& 
     }
   }
   // The restored root is orphaned when CRIU exits (-d): it must come to this agent.
-  if (prctl(PR_SET_CHILD_SUBREAPER, 1) != 0)
-    return lost(ErrnoStatus(errno, "PR_SET_CHILD_SUBREAPER"));
-  auto pending = criu.StartRestore(ro);
-  if (!pending.ok()) return lost(pending.status());
-  auto pid = pending->Wait(deadline);
-  if (!pid.ok()) return lost(pid.status());
-  auto pidfd = uffd::Pidfd::Open(*pid);
-  if (!pidfd.ok()) return lost(pidfd.status());
-  // 6. Run.
-  if (kill(*pid, SIGCONT) != 0) return lost(ErrnoStatus(errno, "SIGCONT"));
-  stats.restore = absl::Now() - restore_start;
-  LOG(INFO) << absl::StrFormat(
-      "replica pid %d went home as pid %d: %d pages gathered, stop %.1f ms, gather %.1f ms, "
-      "dump %.1f ms, restore %.1f ms (%d KiB)",
-      old_pid, *pid, stats.pages_gathered, Ms(stats.stop), Ms(stats.gather), Ms(stats.dump),
-      Ms(stats.restore), stats.image_bytes >> 10);
-  return std::make_unique<HomeProcess>(*pid, std::move(*pidfd), stats);
+  if (prctl(PR_SET_CHILD_SUBREAPER, 1) != 0) {
+    return ErrnoStatus(errno, "PR_SET_CHILD_SUBREAPER");
+  }
+  STRETCH_ASSIGN_OR_RETURN(auto pending, criu.StartRestore(ro));
+  return pending.Wait(deadline);
+}
+
+// The replica is gone (or killed now, and reaped: nobody else waits for it any more).
+absl::Status Replica::Lost(absl::Status why) {
+  why = Annotate(why, "taking the program home");
+  LOG(ERROR) << "replica pid " << pid_ << ": " << why.message();
+  if (pid_ > 0) {
+    kill(pid_, SIGKILL);
+    int status;
+    (void)waitpid(pid_, &status, __WALL);
+  }
+  absl::MutexLock l(&mu_);
+  if (failure_.ok()) failure_ = why;
+  exited_ = true;
+  exit_status_ = SIGKILL;  // a wait status: killed by SIGKILL
+  pid_ = 0;
+  return why;
 }
 
 HomeProcess::~HomeProcess() {

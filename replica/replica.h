@@ -159,6 +159,15 @@ class Replica {
  private:
   Replica() = default;
 
+  // GoHome()'s steps, in order (going_home.cc). Until LeaveHome, a failure leaves the replica
+  // running as before; from then on, Lost() ends it.
+  absl::StatusOr<pid_t> StopForHome(const std::vector<pid_t>& running, absl::Time deadline);
+  absl::Status GatherForHome(pid_t via, absl::Time deadline, HomeStats* stats);
+  absl::Status LeaveHome(pid_t via, absl::Time deadline);
+  absl::Status DumpWithoutFilter(const std::string& images_dir, HomeStats* stats);
+  absl::StatusOr<pid_t> RestoreAtHome(const std::string& images_dir, absl::Time deadline);
+  absl::Status Lost(absl::Status why);
+
   // Restore()'s steps, in order (replica.cc).
   struct Restoring;
   absl::Status RestoreWithCriu(Restoring& s, absl::Time deadline);

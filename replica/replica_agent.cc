@@ -141,6 +141,44 @@ std::optional<std::string> GoHomeAndRun(Replica& replica, const std::string& wor
   return (*home)->StatsJsonField();
 }
 
+// A request of the launcher while the program runs here. True if the program went home and
+// ended there (its statistics in *home_stats).
+bool Answer(const Control& c, Replica& replica, engine::NodeAgent& agent, int ctl,
+            const std::string& work_dir, std::string* home_stats) {
+  switch (c.op) {
+    case ControlOp::kKill:
+      kill(replica.pid(), static_cast<int>(c.value));
+      return false;
+    case ControlOp::kCores:
+      Send(ctl, Control{ControlOp::kCoresPinned, replica.AssignCores(Cores(c))});
+      return false;
+    case ControlOp::kSharing:
+      Send(ctl, SharingReport(agent));
+      return false;
+    case ControlOp::kExclusive:
+      replica.SetFutexExclusive(c.value != 0);
+      Send(ctl, Control{ControlOp::kExclusiveSet, c.value});
+      return false;
+    case ControlOp::kHome:
+      if (auto stats = GoHomeAndRun(replica, work_dir, ctl)) {
+        *home_stats = *stats;
+        return true;
+      }
+      return false;
+    case ControlOp::kCpu:
+      Send(ctl, CpuReport(agent, replica));
+      return false;
+    case ControlOp::kWhere:
+    case ControlOp::kMigrateOut:
+    case ControlOp::kMigrateIn:
+      HandleMigration(replica, ctl, c);
+      return false;
+    default:
+      LOG(WARNING) << "stretchd node: ignored " << wire::Name(c.op) << " on the control channel";
+      return false;
+  }
+}
+
 }  // namespace
 
 int RunReplicaAgent(const ReplicaAgentOptions& options) {
@@ -260,39 +298,7 @@ int RunReplicaAgent(const ReplicaAgentOptions& options) {
       (void)(*replica)->Wait(absl::Now() + absl::Seconds(5));
       return finish(0);
     }
-    if (!c) continue;
-    switch (c->op) {
-      case ControlOp::kKill:
-        kill((*replica)->pid(), static_cast<int>(c->value));
-        break;
-      case ControlOp::kCores:
-        Send(ctl, Control{ControlOp::kCoresPinned, (*replica)->AssignCores(Cores(*c))});
-        break;
-      case ControlOp::kSharing:
-        Send(ctl, SharingReport(**agent));
-        break;
-      case ControlOp::kExclusive:
-        (*replica)->SetFutexExclusive(c->value != 0);
-        Send(ctl, Control{ControlOp::kExclusiveSet, c->value});
-        break;
-      case ControlOp::kHome:
-        if (auto stats = GoHomeAndRun(**replica, o.work_dir, ctl)) {
-          home_stats = *stats;
-          return finish(0);
-        }
-        break;
-      case ControlOp::kCpu:
-        Send(ctl, CpuReport(**agent, **replica));
-        break;
-      case ControlOp::kWhere:
-      case ControlOp::kMigrateOut:
-      case ControlOp::kMigrateIn:
-        HandleMigration(**replica, ctl, *c);
-        break;
-      default:
-        LOG(WARNING) << "stretchd node: ignored " << wire::Name(c->op) << " on the control channel";
-        break;
-    }
+    if (c && Answer(*c, **replica, **agent, ctl, o.work_dir, &home_stats)) return finish(0);
   }
 }
 
