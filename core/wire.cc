@@ -6,6 +6,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "core/status.h"
 #include "core/wire_fields.h"
 #include "glog/logging.h"
@@ -44,6 +45,7 @@ constexpr MessageType kTypeOf = [] {
   if constexpr (std::is_same_v<T, FileOffsetReply>) return MessageType::kFileOffsetReply;
   if constexpr (std::is_same_v<T, ThreadCreated>) return MessageType::kThreadCreated;
   if constexpr (std::is_same_v<T, Control>) return MessageType::kControl;
+  if constexpr (std::is_same_v<T, StartRequest>) return MessageType::kStartRequest;
 }();
 
 // Counts payload bytes.
@@ -568,6 +570,39 @@ absl::Status Validate(const Control& m) {
   }
   return absl::OkStatus();
 }
+absl::Status Validate(const StartRequest& m) {
+  auto bad = [](const std::string& why) { return Invalid("StartRequest", why); };
+  auto in = [](int32_t v, int32_t lo, int32_t hi) { return v >= lo && v <= hi; };
+  if (!in(m.node, 1, kMaxNodes - 1)) {
+    return bad(absl::StrFormat("node %d: a node of a run is 1..%d", m.node, kMaxNodes - 1));
+  }
+  if (m.server.empty() || m.server.size() > 256) return bad("no server address");
+  for (int32_t t : m.run_threads) {
+    if (t <= 0) return bad(absl::StrFormat("thread id %d", t));
+  }
+  if (!in(m.read_ahead, 0, 1024)) return bad(absl::StrFormat("read_ahead %d", m.read_ahead));
+  if (!in(m.busy_poll_us, 0, 10000)) {
+    return bad(absl::StrFormat("busy_poll_us %d", m.busy_poll_us));
+  }
+  for (int32_t ms : {m.heartbeat_ms, m.peer_timeout_ms, m.fault_timeout_ms}) {
+    if (!in(ms, 1, 600000)) return bad(absl::StrFormat("a period of %d ms", ms));
+  }
+  for (const StartRequest::Output& o : m.outputs) {
+    if (o.name != "stdout" && o.name != "stderr") return bad(absl::StrCat("output ", o.name));
+    if (o.size > kMaxOutputBytes || o.mode > 07777) {
+      return bad(absl::StrFormat("output %s of %u bytes, mode %o", o.name, o.size, o.mode));
+    }
+    bool climbs = false;
+    for (absl::string_view part : absl::StrSplit(o.path, '/'))
+      climbs |= part == "." || part == "..";
+    if (o.path.empty() || o.path[0] != '/' || o.path.size() > kMaxPathLength || climbs ||
+        o.path.find('\0') != std::string::npos) {
+      return bad(absl::StrCat("output ", o.name, " at '", o.path.substr(0, 200),
+                              "': a path must be absolute, without . or .."));
+    }
+  }
+  return absl::OkStatus();
+}
 
 template <typename T>
 absl::StatusOr<Message> DecodeAs(absl::Span<const uint8_t> payload) {
@@ -722,6 +757,8 @@ absl::StatusOr<Message> Decode(absl::Span<const uint8_t> frame) {
       return DecodeAs<ThreadCreated>(payload);
     case MessageType::kControl:
       return DecodeAs<Control>(payload);
+    case MessageType::kStartRequest:
+      return DecodeAs<StartRequest>(payload);
   }
   return absl::InvalidArgumentError(
       absl::StrFormat("wire: unknown message type %d", static_cast<int>(frame[5])));

@@ -78,6 +78,7 @@ enum class MessageType : uint8_t {
   kPagesWanted = 25,
   kPagesWantedReply = 26,
   kControl = 27,
+  kStartRequest = 28,
 };
 // Name of a value, or nullptr if it is not a MessageType (used to validate input).
 const char* Name(MessageType t);
@@ -349,7 +350,7 @@ struct PagesWantedReply {
 // of its program for it (launch/remote_replicas.h describes the exchange).
 enum class LaunchOp : uint8_t {
   kFile = 1,     // launcher -> node: `data` belongs at `offset` of checkpoint image file `name`
-  kStart = 2,    // launcher -> node: restore a replica; `data` holds "key=value" lines
+  kStart = 2,    // launcher -> node: restore a replica; `data` holds an encoded StartRequest
   kControl = 3,  // both ways: `data` holds one encoded Control (replica/control.h)
   kOutput = 4,   // node -> launcher: what the program appended to `name` ("stdout", "stderr")
   kStats = 5,    // node -> launcher: the replica agent's statistics (JSON in `data`)
@@ -473,11 +474,42 @@ struct Control {
   std::vector<SharedPage> sharing;
 };
 
+// What a launcher asks a cluster node's launch service to run (LaunchOp::kStart;
+// launch/remote_replicas.h has the whole exchange): the replica agent's settings.
+struct StartRequest {
+  int32_t node = 0;    // the node's number in the run (1..kMaxNodes-1)
+  std::string server;  // the run's directory server
+  std::vector<int32_t> run_threads;
+  bool manual = false;
+  bool hold_checkpoint = true;
+  bool track_write_sharing = false;
+  int32_t read_ahead = 8;      // 0..1024
+  int32_t busy_poll_us = 0;    // 0..10000
+  int32_t heartbeat_ms = 100;  // 1..600000, as the next two
+  int32_t peer_timeout_ms = 1000;
+  int32_t fault_timeout_ms = 2000;
+  std::string inject_faults;
+  // The program's standard input is node 0's: reading it on this node stops the run with an
+  // error (ReplicaOptions::stdin_elsewhere).
+  bool stdin_elsewhere = false;
+  // The program's output files as it has them open: "stdout" or "stderr", the absolute path
+  // (no . or ..), and the size (at most kMaxOutputBytes) and permission bits (at most 07777)
+  // at the checkpoint (CRIU checks both).
+  struct Output {
+    std::string name;
+    std::string path;
+    uint64_t size = 0;
+    uint32_t mode = 0644;
+  };
+  std::vector<Output> outputs;
+};
+inline constexpr uint64_t kMaxOutputBytes = uint64_t{1} << 40;
+
 using Message = std::variant<Hello, HelloReply, CoherenceMsg, RegionAttach, RegionAttachReply,
                              RegionAnnounce, ThreadControl, Futex, FutexReply, AddressSpace,
                              StatsRequest, StatsReply, Heartbeat, Error, Exit, Peers, PageSeed,
                              PagesHeld, PagesHeldReply, Launch, FileOffset, FileOffsetReply,
-                             ThreadCreated, PagesWanted, PagesWantedReply, Control>;
+                             ThreadCreated, PagesWanted, PagesWantedReply, Control, StartRequest>;
 
 MessageType TypeOf(const Message& m);
 // The type a frame's header claims (nullopt if the frame is shorter than a header or its

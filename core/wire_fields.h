@@ -226,6 +226,30 @@ void Fields(V& v, M& m) requires std::is_same_v<std::remove_const_t<M>, Control>
   v(m.cores, "cores");
   v(m.sharing, "sharing");
 }
+template <typename V, typename M>
+void Fields(V& v, M& m) requires std::is_same_v<std::remove_const_t<M>, StartRequest::Output> {
+  v(m.name, "name");
+  v(m.path, "path");
+  v(m.size, "size");
+  v(m.mode, "mode");
+}
+template <typename V, typename M>
+void Fields(V& v, M& m) requires std::is_same_v<std::remove_const_t<M>, StartRequest> {
+  v(m.node, "node");
+  v(m.server, "server");
+  v(m.run_threads, "run_threads");
+  v(m.manual, "manual");
+  v(m.hold_checkpoint, "hold_checkpoint");
+  v(m.track_write_sharing, "track_write_sharing");
+  v(m.read_ahead, "read_ahead");
+  v(m.busy_poll_us, "busy_poll_us");
+  v(m.heartbeat_ms, "heartbeat_ms");
+  v(m.peer_timeout_ms, "peer_timeout_ms");
+  v(m.fault_timeout_ms, "fault_timeout_ms");
+  v(m.inject_faults, "inject_faults");
+  v(m.stdin_elsewhere, "stdin_elsewhere");
+  v(m.outputs, "outputs");
+}
 
 }  // namespace stretch::wire::internal
 

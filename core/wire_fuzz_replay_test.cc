@@ -37,6 +37,11 @@ std::vector<std::vector<uint8_t>> Seeds() {
   Control sharing;
   sharing.op = ControlOp::kSharingReport;
   sharing.sharing = {{PageId(0x400), 3, {7, 8}}};
+  StartRequest start;
+  start.node = 2;
+  start.server = "10.0.0.1:7000";
+  start.run_threads = {4, 7};
+  start.outputs = {{"stdout", "/tmp/w/stdout", 12, 0600}};
   Control cpu;
   cpu.op = ControlOp::kCpuReport;
   cpu.cpu = {1000, 2, 30, 4, 5, 2, 6};

@@ -58,6 +58,8 @@ const char* Name(MessageType t) {
       return "ThreadCreated";
     case MessageType::kControl:
       return "Control";
+    case MessageType::kStartRequest:
+      return "StartRequest";
   }
   return nullptr;
 }

@@ -36,6 +36,7 @@
 
 namespace stretch::launch {
 
+using replica::EncodeStart;
 using replica::ReceiveDatagram;
 
 using replica::LaunchMessage;
@@ -198,8 +199,8 @@ class RemoteReplicas::Impl {
         }
       }
       if (Ended(i)) continue;
-      STRETCH_RETURN_IF_ERROR(
-          Send(i, wire::Encode(LaunchMessage(wire::LaunchOp::kStart, nodes[i].start.Encode()))));
+      STRETCH_RETURN_IF_ERROR(Send(
+          i, wire::Encode(LaunchMessage(wire::LaunchOp::kStart, EncodeStart(nodes[i].start)))));
     }
     return absl::OkStatus();
   }

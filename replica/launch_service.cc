@@ -313,7 +313,7 @@ class LaunchService::Impl {
   absl::Status StartReplica(PeerId peer, const std::string& text) {
     if (!run_) return absl::FailedPreconditionError("a start request before any image file");
     if (run_->started) return absl::FailedPreconditionError("a second start request");
-    STRETCH_ASSIGN_OR_RETURN(RemoteStart r, RemoteStart::Parse(text));
+    STRETCH_ASSIGN_OR_RETURN(RemoteStart r, ParseStart(text));
     run_->started = true;
     std::vector<UniqueFd> outputs;
     for (const auto& out : r.outputs) {
