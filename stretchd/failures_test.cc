@@ -29,30 +29,21 @@
 #include "migrate/subprocess.h"
 #include "migrate/testing_criu.h"
 #include "stretchd/run_fixture.h"
+#include "testing/processes.h"
 
 namespace stretch {
 namespace {
 
 using ::testing::HasSubstr;
+using testing::CountTestProcesses;
 using testing::Outcome;
 using testing::RunCommand;
 using testing::Runfile;
+using testing::TestProcesses;
 using RunTest = testing::RunFixture;
 
-// Number of processes `pgrep -c PATTERN` counts.
-int CountProcesses(const std::string& pattern) {
-  std::string out;
-  FILE* f = popen(absl::StrCat("pgrep -c ", pattern).c_str(), "r");
-  char buf[32] = {};
-  if (f) {
-    if (fgets(buf, sizeof(buf), f)) out = buf;
-    pclose(f);
-  }
-  return std::atoi(out.c_str());
-}
-
 // Starts `stretchd run --nodes=2` of two threads spinning for a very long time and waits until
-// both replicas run (their command lines read as empty: pgrep -x on the name).
+// both replicas run.
 std::optional<Subprocess> StartLongSpin(const std::string& dir,
                                         const std::vector<std::string>& flags = {}) {
   SubprocessOptions o;
@@ -69,17 +60,17 @@ std::optional<Subprocess> StartLongSpin(const std::string& dir,
   EXPECT_TRUE(p.ok()) << p.status();
   if (!p.ok()) return std::nullopt;
   absl::Time end = absl::Now() + absl::Seconds(60);
-  while (CountProcesses("-x spin_prog") < 2 && absl::Now() < end) {
+  while (CountTestProcesses("spin_prog") < 2 && absl::Now() < end) {
     absl::SleepFor(absl::Milliseconds(20));
   }
-  EXPECT_EQ(CountProcesses("-x spin_prog"), 2);
+  EXPECT_EQ(CountTestProcesses("spin_prog"), 2);
   return std::move(*p);
 }
 
 // Nothing of a run is left: no replica, no agent, no network namespace of launcher `pid`.
 void ExpectNothingLeftOf(pid_t pid) {
-  EXPECT_EQ(CountProcesses("-x spin_prog"), 0);
-  EXPECT_EQ(CountProcesses("-f '[s]tretchd node .*--replica_images'"), 0);
+  EXPECT_EQ(CountTestProcesses("spin_prog"), 0);
+  EXPECT_EQ(CountTestProcesses("stretchd", "--replica_images"), 0);
   std::string netns;
   if (FILE* f = popen("ip netns list", "r")) {
     char buf[256];
@@ -107,15 +98,14 @@ TEST_F(RunTest, NodeCpusPinEachNodesReplica) {
   auto p = StartLongSpin(dir_.path(), {"--node_cpus=0;1"});
   ASSERT_TRUE(p.has_value());
   std::vector<std::string> allowed;
-  if (FILE* f = popen("for p in $(pgrep -x spin_prog); do grep Cpus_allowed_list "
-                      "/proc/$p/status; done | sort",
-                      "r")) {
-    char buf[256];
-    while (fgets(buf, sizeof(buf), f)) allowed.push_back(buf);
-    pclose(f);
+  for (pid_t pid : TestProcesses("spin_prog")) {
+    for (absl::string_view line :
+         absl::StrSplit(testing::ReadFileOrEmpty(absl::StrCat("/proc/", pid, "/status")), '\n')) {
+      if (absl::StartsWith(line, "Cpus_allowed_list:")) allowed.emplace_back(line);
+    }
   }
-  EXPECT_THAT(allowed,
-              ::testing::ElementsAre("Cpus_allowed_list:\t0\n", "Cpus_allowed_list:\t1\n"));
+  std::sort(allowed.begin(), allowed.end());
+  EXPECT_THAT(allowed, ::testing::ElementsAre("Cpus_allowed_list:\t0", "Cpus_allowed_list:\t1"));
   p->Kill(SIGINT);
   auto st = p->Wait(absl::Now() + absl::Seconds(30));
   ASSERT_TRUE(st.ok()) << st.status();
@@ -166,8 +156,7 @@ TEST_F(RunTest, AKilledLauncherLeavesNoReplicaRunning) {
   ASSERT_TRUE(st.ok()) << st.status();
   const absl::Time end = absl::Now() + absl::Seconds(20);
   auto left = [] {
-    return CountProcesses("-x spin_prog") +
-           CountProcesses("-f '[s]tretchd node .*--replica_images'");
+    return CountTestProcesses("spin_prog") + CountTestProcesses("stretchd", "--replica_images");
   };
   while (left() > 0 && absl::Now() < end) absl::SleepFor(absl::Milliseconds(20));
   EXPECT_EQ(left(), 0);
@@ -197,7 +186,7 @@ TEST_F(RunTest, DelayedMessagesChangeNothingAndLostOnesStopTheProgramClearly) {
   EXPECT_EQ(lossy.status.ToString(), "exit status 1") << lossy.err;
   EXPECT_THAT(lossy.err, HasSubstr("got no answer in"));
   EXPECT_THAT(lossy.err, HasSubstr("a message was lost or a peer is stuck"));
-  EXPECT_EQ(CountProcesses("-x kmeans"), 0);
+  EXPECT_EQ(CountTestProcesses("kmeans"), 0);
 }
 
 // A program whose shared memory needs more pages than the directory may track

@@ -22,6 +22,7 @@
 #include "migrate/subprocess.h"
 #include "migrate/testing_criu.h"
 #include "testing/netns.h"
+#include "testing/processes.h"
 #include "testing/subprocess.h"
 #include "transport/cluster_secret.h"
 
@@ -38,22 +39,12 @@ std::string Runfile(const std::string& path) {
 
 absl::Time Deadline(int seconds = 60) { return absl::Now() + absl::Seconds(seconds); }
 
-int CountProcesses(const std::string& pattern) {
-  std::string out;
-  FILE* f = popen(absl::StrCat("pgrep -c ", pattern).c_str(), "r");
-  char buf[32] = {};
-  if (f) {
-    if (fgets(buf, sizeof(buf), f)) out = buf;
-    pclose(f);
-  }
-  return std::atoi(out.c_str());
-}
-
-// Waits (up to 30 s) until no process matches `pattern`; the count left.
-int WaitGone(const std::string& pattern) {
+// Waits (up to 30 s) until none of this test's processes called `comm` (with `cmdline_part`
+// in its command line) is left; the count left.
+int WaitGone(const std::string& comm, const std::string& cmdline_part = "") {
   const absl::Time end = Deadline(30);
   int n;
-  while ((n = CountProcesses(pattern)) > 0 && absl::Now() < end) {
+  while ((n = testing::CountTestProcesses(comm, cmdline_part)) > 0 && absl::Now() < end) {
     absl::SleepFor(absl::Milliseconds(50));
   }
   return n;
@@ -80,6 +71,7 @@ struct Outcome {
 class RemoteRunTest : public ::testing::Test {
  protected:
   void SetUp() override {
+    testing::MarkTestProcessTree();  // what WaitGone counts
     testing::NetnsCluster::Options o;
     o.nodes = 3;
     auto c = testing::NetnsCluster::Create(o);
@@ -182,7 +174,7 @@ class RemoteRunTest : public ::testing::Test {
   }
 
   // Starts a run of three spinning threads that never ends on its own, and waits until the
-  // program runs on all three machines (its replicas' command lines read as empty: pgrep -x).
+  // program runs on all three machines.
   std::optional<Subprocess> StartSpinning(const std::string& name) {
     SubprocessOptions o = Launcher(name, {"--migrate_at_threads=4"},
                                    {Runfile("stretchd/spin_prog"), "3", "100000000000"});
@@ -190,19 +182,20 @@ class RemoteRunTest : public ::testing::Test {
     EXPECT_TRUE(launcher.ok()) << launcher.status();
     if (!launcher.ok()) return std::nullopt;
     const absl::Time end = Deadline(60);
-    while (CountProcesses("-x spin_prog") < 3 && absl::Now() < end) {
+    while (testing::CountTestProcesses("spin_prog") < 3 && absl::Now() < end) {
       absl::SleepFor(absl::Milliseconds(20));
     }
-    EXPECT_EQ(CountProcesses("-x spin_prog"), 3) << testing::ReadFileOrEmpty(o.stderr_path);
+    EXPECT_EQ(testing::CountTestProcesses("spin_prog"), 3)
+        << testing::ReadFileOrEmpty(o.stderr_path);
     return std::move(*launcher);
   }
 
   // Nothing of a run is left on the nodes `which`: no replica, replica agent or CRIU restore,
   // nothing in their /tmp but what they started with.
   void ExpectNothingLeftOn(const std::vector<int>& which) {
-    EXPECT_EQ(WaitGone("-x spin_prog"), 0);
-    EXPECT_EQ(WaitGone("-f '[s]tretchd node .*--replica_images'"), 0);
-    EXPECT_EQ(WaitGone("-f '[c]riu restore'"), 0);
+    EXPECT_EQ(WaitGone("spin_prog"), 0);
+    EXPECT_EQ(WaitGone("stretchd", "--replica_images"), 0);
+    EXPECT_EQ(WaitGone("criu", "restore"), 0);
     for (int i : which) {
       const absl::Time clean = Deadline(30);
       while (NodeTmp(i).size() > 2 && absl::Now() < clean) absl::SleepFor(absl::Milliseconds(50));
@@ -256,7 +249,7 @@ TEST_F(RemoteRunTest, AProgramRunsOnTheLaunchersMachineAndEveryNodeOfTheCluster)
   EXPECT_GT(fetched[1], 0) << stats;
   EXPECT_GT(fetched[2], 0) << stats;
 
-  EXPECT_EQ(WaitGone("-f '[s]tretchd node .*--replica_images'"), 0);
+  EXPECT_EQ(WaitGone("stretchd", "--replica_images"), 0);
   EXPECT_EQ(NodeTmp(1), before);
   EXPECT_EQ(NodeTmp(2), before);
   ASSERT_TRUE(nodes_[1]->running());

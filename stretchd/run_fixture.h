@@ -14,6 +14,7 @@
 #include "gtest/gtest.h"
 #include "migrate/subprocess.h"
 #include "migrate/testing_criu.h"
+#include "testing/processes.h"
 
 namespace stretch::testing {
 
@@ -51,6 +52,9 @@ inline Outcome RunCommand(const std::vector<std::string>& argv, const std::strin
 
 class RunFixture : public ::testing::Test {
  protected:
+  // Whatever the test starts is marked: CountTestProcesses() counts this test's processes only.
+  RunFixture() { MarkTestProcessTree(); }
+
   // Native run and `stretchd run --nodes=2` of the same command; both outcomes.
   std::pair<Outcome, Outcome> Both(const std::vector<std::string>& prog,
                                    const std::vector<std::string>& flags = {}) {

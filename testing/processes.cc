@@ -1,0 +1,66 @@
+#include "testing/processes.h"
+
+#include <dirent.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/string_view.h"
+#include "absl/strings/strip.h"
+#include "absl/time/clock.h"
+#include "core/fd_io.h"
+
+namespace stretch::testing {
+namespace {
+
+constexpr char kName[] = "STRETCH_TEST_TREE";
+
+// The whole of /proc/PID/FILE, or empty if it cannot be read.
+std::string ProcFile(const char* pid, const char* file) {
+  return ReadFileOrEmpty(absl::StrCat("/proc/", pid, "/", file));
+}
+
+bool HasEntry(const std::string& nul_separated, absl::string_view entry) {
+  for (absl::string_view e : absl::StrSplit(nul_separated, '\0')) {
+    if (e == entry) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+void MarkTestProcessTree() {
+  if (getenv(kName) != nullptr) return;
+  setenv(kName, absl::StrCat(getpid(), ".", absl::ToUnixNanos(absl::Now())).c_str(), 1);
+}
+
+std::string TestProcessTreeEntry() {
+  const char* v = getenv(kName);
+  return v ? absl::StrCat(kName, "=", v) : std::string();
+}
+
+std::vector<pid_t> TestProcesses(const std::string& comm, const std::string& cmdline_part) {
+  std::vector<pid_t> found;
+  const std::string entry = TestProcessTreeEntry();
+  if (entry.empty()) return found;
+  DIR* d = opendir("/proc");
+  if (d == nullptr) return found;
+  while (dirent* e = readdir(d)) {
+    int pid = 0;
+    if (!absl::SimpleAtoi(e->d_name, &pid) || pid == getpid()) continue;
+    const std::string name(absl::StripSuffix(ProcFile(e->d_name, "comm"), "\n"));
+    if (name != comm) continue;
+    if (!cmdline_part.empty()) {
+      std::string cmdline = ProcFile(e->d_name, "cmdline");
+      for (char& c : cmdline) c = c == '\0' ? ' ' : c;
+      if (cmdline.find(cmdline_part) == std::string::npos) continue;
+    }
+    if (HasEntry(ProcFile(e->d_name, "environ"), entry)) found.push_back(pid);
+  }
+  closedir(d);
+  return found;
+}
+
+}  // namespace stretch::testing

@@ -1,0 +1,37 @@
+// Processes of this test: a test that counts the processes a run left behind must count its own
+// only, not those of another test running beside it (Bazel runs two at a time here) or of a
+// user's program of the same name. MarkTestProcessTree() puts an entry into this process's
+// environment that everything it starts inherits: the launcher, its node agents, CRIU and the
+// program, whose replicas CRIU restores with their environment.
+//
+//   testing::MarkTestProcessTree();  // once, before starting anything
+//   EXPECT_EQ(testing::CountTestProcesses("spin_prog"), 0);
+//   EXPECT_EQ(testing::CountTestProcesses("stretchd", "--replica_images"), 0);
+#ifndef STRETCH_TESTING_PROCESSES_H_
+#define STRETCH_TESTING_PROCESSES_H_
+
+#include <sys/types.h>
+
+#include <string>
+#include <vector>
+
+namespace stretch::testing {
+
+// Sets STRETCH_TEST_TREE=<pid>.<start time> in this process's environment (idempotent).
+void MarkTestProcessTree();
+
+// The environment entry MarkTestProcessTree() set ("STRETCH_TEST_TREE=..."), empty before.
+std::string TestProcessTreeEntry();
+
+// The processes (other than this one) whose environment holds the entry, whose name (comm, as
+// `pgrep -x` matches it) is `comm`, and whose command line contains `cmdline_part` if it is
+// not empty. Processes that go away while being read are skipped.
+std::vector<pid_t> TestProcesses(const std::string& comm, const std::string& cmdline_part = "");
+
+inline int CountTestProcesses(const std::string& comm, const std::string& cmdline_part = "") {
+  return static_cast<int>(TestProcesses(comm, cmdline_part).size());
+}
+
+}  // namespace stretch::testing
+
+#endif  // STRETCH_TESTING_PROCESSES_H_
