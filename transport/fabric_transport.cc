@@ -139,6 +139,7 @@ absl::Status FabricTransport::OpenLocked(const InetAddress& bind) {
       .max_message_size = options_.max_message_size,
       .heartbeat_interval = options_.heartbeat_interval,
       .peer_timeout = options_.peer_timeout,
+      .peer_timeout_bound = options_.peer_timeout_bound,
       .cluster_secret = options_.cluster_secret.has_value() ? &*options_.cluster_secret : nullptr,
   };
   cq_fd_ = endpoint_->cq_fd();

@@ -370,6 +370,26 @@ void Session::ExcuseLocalStall(absl::Duration d) {
   if (!held_.empty()) gap_since_ += d;
 }
 
+void Session::Heard(absl::Time now) {
+  if (state_ == SessionState::kConnected) {
+    if (now >= gap_window_end_) {
+      // A new window; the last one is remembered only if it just ended.
+      slowest_gap_before_ =
+          now - gap_window_end_ < kGapWindow ? slowest_gap_ : absl::ZeroDuration();
+      slowest_gap_ = absl::ZeroDuration();
+      gap_window_end_ = now + kGapWindow;
+    }
+    slowest_gap_ = std::max(slowest_gap_, now - last_heard_);
+  }
+  last_heard_ = now;
+}
+
+absl::Duration Session::PeerTimeout() const {
+  const absl::Duration base = options_->peer_timeout;
+  const absl::Duration bound = std::max(base, options_->peer_timeout_bound);
+  return std::clamp(2 * std::max(slowest_gap_, slowest_gap_before_), base, bound);
+}
+
 SessionActions Session::OnTick(absl::Time now) {
   SessionActions out;
   const absl::Duration timeout = options_->peer_timeout;
@@ -380,10 +400,16 @@ SessionActions Session::OnTick(absl::Time now) {
     return out;
   }
   if (state_ != SessionState::kConnected) return out;
-  if (now - last_heard_ >= timeout) {
-    End(absl::UnavailableError(absl::StrCat("nothing heard from ", peer_address_, " for ",
-                                            absl::FormatDuration(now - last_heard_),
-                                            " (peer_timeout ", absl::FormatDuration(timeout), ")")),
+  if (const absl::Duration allowed = PeerTimeout(); now - last_heard_ >= allowed) {
+    const std::string extended =
+        allowed == timeout
+            ? ""
+            : absl::StrCat(
+                  ", extended to ", absl::FormatDuration(allowed), " as its frames came up to ",
+                  absl::FormatDuration(std::max(slowest_gap_, slowest_gap_before_)), " apart");
+    End(absl::UnavailableError(absl::StrCat(
+            "nothing heard from ", peer_address_, " for ", absl::FormatDuration(now - last_heard_),
+            " (peer_timeout ", absl::FormatDuration(timeout), extended, ")")),
         /*say_bye=*/true, /*report=*/true, out);
     return out;
   }
@@ -544,7 +570,7 @@ SessionActions Session::OnPeerFrame(const Frame& frame, absl::Time now) {
     // Its silence is timed from its HELLO: only a proof counts (see OnTick).
     if (heartbeat) return out;
   } else {
-    last_heard_ = now;
+    Heard(now);
   }
   if (heartbeat) {
     out.push_back(Note(SessionAction::Kind::kHeartbeatReceived));

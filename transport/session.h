@@ -85,8 +85,15 @@ struct SessionOptions {
   size_t max_message_size = 0;
   absl::Duration heartbeat_interval;
   absl::Duration peer_timeout;
+  // How far a connected peer's timeout may grow for a peer whose frames have lately come far
+  // apart (a busy machine): twice the longest recent gap, between peer_timeout and this bound.
+  // Not above peer_timeout (the default): the timeout is fixed.
+  absl::Duration peer_timeout_bound;
   const ClusterSecret* cluster_secret = nullptr;  // null: none
 };
+
+// Gaps between a peer's frames are remembered for one to two windows of this length.
+inline constexpr absl::Duration kGapWindow = absl::Seconds(10);
 
 enum class SessionState : uint8_t {
   kAwaitingHello,   // listener: created for a HELLO not yet applied
@@ -194,6 +201,9 @@ class Session {
   const absl::Status& hello_error() const { return hello_error_; }
   // Frames waiting for an earlier one.
   size_t held() const { return held_.size(); }
+  // How long a connected peer may be silent before it is lost: peer_timeout, or up to
+  // peer_timeout_bound for a peer whose frames have come far apart in the last 10-20 s.
+  absl::Duration PeerTimeout() const;
 
  private:
   struct HeldFrame {
@@ -252,9 +262,14 @@ class Session {
   uint64_t partial_total_ = 0;
   bool in_message_ = false;
 
-  // Liveness.
+  // Liveness: when we last heard the peer, and the longest gaps between its frames in this
+  // gap window (ending at gap_window_end_) and the one before.
+  void Heard(absl::Time now);
   absl::Time last_heard_;
   absl::Time last_sent_;
+  absl::Duration slowest_gap_ = absl::ZeroDuration();
+  absl::Duration slowest_gap_before_ = absl::ZeroDuration();
+  absl::Time gap_window_end_ = absl::InfinitePast();
 
   // The connector's HELLO schedule.
   absl::Time next_hello_;

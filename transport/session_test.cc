@@ -496,6 +496,106 @@ TEST_F(SessionTest, LateHeartbeatsWithinTheTimeoutKeepThePeer) {
   EXPECT_GT(now - kT0, 9 * kTimeout);
 }
 
+// The adaptive part of the timeout: a peer whose frames lately came far apart (a busy machine)
+// gets twice its longest recent gap, up to peer_timeout_bound.
+class AdaptiveTimeoutTest : public SessionTest {
+ protected:
+  static constexpr absl::Duration kBound = absl::Seconds(2);
+
+  void SetUp() override {
+    SessionTest::SetUp();
+    listener_options_.peer_timeout_bound = kBound;
+    Connect();
+  }
+
+  // The connector's heartbeat, heard by the listener at `t` (and the listener's, if due, by
+  // the connector).
+  void BeatAt(absl::Time t) {
+    for (const SessionAction& a : listener_->OnTick(t)) {
+      ASSERT_EQ(a.kind, Kind::kSend) << ToString(a);
+      connector_->OnFrame(Post(*listener_, a.frame, t).frame(), t);
+    }
+    OutFrame beat = HeartbeatOf(connector_->OnTick(t));
+    EXPECT_THAT(Kinds(listener_->OnFrame(Post(*connector_, beat, t).frame(), t)),
+                ElementsAre(Kind::kHeartbeatReceived));
+  }
+
+  // Whether the listener, ticking every 50 ms from `from` (its heartbeats reach the peer),
+  // still has the peer at `until`.
+  bool KeepsThePeerUntil(absl::Time from, absl::Time until) {
+    for (absl::Time t = from; t <= until; t += absl::Milliseconds(50)) {
+      for (const SessionAction& a : listener_->OnTick(t)) {
+        if (a.kind == Kind::kLost) {
+          lost_at_ = t;
+          lost_ = a.status;
+          return false;
+        }
+        if (a.kind == Kind::kSend) {
+          connector_->OnFrame(Post(*listener_, a.frame, t).frame(), t);  // it hears us
+        }
+      }
+    }
+    return true;
+  }
+
+  absl::Time lost_at_ = absl::InfinitePast();
+  absl::Status lost_;
+};
+
+TEST_F(AdaptiveTimeoutTest, APeerWhoseFramesCameFarApartGetsTwiceItsLongestGap) {
+  EXPECT_EQ(listener_->PeerTimeout(), kTimeout);
+  const absl::Time t1 = kT0 + absl::Milliseconds(700);
+  BeatAt(t1);  // 700 ms of silence: within the 1 s timeout, and remembered
+  EXPECT_EQ(listener_->PeerTimeout(), absl::Milliseconds(1400));
+  // Silent again: kept past the 1 s a fixed timeout would allow, lost at 1.4 s.
+  EXPECT_TRUE(KeepsThePeerUntil(t1, t1 + absl::Milliseconds(1350)));
+  EXPECT_FALSE(KeepsThePeerUntil(t1 + absl::Milliseconds(1400), t1 + absl::Seconds(2)));
+  EXPECT_EQ(lost_at_, t1 + absl::Milliseconds(1400));
+  EXPECT_THAT(lost_.message(),
+              HasSubstr("nothing heard from connector:7001 for 1.4s (peer_timeout 1s, extended to "
+                        "1.4s as its frames came up to 700ms apart)"));
+}
+
+TEST_F(AdaptiveTimeoutTest, TheTimeoutNeverGrowsPastTheBound) {
+  absl::Time t = kT0;
+  // Each gap as long as the current timeout allows, less 10 ms: 0.99, 1.97, 1.99, 1.99 s.
+  for (int i = 0; i < 4; ++i) {
+    const absl::Duration allowed = listener_->PeerTimeout();
+    EXPECT_LE(allowed, kBound);
+    ASSERT_TRUE(KeepsThePeerUntil(t, t + allowed - absl::Milliseconds(50))) << i << ": " << lost_;
+    t += allowed - absl::Milliseconds(10);
+    BeatAt(t);
+  }
+  EXPECT_EQ(listener_->PeerTimeout(), kBound);
+  EXPECT_FALSE(KeepsThePeerUntil(t, t + absl::Seconds(3)));
+  EXPECT_EQ(lost_at_, t + kBound);
+}
+
+TEST_F(AdaptiveTimeoutTest, SlownessIsForgottenAfterTwoQuietWindows) {
+  absl::Time t = kT0 + absl::Milliseconds(900);
+  BeatAt(t);
+  EXPECT_EQ(listener_->PeerTimeout(), absl::Milliseconds(1800));
+  // Then heartbeats every 100 ms: the 900 ms gap is remembered for this window and the next.
+  const absl::Time slow_window_end = kT0 + absl::Milliseconds(900) + kGapWindow;
+  while (t < slow_window_end + kGapWindow - absl::Milliseconds(100)) {
+    t += kHeartbeat;
+    BeatAt(t);
+    ASSERT_EQ(listener_->PeerTimeout(), absl::Milliseconds(1800)) << t - kT0;
+  }
+  t += kHeartbeat;
+  BeatAt(t);
+  EXPECT_EQ(listener_->PeerTimeout(), kTimeout);
+}
+
+TEST_F(SessionTest, WithoutABoundAboveItThePeerTimeoutIsFixed) {
+  Connect();
+  const absl::Time t1 = kT0 + absl::Milliseconds(900);
+  OutFrame beat = HeartbeatOf(connector_->OnTick(t1));
+  listener_->OnFrame(Post(*connector_, beat, t1).frame(), t1);
+  EXPECT_EQ(listener_->PeerTimeout(), kTimeout);
+  EXPECT_THAT(Kinds(listener_->OnTick(t1 + kTimeout)), ::testing::Contains(Kind::kLost));
+}
+
 TEST_F(SessionTest, HeartbeatGoesOutOnlyAfterAnIdleInterval) {
   Connect();
   EXPECT_TRUE(Sends(connector_->OnTick(kT0 + kHeartbeat - absl::Milliseconds(1))).empty());

@@ -124,6 +124,11 @@ struct TransportOptions {
   // `heartbeat_interval`. Requires heartbeat_interval < peer_timeout.
   absl::Duration heartbeat_interval = absl::Milliseconds(100);
   absl::Duration peer_timeout = absl::Seconds(2);
+  // A peer whose frames have lately (10-20 s) come far apart, as a busy but healthy machine's
+  // do, gets twice the longest gap instead, up to this bound (when above peer_timeout): a
+  // slow peer is told from a dead one by its own history, and a real loss is still found
+  // within the bound.
+  absl::Duration peer_timeout_bound = absl::Seconds(2);
 
   // How long Send() may block waiting for send buffers (the peer or the network is slow)
   // before it gives up with kUnavailable.
