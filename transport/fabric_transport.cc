@@ -371,8 +371,16 @@ void FabricTransport::MaybeHousekeepLocked(absl::Time now) {
   if (late > period) {
     ProgressLocked();
     for (auto& [id, peer] : peers_) peer->session.ExcuseLocalStall(late);
-    VLOG(1) << local_text_ << ": housekeeping " << absl::FormatDuration(late)
-            << " late; peers' timeouts extended by that much";
+    // Long enough to cost a peer its place elsewhere (our heartbeats were as late): say so.
+    if (late >= options_.peer_timeout / 2) {
+      LOG_FIRST_N(WARNING, 10) << local_text_ << ": housekeeping " << absl::FormatDuration(late)
+                               << " late (this process was not scheduled or the transport "
+                                  "lock was held): our heartbeats were as late; the peers' "
+                                  "timeouts here are extended by that much";
+    } else {
+      VLOG(1) << local_text_ << ": housekeeping " << absl::FormatDuration(late)
+              << " late; peers' timeouts extended by that much";
+    }
   }
   for (auto& [id, peer] : peers_) ApplyLocked(*peer, peer->session.OnTick(now));
   // rxm reports nothing we act on through the endpoint's EQ; log whatever arrives.
