@@ -10,6 +10,7 @@ import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+import corpus_programs  # noqa: E402
 import gen_inputs  # noqa: E402
 
 with open(os.path.join(HERE, "corpus.json")) as f:
@@ -53,6 +54,40 @@ class CorpusTest(unittest.TestCase):
                                          "matrix_multiply", "pca", "string_match",
                                          "word_count")))
         self.assertTrue(any(p["source"] == "openblas" for p in PROGRAMS))
+
+
+class CorpusProgramsTest(unittest.TestCase):
+    """What tools/corpus and tools/soak take from corpus_programs."""
+
+    def test_only_selects_and_an_unknown_name_is_an_error(self):
+        self.assertEqual([p["name"] for p in corpus_programs.load("xz,pigz")], ["pigz", "xz"])
+        self.assertEqual(len(corpus_programs.load()), len(PROGRAMS))
+        with self.assertRaisesRegex(corpus_programs.Error, r"unknown program\(s\) nosuch; known: "):
+            corpus_programs.load("xz,nosuch")
+
+    def test_command_fills_in_the_build_directories_and_the_environment(self):
+        tmp = os.environ.get("TEST_TMPDIR", "/tmp")
+        exe = os.path.join(tmp, "kmeans_omp")
+        with open(exe, "w") as f:
+            f.write("#!/bin/sh\n")
+        os.chmod(exe, 0o755)
+        prog = {"argv": ["{workloads}/kmeans_omp", "--threads=2"], "env": {"X_CORPUS": "1"}}
+        argv, env = corpus_programs.command(prog, {"workloads": tmp, "corpus": "/nowhere"})
+        self.assertEqual(argv, [exe, "--threads=2"])
+        self.assertEqual(env["X_CORPUS"], "1")
+        with self.assertRaisesRegex(corpus_programs.Error, r"/nowhere/dgemm not found"):
+            corpus_programs.command({"argv": ["{corpus}/dgemm"]}, {"corpus": "/nowhere"})
+
+    def test_digest_compares_all_of_the_output_or_only_the_kept_lines(self):
+        tmp = os.environ.get("TEST_TMPDIR", "/tmp")
+        a, b = os.path.join(tmp, "a.out"), os.path.join(tmp, "b.out")
+        with open(a, "w") as f:
+            f.write("info depth 1 time 5\nbestmove e2e4 ponder e7e5\n")
+        with open(b, "w") as f:
+            f.write("info depth 1 time 9\nbestmove e2e4 ponder d7d5\n")
+        keep = {"keep": "^bestmove [a-h1-8]+"}
+        self.assertEqual(corpus_programs.digest(a, keep), corpus_programs.digest(b, keep))
+        self.assertNotEqual(corpus_programs.digest(a, "md5"), corpus_programs.digest(b, "md5"))
 
 
 if __name__ == "__main__":
