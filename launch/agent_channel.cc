@@ -60,6 +60,20 @@ std::optional<Control> Await(Agent& a, std::initializer_list<ControlOp> ops,
   return std::nullopt;
 }
 
+bool Ended(Agent& a) {
+  if (a.done) return false;
+  if (std::any_of(a.pending.begin(), a.pending.end(),
+                  [](const Control& c) { return IsEnd(c.op); })) {
+    return true;
+  }
+  while (std::optional<Control> c = ReceiveFrom(a, 0)) {
+    const bool end = IsEnd(c->op);
+    a.pending.push_back(std::move(*c));
+    if (end) return true;
+  }
+  return false;
+}
+
 std::optional<Control> Next(Agent& a) {
   if (!a.pending.empty()) {
     Control c = std::move(a.pending.front());

@@ -50,6 +50,10 @@ std::optional<wire::Control> Await(Agent& a, std::initializer_list<wire::Control
 // none. The channel closing reads as kFailed with kAgentGone.
 std::optional<wire::Control> Next(Agent& a);
 
+// Whether the program ended at `a` (or its agent went): reads what the channel holds, without
+// waiting, into `a.pending` (for the main loop, in order), up to and including an end.
+bool Ended(Agent& a);
+
 }  // namespace stretch::launch
 
 #endif  // STRETCH_LAUNCH_AGENT_CHANNEL_H_

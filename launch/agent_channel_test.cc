@@ -93,6 +93,33 @@ TEST_F(AgentChannelTest, LargeMessagesArriveWhole) {
   EXPECT_EQ(r->text, state);
 }
 
+// Ended() looks without waiting and keeps what it read, in order, for the main loop.
+TEST_F(AgentChannelTest, EndedKeepsWhatItReadAndStopsAtTheEnd) {
+  EXPECT_FALSE(Ended(agent_));
+  Control cpu = Of(ControlOp::kCpuReport);
+  cpu.cpu.run_ns = 1;
+  ASSERT_TRUE(Send(node_.get(), cpu));
+  EXPECT_FALSE(Ended(agent_));
+  ASSERT_TRUE(Send(node_.get(), Of(ControlOp::kFailed)));
+  ASSERT_TRUE(Send(node_.get(), Of(ControlOp::kHere)));
+  EXPECT_TRUE(Ended(agent_));
+  EXPECT_TRUE(Ended(agent_)) << "the end stays known";
+  ASSERT_EQ(agent_.pending.size(), 2u);
+  EXPECT_EQ(agent_.pending[0].op, ControlOp::kCpuReport);
+  EXPECT_EQ(agent_.pending[1].op, ControlOp::kFailed);
+  EXPECT_EQ(Next(agent_)->op, ControlOp::kCpuReport);
+  EXPECT_EQ(Next(agent_)->op, ControlOp::kFailed);
+  EXPECT_EQ(Next(agent_)->op, ControlOp::kHere) << "left in the socket";
+}
+
+// A node whose agent is gone has ended.
+TEST_F(AgentChannelTest, AClosedChannelHasEnded) {
+  node_.reset();
+  EXPECT_TRUE(Ended(agent_));
+  ASSERT_EQ(agent_.pending.size(), 1u);
+  EXPECT_EQ(agent_.pending.front().text, kAgentGone);
+}
+
 TEST_F(AgentChannelTest, NoAnswerInTimeIsNullopt) {
   EXPECT_FALSE(Await(agent_, {ControlOp::kHere}, absl::Milliseconds(20)).has_value());
   EXPECT_TRUE(agent_.pending.empty());

@@ -111,11 +111,15 @@ void Launcher::GoHome() {
   Send(agents_[0].control.get(), Control{ControlOp::kHome});
   const absl::Time end = start + absl::Minutes(5);
   std::optional<Control> r;
-  while (!agents_[0].done && absl::Now() < end) {
+  bool other_ended = false;
+  while (!agents_[0].done && absl::Now() < end && !other_ended) {
     const size_t kept = agents_[0].pending.size();
-    r = AwaitAnswer(0, {ControlOp::kHomeOk, ControlOp::kHomeRefused}, end - absl::Now());
-    // No answer in time, or the program's end (or node 0's error): the loop reports it.
-    if (r || agents_[0].pending.size() == kept || EndedWhileWaiting(0, kept)) break;
+    // In slices: taking a large program home takes long, but another node's end (its error
+    // may be why node 0 cannot finish) ends the wait at once.
+    r = AwaitAnswer(0, {ControlOp::kHomeOk, ControlOp::kHomeRefused},
+                    std::min(end - absl::Now(), absl::Milliseconds(200)));
+    if (r || EndedWhileWaiting(0, kept)) break;  // the loop reports an end
+    for (int i = 1; i < o_.nodes; ++i) other_ended |= Ended(agents_[i]);
   }
   if (r && r->op == ControlOp::kHomeRefused && r->value == 1) {
     home_tried_ = false;  // every thread was in a call: again after the next window
@@ -123,7 +127,10 @@ void Launcher::GoHome() {
   }
   if (!r || r->op != ControlOp::kHomeOk) {
     LOG(WARNING) << "stretchd run: the program could not go home to node 0"
-                 << (r ? absl::StrCat(": ", r->text) : "") << "; it runs on distributed";
+                 << (r             ? absl::StrCat(": ", r->text)
+                     : other_ended ? " (another node's program ended meanwhile)"
+                                   : "")
+                 << "; it runs on distributed";
     return;
   }
   home_at_ = absl::Now();
