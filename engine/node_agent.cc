@@ -2,6 +2,9 @@
 
 #include <signal.h>
 
+#include <algorithm>
+
+#include "engine/fault_deadline.h"
 #include "engine/node_agent_impl.h"
 
 namespace stretch::engine {
@@ -224,6 +227,8 @@ void NodeAgent::Impl::WatchdogLoop() {
       if (watchdog_mu_.AwaitWithTimeout(absl::Condition(&watchdog_stop_), period)) return;
     }
     std::optional<std::pair<PageId, int64_t>> overdue;
+    FaultOverdue why = FaultOverdue::kNo;
+    int64_t quiet_ns = 0;
     {
       absl::MutexLock l(&mu_);
       const int64_t now = NowNs();
@@ -233,7 +238,13 @@ void NodeAgent::Impl::WatchdogLoop() {
           waiting_.erase(it++);  // resolved without an install, or the page was unmapped
           continue;
         }
-        if (now - it->second > limit_ns && !overdue) overdue.emplace(it->first, now - it->second);
+        if (!overdue) {
+          why = CheckFault(it->second, last_answer_ns_, now, limit_ns);
+          if (why != FaultOverdue::kNo) {
+            overdue.emplace(it->first, now - it->second);
+            quiet_ns = now - std::max(it->second, last_answer_ns_);
+          }
+        }
         ++it;
       }
     }
@@ -246,10 +257,15 @@ void NodeAgent::Impl::WatchdogLoop() {
           "rather than run unguarded")));
     }
     if (overdue) {
+      const std::string meanwhile =
+          why == FaultOverdue::kNothingCame
+              ? absl::StrCat("no page came for ", absl::FormatDuration(absl::Nanoseconds(quiet_ns)))
+              : absl::StrCat("other pages came, but not this one in ", kBusyPeerFactor,
+                             " times that");
       Fail(absl::DeadlineExceededError(
           absl::StrCat("a fault on ", overdue->first.ToString(), " got no answer in ",
                        absl::FormatDuration(absl::Nanoseconds(overdue->second)), " (fault_timeout ",
-                       absl::FormatDuration(options_.fault_timeout),
+                       absl::FormatDuration(options_.fault_timeout), "; ", meanwhile,
                        "): a message was lost or a peer is stuck")));
     }
   }

@@ -369,6 +369,8 @@ class NodeAgent::Impl {
   absl::node_hash_map<PageId, PageState> pages_ ABSL_GUARDED_BY(mu_);
   // Pages with an unresolved fault: their fault_start_ns (may be stale; the watchdog checks).
   absl::flat_hash_map<PageId, int64_t> waiting_ ABSL_GUARDED_BY(mu_);
+  // When the latest page was installed or a fault woken without one (fault_deadline.h).
+  int64_t last_answer_ns_ ABSL_GUARDED_BY(mu_) = 0;
 
   absl::Mutex watchdog_mu_;
   bool watchdog_stop_ ABSL_GUARDED_BY(watchdog_mu_) = false;

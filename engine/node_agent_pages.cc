@@ -143,6 +143,7 @@ void NodeAgent::Impl::Installed(PageId page) {
   PageState& ps = pages_[page];
   const int64_t now = NowNs();
   ps.hold_until_ns = now + absl::ToInt64Nanoseconds(options_.install_hold);
+  last_answer_ns_ = now;
   if (ps.fault_start_ns != 0) {
     stats_.fault_latency.Record(static_cast<uint64_t>(now - ps.fault_start_ns));
     ps.fault_start_ns = 0;
@@ -155,6 +156,7 @@ void NodeAgent::Impl::Woken(PageId page) {
   auto it = pages_.find(page);
   if (it != pages_.end()) it->second.fault_start_ns = 0;
   waiting_.erase(page);
+  last_answer_ns_ = NowNs();
 }
 
 void NodeAgent::Impl::DrainLocal(PageId page, Attachment& att) {

@@ -115,8 +115,9 @@ DEFINE_int32(peer_timeout_ms, 1000,
              "a peer whose messages came far apart in the last 10-20 s (a busy machine) gets "
              "twice its longest gap, up to 2 s");
 DEFINE_int32(fault_timeout_ms, 2000,
-             "node, run: a page fault still unanswered after this long (a lost message, a stuck "
-             "peer) stops the program with an error");
+             "node, run: a page fault still unanswered after this long while no other page came "
+             "either (a lost message, a stuck peer) stops the program with an error; while other "
+             "pages keep coming (a busy peer), after 5 times as long");
 DEFINE_string(inject_faults, "",
               "node, run (testing): faults injected into the coherence messages each node "
               "receives, e.g. 'drop=0.01,seed=7' or 'delay=0.5,max_delay_ms=5' (keys: drop, "
