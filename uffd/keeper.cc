@@ -311,7 +311,13 @@ absl::StatusOr<int32_t> Keeper::Request(uint32_t op, int32_t pid, int fd1, int f
   if (!sock_.valid()) return absl::FailedPreconditionError("the keeper was stopped");
   struct Request req = {op, pid};
   if (SendWithFds(sock_.get(), &req, sizeof(req), fd1, fd2) != sizeof(req)) {
-    return ErrnoStatus(errno, "send to the keeper");
+    const int err = errno;
+    if (err == EPIPE || err == ECONNRESET) {
+      return absl::InternalError(
+          absl::StrCat("the keeper process (pid ", pid_,
+                       ") that kills this node's processes if its agent dies was killed"));
+    }
+    return ErrnoStatus(err, "send to the keeper");
   }
   return ReadReply(sock_.get(), deadline);
 }
