@@ -13,6 +13,7 @@
 #include "absl/strings/strip.h"
 #include "core/status.h"
 #include "core/unique_fd.h"
+#include "glog/logging.h"
 
 namespace stretch {
 namespace {
@@ -22,6 +23,23 @@ absl::Status MakeDir(const std::string& dir) {
     return ErrnoStatus(errno, absl::StrCat("mkdir ", dir));
   }
   return absl::OkStatus();
+}
+
+// CRIU's parasite makes kParasiteProcDir in the dumped task's working directory (when the
+// task's /proc is not its PID namespace's: Stretch's programs run in their own) to mount a
+// proc there, and removes it after. A dump killed in between (its agent killed, a soak) leaves
+// it behind, and every later dump of a program working there fails with "Can't create a
+// directory (-17)". Called under the machine-wide dump lock, so no dump of ours is using it:
+// an empty directory by that name is such a leftover.
+constexpr char kParasiteProcDir[] = "proc.crtools";
+
+void RemoveStaleParasiteDir(pid_t pid) {
+  // Through the task's cwd link: its mount namespace and root, as the parasite sees them.
+  const std::string dir = absl::StrCat("/proc/", pid, "/cwd/", kParasiteProcDir);
+  if (rmdir(dir.c_str()) == 0) {
+    LOG(WARNING) << "removed " << kParasiteProcDir << " from the working directory of pid " << pid
+                 << ": left by a CRIU dump that was killed";
+  }
 }
 
 std::vector<std::string> CriuEnv(const CriuOptions& o) {
@@ -60,6 +78,7 @@ absl::Status Criu::Dump(pid_t pid, const std::string& images_dir, const DumpOpti
   UniqueFd lock(open(options_.dump_lock.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600));
   if (!lock.valid()) return ErrnoStatus(errno, absl::StrCat("open ", options_.dump_lock));
   if (flock(lock.get(), LOCK_EX) != 0) return ErrnoStatus(errno, "flock CRIU dump lock");
+  RemoveStaleParasiteDir(pid);
   std::string log = absl::StrCat(images_dir, "/dump.log");
   SubprocessOptions o;
   o.argv = {options_.binary,

@@ -138,6 +138,30 @@ TEST_F(CriuTest, DumpThenLazyRestoreServedFromTheCheckpoint) {
   EXPECT_GE(copied.load(), static_cast<int>(heap_len / kPageSize));
 }
 
+// A dump killed while its parasite had proc.crtools made in the task's working directory leaves
+// it there, and CRIU then fails every later dump of a task working there ("Can't create a
+// directory (-17)", as a soak that killed agents found). Dump removes the leftover first.
+TEST_F(CriuTest, DumpRemovesWhatAKilledDumpLeftInTheWorkingDirectory) {
+  const std::string cwd = dir_.path() + "/cwd";
+  ASSERT_EQ(mkdir(cwd.c_str(), 0700), 0);
+  ASSERT_EQ(mkdir((cwd + "/proc.crtools").c_str(), 0700), 0);
+  SubprocessOptions o;
+  o.argv = {TestProgram(), dir_.path() + "/go"};
+  o.cwd = cwd;
+  o.stdout_path = dir_.path() + "/out";
+  o.stderr_path = dir_.path() + "/err";
+  o.new_pid_namespace = true;
+  o.die_with_parent = false;
+  auto app = Subprocess::Start(o);
+  ASSERT_TRUE(app.ok()) << app.status();
+  ASSERT_TRUE(
+      testing::WaitForFileContaining(o.stdout_path, "ready", absl::Now() + absl::Seconds(30)))
+      << testing::ReadFileOrEmpty(o.stderr_path);
+  absl::Status dumped = criu_.Dump(app->pid(), dir_.path() + "/images");
+  EXPECT_TRUE(dumped.ok()) << dumped;
+  EXPECT_NE(access((cwd + "/proc.crtools").c_str(), F_OK), 0) << "the leftover is still there";
+}
+
 TEST_F(CriuTest, DumpFailureNamesTheCause) {
   // No such process: CRIU fails and the error carries CRIU's own reason and the log path.
   absl::Status s = criu_.Dump(999999, dir_.path() + "/images");
