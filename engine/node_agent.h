@@ -199,7 +199,8 @@ class NodeAgent {
 
   // Makes `pid` die with this agent from now on (the keeper holds a duplicate of `uffd`), for
   // a process whose memory is this agent's before it is attached: a replica just restored
-  // with its lazy pages' uffd. Attach() guards every attached process itself.
+  // with its lazy pages' uffd. Attach() guards every attached process itself. `uffd` -1: a
+  // process with none that must not outlive the agent either (the program taken home).
   absl::Status Guard(pid_t pid, int uffd);
   // Kills process group `pgid` if this agent dies, until ReleaseGroup(): helpers working for
   // it that must not outlive it (CRIU restoring a replica).

@@ -102,6 +102,12 @@ absl::StatusOr<std::unique_ptr<HomeProcess>> Replica::GoHome(const std::string& 
   if (!pid.ok()) return Lost(pid.status());
   auto pidfd = uffd::Pidfd::Open(*pid);
   if (!pidfd.ok()) return Lost(pidfd.status());
+  // It dies with this agent, as the replica would have: the launcher, told the agent is gone,
+  // ends the run, and nothing may go on running unseen.
+  if (absl::Status s = agent_->Guard(*pid, -1); !s.ok()) {
+    kill(*pid, SIGKILL);
+    return Lost(s);
+  }
   // 6. Run.
   if (kill(*pid, SIGCONT) != 0) return Lost(ErrnoStatus(errno, "SIGCONT"));
   stats.restore = absl::Now() - restore_start;

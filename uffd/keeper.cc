@@ -80,7 +80,7 @@ void SendReply(int sock, int32_t value) {
 
 void Drop(Guarded* targets, int* n, int i) {
   close(targets[i].pidfd);
-  close(targets[i].uffd);
+  if (targets[i].uffd >= 0) close(targets[i].uffd);
   targets[i] = targets[--*n];
 }
 
@@ -166,12 +166,14 @@ void Drop(Guarded* targets, int* n, int i) {
     }
     switch (req.op) {
       case kGuard:
+        // A pidfd and a uffd, or a pidfd alone (a process with no uffd: killed all the same).
+        if (nfds_in == 1) fds_in[nfds_in++] = -1;
         if (nfds_in != 2) {
           for (int i = 0; i < nfds_in; ++i) close(fds_in[i]);
           SendReply(sock, -EINVAL);
         } else if (n == Keeper::kMaxTargets) {
           close(fds_in[0]);
-          close(fds_in[1]);
+          if (fds_in[1] >= 0) close(fds_in[1]);
           SendReply(sock, -ENOSPC);
         } else {
           targets[n++] = {req.pid, fds_in[0], fds_in[1]};

@@ -51,7 +51,8 @@ class Keeper {
 
   // Gives the keeper a duplicate of `uffd` and of the target's pidfd; returns once it holds
   // them. ResourceExhausted beyond kMaxTargets. A target may be guarded more than once (e.g.
-  // with another uffd); each counts towards kMaxTargets.
+  // with another uffd); each counts towards kMaxTargets. `uffd` -1: a process with none (a
+  // program taken home), killed with the agent all the same.
   absl::Status Guard(const Pidfd& target, int uffd, absl::Time deadline);
   // Drops the target's references (every Guard of it) without killing it. NotFound if it is
   // not guarded.

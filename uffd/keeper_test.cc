@@ -171,6 +171,19 @@ TEST(KeeperTest, DestroyingTheKeeperKillsWhatItStillGuards) {
   EXPECT_EQ(target.WaitExitCode(), 128 + SIGKILL);
 }
 
+// A process guarded without a uffd (a program taken home) dies with the agent too.
+TEST(KeeperTest, AProcessWithoutAUffdIsKilledAllTheSame) {
+  UniqueFd uffd;
+  ChildProcess target = StartTarget(&uffd);
+  auto keeper = Keeper::Start(kTimeout);
+  ASSERT_TRUE(keeper.ok());
+  auto pidfd = Pidfd::Open(target.pid());
+  ASSERT_TRUE((*keeper)->Guard(*pidfd, -1, absl::Now() + kTimeout).ok());
+  EXPECT_EQ(*(*keeper)->GuardedCount(absl::Now() + kTimeout), 1);
+  keeper->reset();
+  EXPECT_EQ(target.WaitExitCode(), 128 + SIGKILL);
+}
+
 // A process group (a leader and a process it forked): both pause until killed. Returns the
 // leader (our child) and the other member (ours too once orphaned: we are a subreaper).
 std::pair<pid_t, pid_t> StartGroup() {
