@@ -222,7 +222,10 @@ absl::Status Replica::RestoreWithCriu(Restoring& s, absl::Time deadline) {
   STRETCH_ASSIGN_OR_RETURN(pid_, pending.Wait(deadline));
   // From here the replica dies with this agent, also before it is attached (its lazy pages are
   // ours to serve: without us they would read as zeros).
-  STRETCH_RETURN_IF_ERROR(agent_->Guard(pid_, s.uffd.get()));
+  if (absl::Status guarded = agent_->Guard(pid_, s.uffd.get()); !guarded.ok()) {
+    kill(pid_, SIGKILL);  // not in CRIU's group: nothing else would stop it (its keeper is gone)
+    return guarded;
+  }
   criu_group.done = true;  // CRIU has exited; the replica is guarded on its own
   STRETCH_RETURN_IF_ERROR(GiveThreadIdsTheirOwnRange(pid_, agent_->node()));
   char link[256];
