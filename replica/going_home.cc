@@ -94,6 +94,9 @@ absl::StatusOr<std::unique_ptr<HomeProcess>> Replica::GoHome(const std::string& 
   }
   if (copier_.joinable()) copier_.join();
   if (absl::Status s = LeaveHome(via, deadline); !s.ok()) return Lost(s);
+  // Released by the agent, it still dies with it until it is checkpointed (a run whose agent
+  // was killed here left it behind, stopped).
+  if (absl::Status s = agent_->Guard(pid_, -1); !s.ok()) return Lost(s);
   // 5. A checkpoint of this copy, without the filter, restored as an ordinary process.
   const pid_t old_pid = pid_;
   if (absl::Status s = DumpWithoutFilter(images_dir, &stats); !s.ok()) return Lost(s);
@@ -235,7 +238,15 @@ absl::StatusOr<pid_t> Replica::RestoreAtHome(const std::string& images_dir, absl
     return ErrnoStatus(errno, "PR_SET_CHILD_SUBREAPER");
   }
   STRETCH_ASSIGN_OR_RETURN(auto pending, criu.StartRestore(ro));
-  return pending.Wait(deadline);
+  // CRIU dies with this agent; the process it restores is guarded once it is there (GoHome).
+  const pid_t criu_pid = pending.criu_pid();
+  if (absl::Status s = agent_->GuardGroup(criu_pid); !s.ok()) {
+    kill(-criu_pid, SIGKILL);
+    return s;
+  }
+  auto pid = pending.Wait(deadline);
+  (void)agent_->ReleaseGroup(criu_pid);
+  return pid;
 }
 
 // The replica is gone (or killed now, and reaped: nobody else waits for it any more).
