@@ -34,8 +34,8 @@
 namespace stretch {
 namespace {
 
-using ::testing::HasSubstr;
 using testing::CountTestProcesses;
+using ::testing::HasSubstr;
 using testing::Outcome;
 using testing::RunCommand;
 using testing::Runfile;
@@ -60,16 +60,16 @@ std::optional<Subprocess> StartLongSpin(const std::string& dir,
   EXPECT_TRUE(p.ok()) << p.status();
   if (!p.ok()) return std::nullopt;
   absl::Time end = absl::Now() + absl::Seconds(60);
-  while (CountTestProcesses("spin_prog") < 2 && absl::Now() < end) {
+  while (static_cast<int>(testing::ProcessesNamed("spin_prog").size()) < 2 && absl::Now() < end) {
     absl::SleepFor(absl::Milliseconds(20));
   }
-  EXPECT_EQ(CountTestProcesses("spin_prog"), 2);
+  EXPECT_EQ(static_cast<int>(testing::ProcessesNamed("spin_prog").size()), 2);
   return std::move(*p);
 }
 
 // Nothing of a run is left: no replica, no agent, no network namespace of launcher `pid`.
 void ExpectNothingLeftOf(pid_t pid) {
-  EXPECT_EQ(CountTestProcesses("spin_prog"), 0);
+  EXPECT_EQ(static_cast<int>(testing::ProcessesNamed("spin_prog").size()), 0);
   EXPECT_EQ(CountTestProcesses("stretchd", "--replica_images"), 0);
   std::string netns;
   if (FILE* f = popen("ip netns list", "r")) {
@@ -98,7 +98,7 @@ TEST_F(RunTest, NodeCpusPinEachNodesReplica) {
   auto p = StartLongSpin(dir_.path(), {"--node_cpus=0;1"});
   ASSERT_TRUE(p.has_value());
   std::vector<std::string> allowed;
-  for (pid_t pid : TestProcesses("spin_prog")) {
+  for (pid_t pid : testing::ProcessesNamed("spin_prog")) {
     for (absl::string_view line :
          absl::StrSplit(testing::ReadFileOrEmpty(absl::StrCat("/proc/", pid, "/status")), '\n')) {
       if (absl::StartsWith(line, "Cpus_allowed_list:")) allowed.emplace_back(line);
@@ -156,7 +156,8 @@ TEST_F(RunTest, AKilledLauncherLeavesNoReplicaRunning) {
   ASSERT_TRUE(st.ok()) << st.status();
   const absl::Time end = absl::Now() + absl::Seconds(20);
   auto left = [] {
-    return CountTestProcesses("spin_prog") + CountTestProcesses("stretchd", "--replica_images");
+    return static_cast<int>(testing::ProcessesNamed("spin_prog").size()) +
+           CountTestProcesses("stretchd", "--replica_images");
   };
   while (left() > 0 && absl::Now() < end) absl::SleepFor(absl::Milliseconds(20));
   EXPECT_EQ(left(), 0);
@@ -186,7 +187,7 @@ TEST_F(RunTest, DelayedMessagesChangeNothingAndLostOnesStopTheProgramClearly) {
   EXPECT_EQ(lossy.status.ToString(), "exit status 1") << lossy.err;
   EXPECT_THAT(lossy.err, HasSubstr("got no answer in"));
   EXPECT_THAT(lossy.err, HasSubstr("a message was lost or a peer is stuck"));
-  EXPECT_EQ(CountTestProcesses("kmeans"), 0);
+  EXPECT_EQ(static_cast<int>(testing::ProcessesNamed("kmeans").size()), 0);
 }
 
 // A program whose shared memory needs more pages than the directory may track

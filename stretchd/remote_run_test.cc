@@ -182,10 +182,10 @@ class RemoteRunTest : public ::testing::Test {
     EXPECT_TRUE(launcher.ok()) << launcher.status();
     if (!launcher.ok()) return std::nullopt;
     const absl::Time end = Deadline(60);
-    while (testing::CountTestProcesses("spin_prog") < 3 && absl::Now() < end) {
+    while (static_cast<int>(testing::ProcessesNamed("spin_prog").size()) < 3 && absl::Now() < end) {
       absl::SleepFor(absl::Milliseconds(20));
     }
-    EXPECT_EQ(testing::CountTestProcesses("spin_prog"), 3)
+    EXPECT_EQ(static_cast<int>(testing::ProcessesNamed("spin_prog").size()), 3)
         << testing::ReadFileOrEmpty(o.stderr_path);
     return std::move(*launcher);
   }
@@ -193,7 +193,10 @@ class RemoteRunTest : public ::testing::Test {
   // Nothing of a run is left on the nodes `which`: no replica, replica agent or CRIU restore,
   // nothing in their /tmp but what they started with.
   void ExpectNothingLeftOn(const std::vector<int>& which) {
-    EXPECT_EQ(WaitGone("spin_prog"), 0);
+    for (int i = 0; i < 600 && !testing::ProcessesNamed("spin_prog").empty(); ++i) {
+      absl::SleepFor(absl::Milliseconds(50));
+    }
+    EXPECT_THAT(testing::ProcessesNamed("spin_prog"), ::testing::IsEmpty());
     EXPECT_EQ(WaitGone("stretchd", "--replica_images"), 0);
     EXPECT_EQ(WaitGone("criu", "restore"), 0);
     for (int i : which) {

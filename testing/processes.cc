@@ -41,6 +41,19 @@ std::string TestProcessTreeEntry() {
   return v ? absl::StrCat(kName, "=", v) : std::string();
 }
 
+std::vector<pid_t> ProcessesNamed(const std::string& comm) {
+  std::vector<pid_t> found;
+  DIR* d = opendir("/proc");
+  if (d == nullptr) return found;
+  while (dirent* e = readdir(d)) {
+    int pid = 0;
+    if (!absl::SimpleAtoi(e->d_name, &pid) || pid == getpid()) continue;
+    if (absl::StripSuffix(ProcFile(e->d_name, "comm"), "\n") == comm) found.push_back(pid);
+  }
+  closedir(d);
+  return found;
+}
+
 std::vector<pid_t> TestProcesses(const std::string& comm, const std::string& cmdline_part) {
   std::vector<pid_t> found;
   const std::string entry = TestProcessTreeEntry();

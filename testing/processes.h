@@ -5,7 +5,6 @@
 // program, whose replicas CRIU restores with their environment.
 //
 //   testing::MarkTestProcessTree();  // once, before starting anything
-//   EXPECT_EQ(testing::CountTestProcesses("spin_prog"), 0);
 //   EXPECT_EQ(testing::CountTestProcesses("stretchd", "--replica_images"), 0);
 #ifndef STRETCH_TESTING_PROCESSES_H_
 #define STRETCH_TESTING_PROCESSES_H_
@@ -31,6 +30,11 @@ std::vector<pid_t> TestProcesses(const std::string& comm, const std::string& cmd
 inline int CountTestProcesses(const std::string& comm, const std::string& cmdline_part = "") {
   return static_cast<int>(TestProcesses(comm, cmdline_part).size());
 }
+
+// The processes called `comm`, whatever their environment: for a program's replicas, whose
+// environment (on a page of their stack the node may never have fetched) can read as empty.
+// Give such programs a name no other test uses.
+std::vector<pid_t> ProcessesNamed(const std::string& comm);
 
 }  // namespace stretch::testing
 
