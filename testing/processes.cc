@@ -58,21 +58,15 @@ std::vector<pid_t> TestProcesses(const std::string& comm, const std::string& cmd
   std::vector<pid_t> found;
   const std::string entry = TestProcessTreeEntry();
   if (entry.empty()) return found;
-  DIR* d = opendir("/proc");
-  if (d == nullptr) return found;
-  while (dirent* e = readdir(d)) {
-    int pid = 0;
-    if (!absl::SimpleAtoi(e->d_name, &pid) || pid == getpid()) continue;
-    const std::string name(absl::StripSuffix(ProcFile(e->d_name, "comm"), "\n"));
-    if (name != comm) continue;
+  for (pid_t pid : ProcessesNamed(comm)) {
+    const std::string dir = absl::StrCat(pid);
     if (!cmdline_part.empty()) {
-      std::string cmdline = ProcFile(e->d_name, "cmdline");
+      std::string cmdline = ProcFile(dir.c_str(), "cmdline");
       for (char& c : cmdline) c = c == '\0' ? ' ' : c;
       if (cmdline.find(cmdline_part) == std::string::npos) continue;
     }
-    if (HasEntry(ProcFile(e->d_name, "environ"), entry)) found.push_back(pid);
+    if (HasEntry(ProcFile(dir.c_str(), "environ"), entry)) found.push_back(pid);
   }
-  closedir(d);
   return found;
 }
 
