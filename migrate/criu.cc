@@ -1,16 +1,23 @@
 #include "migrate/criu.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <fstream>
+#include <string>
+#include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/clock.h"
 #include "absl/strings/strip.h"
+#include "core/fd_io.h"
 #include "core/status.h"
 #include "core/unique_fd.h"
 #include "glog/logging.h"
@@ -148,6 +155,60 @@ absl::StatusOr<PendingRestore> Criu::StartRestore(const RestoreOptions& r) {
   o.new_process_group = true;
   STRETCH_ASSIGN_OR_RETURN(Subprocess p, Subprocess::Start(o));
   return PendingRestore(std::move(p), pidfile, log);
+}
+
+namespace {
+
+// The children of `pid` (of all its threads) that are the init of a PID namespace of their own
+// (the last NSpid entry is 1).
+std::vector<pid_t> NamespaceInitChildren(pid_t pid) {
+  std::vector<pid_t> found;
+  DIR* tasks = opendir(absl::StrCat("/proc/", pid, "/task").c_str());
+  if (tasks == nullptr) return found;
+  while (dirent* e = readdir(tasks)) {
+    if (e->d_name[0] == '.') continue;
+    const std::string children =
+        ReadFileOrEmpty(absl::StrCat("/proc/", pid, "/task/", e->d_name, "/children"));
+    for (absl::string_view c : absl::StrSplit(children, ' ', absl::SkipWhitespace())) {
+      int child = 0;
+      if (!absl::SimpleAtoi(c, &child)) continue;
+      for (absl::string_view line :
+           absl::StrSplit(ReadFileOrEmpty(absl::StrCat("/proc/", child, "/status")), '\n')) {
+        if (!absl::ConsumePrefix(&line, "NSpid:")) continue;
+        std::vector<absl::string_view> ids =
+            absl::StrSplit(line, absl::ByAnyChar(" \t"), absl::SkipWhitespace());
+        if (ids.size() >= 2 && ids.back() == "1") found.push_back(child);
+      }
+    }
+  }
+  closedir(tasks);
+  return found;
+}
+
+// Whether `pid` has exited (a zombie not yet reaped counts as exited).
+bool Ended(pid_t pid) {
+  const std::string stat = ReadFileOrEmpty(absl::StrCat("/proc/", pid, "/stat"));
+  const size_t paren = stat.rfind(')');
+  return paren == std::string::npos || paren + 2 >= stat.size() || stat[paren + 2] == 'Z' ||
+         stat[paren + 2] == 'X';
+}
+
+}  // namespace
+
+absl::StatusOr<pid_t> PendingRestore::Root(absl::Time deadline) const {
+  for (;;) {
+    const std::vector<pid_t> roots = NamespaceInitChildren(criu_.pid());
+    if (!roots.empty()) return roots.front();
+    if (Ended(criu_.pid())) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("criu restore (pid ", criu_.pid(), ") ended before its root was seen"));
+    }
+    if (absl::Now() >= deadline) {
+      return absl::DeadlineExceededError(
+          absl::StrCat("criu restore (pid ", criu_.pid(), ") has not created its root"));
+    }
+    absl::SleepFor(absl::Milliseconds(1));
+  }
 }
 
 absl::StatusOr<pid_t> PendingRestore::Wait(absl::Time deadline) {

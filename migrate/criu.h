@@ -75,6 +75,13 @@ class PendingRestore {
       : criu_(std::move(criu)), pidfile_(std::move(pidfile)), log_path_(std::move(log_path)) {}
   // Waits for CRIU to finish; returns the restored root's pid (in the caller's namespace).
   absl::StatusOr<pid_t> Wait(absl::Time deadline);
+  // The restored root's pid (in the caller's namespace) as soon as CRIU has created it (the
+  // init of a new PID namespace, CRIU's child until CRIU exits), for a caller that must guard
+  // it before CRIU lets it go: once CRIU has exited the root is orphaned, and a caller that
+  // dies before guarding it would leave it behind, stopped or running. Polls /proc every
+  // millisecond. FailedPrecondition if CRIU exits first (then Wait() tells the rest),
+  // DeadlineExceeded at `deadline`.
+  absl::StatusOr<pid_t> Root(absl::Time deadline) const;
   // Also the id of CRIU's process group (every process of the restore but the restored tasks).
   pid_t criu_pid() const { return criu_.pid(); }
 

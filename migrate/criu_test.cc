@@ -105,12 +105,15 @@ TEST_F(CriuTest, DumpThenLazyRestoreServedFromTheCheckpoint) {
   std::vector<std::thread> servers;
   std::vector<UniqueFd> uffds;
   bool finished = false;
+  absl::StatusOr<pid_t> seen_root = absl::UnknownError("no task");
   while (!finished) {
     auto ev = listener->Next(deadline);
     ASSERT_TRUE(ev.ok()) << ev.status() << " / " << SummarizeCriuLog(work + "/restore.log");
     switch (ev->kind) {
       case LazyPagesListener::Event::kTask: {
         EXPECT_EQ(ev->pid, 1);
+        // CRIU still runs (it waits for our pages): its root can be guarded already.
+        seen_root = pending->Root(deadline);
         uffds.push_back(std::move(ev->uffd));
         servers.emplace_back([fd = uffds.back().get(), s = stop.get(), m = &*mem, &copied] {
           copied += testing::ServeFromCheckpoint(fd, s, *m);
@@ -126,6 +129,10 @@ TEST_F(CriuTest, DumpThenLazyRestoreServedFromTheCheckpoint) {
   }
   auto root = pending->Wait(deadline);
   ASSERT_TRUE(root.ok()) << root.status();
+  ASSERT_TRUE(seen_root.ok()) << seen_root.status();
+  EXPECT_EQ(*seen_root, *root);
+  // Once CRIU has exited, its root is no longer its child.
+  EXPECT_TRUE(absl::IsFailedPrecondition(pending->Root(deadline).status()));
   int status = 0;
   ASSERT_EQ(waitpid(*root, &status, 0), *root);  // we are its subreaper
   uint64_t one = 1;

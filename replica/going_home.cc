@@ -101,15 +101,15 @@ absl::StatusOr<std::unique_ptr<HomeProcess>> Replica::GoHome(const std::string& 
   const pid_t old_pid = pid_;
   if (absl::Status s = DumpWithoutFilter(images_dir, &stats); !s.ok()) return Lost(s);
   const absl::Time restore_start = absl::Now();
+  // The restored process dies with this agent (guarded as soon as CRIU has made it), as the
+  // replica would have: the launcher, told the agent is gone, ends the run, and nothing may go
+  // on running unseen.
   auto pid = RestoreAtHome(images_dir, deadline);
   if (!pid.ok()) return Lost(pid.status());
   auto pidfd = uffd::Pidfd::Open(*pid);
-  if (!pidfd.ok()) return Lost(pidfd.status());
-  // It dies with this agent, as the replica would have: the launcher, told the agent is gone,
-  // ends the run, and nothing may go on running unseen.
-  if (absl::Status s = agent_->Guard(*pid, -1); !s.ok()) {
+  if (!pidfd.ok()) {
     kill(*pid, SIGKILL);
-    return Lost(s);
+    return Lost(pidfd.status());
   }
   // 6. Run.
   if (kill(*pid, SIGCONT) != 0) return Lost(ErrnoStatus(errno, "SIGCONT"));
@@ -238,14 +238,34 @@ absl::StatusOr<pid_t> Replica::RestoreAtHome(const std::string& images_dir, absl
     return ErrnoStatus(errno, "PR_SET_CHILD_SUBREAPER");
   }
   STRETCH_ASSIGN_OR_RETURN(auto pending, criu.StartRestore(ro));
-  // CRIU dies with this agent; the process it restores is guarded once it is there (GoHome).
+  // CRIU dies with this agent, and so does the process it restores, from the moment it exists.
   const pid_t criu_pid = pending.criu_pid();
   if (absl::Status s = agent_->GuardGroup(criu_pid); !s.ok()) {
     kill(-criu_pid, SIGKILL);
     return s;
   }
+  // Not a lazy restore: CRIU may finish before the root is seen (a busy machine), and the
+  // root is then guarded as soon as CRIU has exited.
+  auto root = pending.Root(absl::Now() + absl::Seconds(10));
+  const bool missed = !root.ok() && absl::IsFailedPrecondition(root.status());
+  absl::Status guarded = root.ok() ? agent_->Guard(*root, -1) : root.status();
+  if (!guarded.ok() && !missed) {
+    if (root.ok()) kill(*root, SIGKILL);  // not in CRIU's group
+    kill(-criu_pid, SIGKILL);
+  }
   auto pid = pending.Wait(deadline);
   (void)agent_->ReleaseGroup(criu_pid);
+  if (!pid.ok()) return pid.status();
+  if (missed) guarded = agent_->Guard(*pid, -1);
+  if (!guarded.ok()) {
+    kill(*pid, SIGKILL);
+    return guarded;
+  }
+  if (root.ok() && *pid != *root) {
+    kill(*pid, SIGKILL);
+    return absl::InternalError(
+        absl::StrCat("criu restore made pid ", *pid, " but its root was seen as pid ", *root));
+  }
   return pid;
 }
 

@@ -210,6 +210,11 @@ absl::Status Replica::RestoreWithCriu(Restoring& s, absl::Time deadline) {
         }
         STRETCH_RETURN_IF_ERROR(s.server.Start(ev->uffd.get(), &*s.mem));
         s.uffd = std::move(ev->uffd);
+        // From here the replica dies with this agent, also while CRIU restores it and before
+        // it is attached (its lazy pages are ours to serve: without us they would read as
+        // zeros). Guarded only once CRIU had exited, an agent that died in between (its
+        // launcher killed) left it behind, stopped.
+        STRETCH_RETURN_IF_ERROR(GuardRestoredRoot(pending, s.uffd.get(), &pid_));
         break;
       case LazyPagesListener::Event::kZombie:
         break;
@@ -219,18 +224,28 @@ absl::Status Replica::RestoreWithCriu(Restoring& s, absl::Time deadline) {
     }
   }
   if (!s.uffd.valid()) return absl::InternalError("CRIU finished the restore without a uffd");
-  STRETCH_ASSIGN_OR_RETURN(pid_, pending.Wait(deadline));
-  // From here the replica dies with this agent, also before it is attached (its lazy pages are
-  // ours to serve: without us they would read as zeros).
-  if (absl::Status guarded = agent_->Guard(pid_, s.uffd.get()); !guarded.ok()) {
-    kill(pid_, SIGKILL);  // not in CRIU's group: nothing else would stop it (its keeper is gone)
-    return guarded;
+  STRETCH_ASSIGN_OR_RETURN(const pid_t restored, pending.Wait(deadline));
+  if (restored != pid_) {
+    return absl::InternalError(absl::StrCat("criu restore made pid ", restored,
+                                            " but its root was seen as pid ", pid_));
   }
   criu_group.done = true;  // CRIU has exited; the replica is guarded on its own
   STRETCH_RETURN_IF_ERROR(GiveThreadIdsTheirOwnRange(pid_, agent_->node()));
   char link[256];
   const ssize_t n = readlink(absl::StrCat("/proc/", pid_, "/fd/0").c_str(), link, sizeof(link) - 1);
   if (n > 0) stdin_link_.assign(link, n);
+  return absl::OkStatus();
+}
+
+// Guards the root CRIU is restoring (with `uffd`, -1 for none) as soon as it exists, so that it
+// dies with this agent from then on; sets *pid to it. A root that cannot be guarded is killed:
+// it is not in CRIU's group, and nothing else would stop it.
+absl::Status Replica::GuardRestoredRoot(const PendingRestore& pending, int uffd, pid_t* pid) {
+  STRETCH_ASSIGN_OR_RETURN(*pid, pending.Root(absl::Now() + absl::Seconds(10)));
+  if (absl::Status guarded = agent_->Guard(*pid, uffd); !guarded.ok()) {
+    kill(*pid, SIGKILL);
+    return guarded;
+  }
   return absl::OkStatus();
 }
 

@@ -167,6 +167,7 @@ class Replica {
   absl::Status DumpWithoutFilter(const std::string& images_dir, HomeStats* stats);
   absl::StatusOr<pid_t> RestoreAtHome(const std::string& images_dir, absl::Time deadline);
   absl::Status Lost(absl::Status why);
+  absl::Status GuardRestoredRoot(const PendingRestore& pending, int uffd, pid_t* pid);
 
   // Restore()'s steps, in order (replica.cc).
   struct Restoring;

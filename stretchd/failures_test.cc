@@ -34,7 +34,7 @@
 namespace stretch {
 namespace {
 
-using testing::CountTestProcesses;
+using testing::DescribeProcess;
 using ::testing::HasSubstr;
 using testing::Outcome;
 using testing::RunCommand;
@@ -67,10 +67,19 @@ std::optional<Subprocess> StartLongSpin(const std::string& dir,
   return std::move(*p);
 }
 
+// What is left of a run: its replicas and node agents, each described.
+std::vector<std::string> LeftOfRun() {
+  std::vector<std::string> left;
+  for (pid_t p : testing::ProcessesNamed("spin_prog")) left.push_back(DescribeProcess(p));
+  for (pid_t p : TestProcesses("stretchd", "--replica_images")) {
+    left.push_back(DescribeProcess(p));
+  }
+  return left;
+}
+
 // Nothing of a run is left: no replica, no agent, no network namespace of launcher `pid`.
 void ExpectNothingLeftOf(pid_t pid) {
-  EXPECT_EQ(static_cast<int>(testing::ProcessesNamed("spin_prog").size()), 0);
-  EXPECT_EQ(CountTestProcesses("stretchd", "--replica_images"), 0);
+  EXPECT_THAT(LeftOfRun(), ::testing::IsEmpty());
   std::string netns;
   if (FILE* f = popen("ip netns list", "r")) {
     char buf[256];
@@ -155,12 +164,8 @@ TEST_F(RunTest, AKilledLauncherLeavesNoReplicaRunning) {
   auto st = p->Wait(absl::Now() + absl::Seconds(10));
   ASSERT_TRUE(st.ok()) << st.status();
   const absl::Time end = absl::Now() + absl::Seconds(20);
-  auto left = [] {
-    return static_cast<int>(testing::ProcessesNamed("spin_prog").size()) +
-           CountTestProcesses("stretchd", "--replica_images");
-  };
-  while (left() > 0 && absl::Now() < end) absl::SleepFor(absl::Milliseconds(20));
-  EXPECT_EQ(left(), 0);
+  while (!LeftOfRun().empty() && absl::Now() < end) absl::SleepFor(absl::Milliseconds(20));
+  EXPECT_THAT(LeftOfRun(), ::testing::IsEmpty());
   Outcome next = RunCommand({Runfile("stretchd/stretchd"), "run", "--nodes=2", "--", "/bin/true"},
                             dir_.path(), "after-kill");
   EXPECT_EQ(next.status.ToString(), "exit status 0") << next.err;

@@ -4,6 +4,10 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+#include <string>
+#include <vector>
+
+#include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -68,6 +72,37 @@ std::vector<pid_t> TestProcesses(const std::string& comm, const std::string& cmd
     if (HasEntry(ProcFile(dir.c_str(), "environ"), entry)) found.push_back(pid);
   }
   return found;
+}
+
+std::string DescribeProcess(pid_t pid) {
+  const std::string dir = absl::StrCat(pid);
+  std::string out = absl::StrCat("pid ", pid, " (",
+                                 absl::StripSuffix(ProcFile(dir.c_str(), "comm"), "\n"), ")");
+  // /proc/PID/stat: "pid (comm) state ppid pgrp session ..."; comm may hold spaces.
+  const std::string stat = ProcFile(dir.c_str(), "stat");
+  const size_t paren = stat.rfind(')');
+  if (paren == std::string::npos) return absl::StrCat(out, " gone");
+  std::vector<std::string> f = absl::StrSplit(stat.substr(paren + 2), ' ');
+  if (f.size() > 3) absl::StrAppend(&out, " ppid ", f[1], " pgid ", f[2], " sid ", f[3]);
+  for (absl::string_view line : absl::StrSplit(ProcFile(dir.c_str(), "status"), '\n')) {
+    if (absl::ConsumePrefix(&line, "TracerPid:")) {
+      absl::StrAppend(&out, " tracer ", absl::StripAsciiWhitespace(line));
+    }
+  }
+  absl::StrAppend(&out, ";");
+  if (DIR* d = opendir(absl::StrCat("/proc/", pid, "/task").c_str())) {
+    while (dirent* e = readdir(d)) {
+      if (e->d_name[0] == '.') continue;
+      const std::string task = absl::StrCat(dir, "/task/", e->d_name);
+      const std::string tstat = ProcFile(task.c_str(), "stat");
+      const size_t tp = tstat.rfind(')');
+      absl::StrAppend(&out, " ", e->d_name, " ",
+                      tp == std::string::npos ? "?" : tstat.substr(tp + 2, 1), " ",
+                      ProcFile(task.c_str(), "wchan"), ",");
+    }
+    closedir(d);
+  }
+  return out;
 }
 
 }  // namespace stretch::testing

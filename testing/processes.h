@@ -36,6 +36,11 @@ inline int CountTestProcesses(const std::string& comm, const std::string& cmdlin
 // Give such programs a name no other test uses.
 std::vector<pid_t> ProcessesNamed(const std::string& comm);
 
+// What a test reports of a process it did not expect to find: its state, parent, group,
+// session, tracer and, per thread, the state and where it waits in the kernel (wchan), e.g.
+// "pid 41 (spin_prog) ppid 1 pgid 41 sid 41 tracer 0; 41 t do_signal_stop, 43 S futex_wait".
+std::string DescribeProcess(pid_t pid);
+
 }  // namespace stretch::testing
 
 #endif  // STRETCH_TESTING_PROCESSES_H_
