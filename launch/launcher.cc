@@ -158,6 +158,14 @@ absl::Status Launcher::RunToMigrationPoint() {
   oo_.migrate_after = o_.migrate_after;
   oo_.manual = o_.manual;
   oo_.forward_signals = {SIGINT, SIGTERM};
+  // The program dies with this launcher also where nothing traces it: stopped for its dump
+  // (while the transport loads, while CRIU runs), or let go to finish here. A launcher killed
+  // then left it behind, stopped.
+  oo_.on_started = [this](pid_t pid) -> absl::Status {
+    STRETCH_ASSIGN_OR_RETURN(origin_keeper_, uffd::Keeper::Start(absl::Seconds(5)));
+    STRETCH_ASSIGN_OR_RETURN(uffd::Pidfd program, uffd::Pidfd::Open(pid));
+    return origin_keeper_->Guard(program, -1, absl::Now() + absl::Seconds(5));
+  };
   if (!o_.placement_history.empty()) {
     // Runs compare when they ran the same program on the same nodes from the same migration
     // point.

@@ -33,6 +33,8 @@
 #include "replica/control.h"
 #include "replica/standard_input.h"
 #include "transport/cluster_secret.h"
+#include "uffd/keeper.h"
+#include "uffd/process.h"
 
 namespace stretch::launch {
 
@@ -135,6 +137,8 @@ class Launcher {
   replica::Tailer tail_;
   std::unique_ptr<replica::StandardInput> input_;
   OriginOptions oo_;
+  // Kills the program if this launcher dies while it runs here (OriginOptions::on_started).
+  std::unique_ptr<uffd::Keeper> origin_keeper_;
   // Adaptive placement's history: distribute this run, or leave the program on node 0.
   std::string history_key_, history_json_;
   std::optional<OriginResult> origin_;

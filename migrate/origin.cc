@@ -367,6 +367,13 @@ absl::StatusOr<OriginResult> RunOrigin(const OriginOptions& options) {
   prog.die_with_parent = false;  // CRIU would restore it; the agents own lifetimes
   prog.gate_before_exec = true;
   STRETCH_ASSIGN_OR_RETURN(Subprocess app, Subprocess::Start(prog));
+  if (options.on_started) {
+    if (absl::Status s = options.on_started(app.pid()); !s.ok()) {
+      app.Kill(SIGKILL);
+      (void)app.Wait(absl::Now() + absl::Seconds(10));
+      return s;
+    }
+  }
 
   Watch watch;
   {

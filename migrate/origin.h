@@ -67,6 +67,10 @@ struct OriginOptions {
   // `stay`): an error leaves the program to run to its end here, as one that cannot be
   // checkpointed (`migration_error`). E.g. waiting for the transport the nodes will need.
   std::function<absl::Status()> before_checkpoint;
+  // Called once the program exists, before it runs any of its own code, with its pid: e.g. to
+  // make it die with the caller whenever it is not traced (stopped for the dump, or let go to
+  // run to its end here). An error kills the program and fails RunOrigin.
+  std::function<absl::Status(pid_t)> on_started;
   // Upper bound for reaching the migration point or exiting, and for the dump.
   absl::Duration timeout = absl::Hours(24 * 365);
 };

@@ -172,6 +172,29 @@ TEST_F(RunTest, AKilledLauncherLeavesNoReplicaRunning) {
   ExpectNothingLeftOf(p->pid());
 }
 
+// The launcher killed while the program runs natively, untraced: here because it cannot be
+// migrated (--manual with no shared mapping), as also while it is stopped for its dump. It
+// dies with the launcher (its keeper) instead of running on unseen.
+TEST_F(RunTest, AKilledLauncherLeavesNoProgramRunningNatively) {
+  SubprocessOptions o;
+  o.argv = {Runfile("stretchd/stretchd"), "run", "--nodes=2", "--migrate_at_threads=3",
+            "--manual", "--", Runfile("stretchd/spin_prog"), "2", "100000000000"};
+  o.stdout_path = dir_.path() + "/native.out";
+  o.stderr_path = dir_.path() + "/native.err";
+  auto p = Subprocess::Start(o);
+  ASSERT_TRUE(p.ok()) << p.status();
+  ASSERT_TRUE(testing::WaitForFileContaining(o.stderr_path, "goes on running on this node only",
+                                             absl::Now() + absl::Seconds(60)))
+      << testing::ReadFileOrEmpty(o.stderr_path);
+  ASSERT_EQ(testing::ProcessesNamed("spin_prog").size(), 1u);
+  p->Kill(SIGKILL);
+  auto st = p->Wait(absl::Now() + absl::Seconds(10));
+  ASSERT_TRUE(st.ok()) << st.status();
+  const absl::Time end = absl::Now() + absl::Seconds(20);
+  while (!LeftOfRun().empty() && absl::Now() < end) absl::SleepFor(absl::Milliseconds(20));
+  EXPECT_THAT(LeftOfRun(), ::testing::IsEmpty());
+}
+
 // Coherence messages delayed on their way to each node (--inject_faults): slower, same
 // result. Lost (a transport must never lose one, so this is a broken network or peer): the
 // fault that waits for one stops the program everywhere after --fault_timeout_ms with an
