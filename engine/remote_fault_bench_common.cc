@@ -6,10 +6,13 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "testing/bench_samples.h"
+
 namespace stretch::engine::remote_fault_bench {
 namespace {
 
 void (*g_cleanup)() = nullptr;
+std::vector<pid_t>* g_run_processes = new std::vector<pid_t>;
 
 }  // namespace
 
@@ -24,6 +27,10 @@ void Die(const std::string& what) {
 void Check(const absl::Status& s, const std::string& what) {
   if (!s.ok()) Die(absl::StrCat(what, ": ", s.ToString()));
 }
+
+void SetRunProcesses(std::vector<pid_t> pids) { *g_run_processes = std::move(pids); }
+
+int64_t RunCpuNs() { return testing::CpuNs(*g_run_processes); }
 
 void PinThisThread(int cpu) {
   if (cpu < 0) return;

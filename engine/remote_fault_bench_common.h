@@ -6,9 +6,12 @@
 #ifndef STRETCH_ENGINE_REMOTE_FAULT_BENCH_COMMON_H_
 #define STRETCH_ENGINE_REMOTE_FAULT_BENCH_COMMON_H_
 
+#include <sys/types.h>
+
 #include <cstdint>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -36,6 +39,13 @@ T Check(absl::StatusOr<T> v, const std::string& what) {
   return *std::move(v);
 }
 void Check(const absl::Status& s, const std::string& what);
+
+// Every process of the run (this driver, the server, the agents, the programs), set once the
+// cluster runs; RunCpuNs() is the CPU time all their threads have used so far
+// (testing::CpuNs). CPU per event is measured over all of them, for the floors as for the
+// project's faults: what one event costs the machine, wherever it is spent.
+void SetRunProcesses(std::vector<pid_t> pids);
+int64_t RunCpuNs();
 
 // Pins the calling thread (and the threads it starts later) on `cpu`; -1: leaves it.
 void PinThisThread(int cpu);

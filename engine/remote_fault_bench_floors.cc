@@ -29,6 +29,7 @@ namespace stretch::engine::remote_fault_bench {
 namespace {
 
 using ::stretch::testing::Record;
+using ::stretch::testing::RecordCpu;
 
 char* SourcePage() {
   static char* page = [] {
@@ -201,7 +202,9 @@ int64_t ChildUffd::FaultOnce() {
 }
 
 void FloorUffd(benchmark::State& state, InlineUffd* uffd) {
+  const int64_t cpu = RunCpuNs();
   for (auto _ : state) Record(state, "uffd_copy", uffd->FaultOnce());
+  RecordCpu("uffd_copy", RunCpuNs() - cpu, state.iterations());
 }
 
 void FloorUffdXproc(benchmark::State& state, ChildUffd* uffd) {
@@ -210,6 +213,7 @@ void FloorUffdXproc(benchmark::State& state, ChildUffd* uffd) {
 
 void FloorTcp(benchmark::State& state, int fd, size_t request, std::string name) {
   std::vector<uint8_t> msg(request, 0), reply(kPageSize);
+  const int64_t cpu = RunCpuNs();
   for (auto _ : state) {
     const int64_t t0 = NowNs();
     if (!WriteFull(fd, msg.data(), msg.size()) || !ReadFull(fd, reply.data(), reply.size())) {
@@ -217,6 +221,7 @@ void FloorTcp(benchmark::State& state, int fd, size_t request, std::string name)
     }
     Record(state, name, NowNs() - t0);
   }
+  RecordCpu(name, RunCpuNs() - cpu, state.iterations());
 }
 
 void TransportRtt(benchmark::State& state, transport::Transport* t, transport::PeerId peer,

@@ -102,6 +102,31 @@ void PrintDecomposition(Samples& s, double uffd, double rtt, double xproc) {
   }
 }
 
+// CPU per event: every process of the run (driver, server, agents, programs) summed over a
+// repetition's loop, per event, median over repetitions. A project figure is net of
+// local_hit, what the benchmark's command to the program costs without a fault; its floor is
+// the CPU of uffd_copy + k x tcp_rtt_4k (client and echo), with the latency's k.
+void PrintCpu(Samples& s) {
+  using ::stretch::testing::CpuName;
+  if (!s.Has(CpuName("uffd_copy")) || !s.Has(CpuName("tcp_rtt_4k"))) return;
+  const double uffd = s.Quantile(CpuName("uffd_copy"), 0.5);
+  const double rtt = s.Quantile(CpuName("tcp_rtt_4k"), 0.5);
+  const double control = s.Has(CpuName("local_hit")) ? s.Quantile(CpuName("local_hit"), 0.5) : 0;
+  printf("\n# CPU per event, us (all processes of the run, schedstat; median of repetitions)\n");
+  printf("CPU_FLOOR uffd_copy %.2f\nCPU_FLOOR tcp_rtt_4k %.2f\nCPU local_hit %.2f\n", uffd, rtt,
+         control);
+  std::vector<std::pair<std::string, double>> ratios;
+  for (const Entry& e : kEntries) {
+    if (!s.Has(CpuName(e.name))) continue;
+    const double gross = s.Quantile(CpuName(e.name), 0.5);
+    const double floor = uffd + e.rtts * rtt;
+    printf("CPU %-24s %8.2f - local_hit = %8.2f | floor %7.2f = uffd_copy + %.1f x tcp_rtt_4k\n",
+           e.name, gross, gross - control, floor, e.rtts);
+    ratios.push_back({e.name, (gross - control) / floor});
+  }
+  for (const auto& [name, r] : ratios) printf("CPU_RATIO %s %.3f\n", name.c_str(), r);
+}
+
 // The number after "key": in `json` (0 if absent).
 double JsonNumber(const std::string& json, const std::string& key) {
   size_t at = json.find("\"" + key + "\":");
@@ -129,6 +154,7 @@ void PrintSummary(bool pinned, bool realtime) {
   const std::vector<std::pair<std::string, double>> ratios = PrintProjects(s, uffd, rtt, xproc);
   PrintDecomposition(s, uffd, rtt, xproc);
   for (const auto& [name, r] : ratios) printf("RATIO %s %.3f\n", name.c_str(), r);
+  PrintCpu(s);
   fflush(stdout);
 }
 

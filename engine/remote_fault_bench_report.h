@@ -4,6 +4,8 @@
 //   TRANSPORT <name> p50 <us> p99 <us> n <count>
 //   PROJECT <name> p50 <us> p99 <us> n <count> | floor <us> = uffd_copy + <k> x tcp_rtt_4k | <path>
 //   RATIO <name> <project p50 / floor>
+//   CPU_FLOOR <name> <us of CPU per event>, CPU <name> <us> - local_hit = <us> | floor ...,
+//   CPU_RATIO <name> <project CPU net of local_hit / floor CPU>
 //   STATS <role> <json>
 // with "# ..." comment lines between them (the decomposition of the misses, the agents'
 // fault-latency histograms).

@@ -21,8 +21,10 @@ using fault_bench::Command;
 using fault_bench::Op;
 using fault_bench::Reply;
 using ::stretch::testing::Record;
+using ::stretch::testing::RecordCpu;
 
 enum class Kind {
+  kLocalHit,  // no fault: A reads a page it holds (what the benchmark's command itself costs)
   kReadMiss,
   kWriteMiss,
   kUpgrade1,
@@ -36,11 +38,14 @@ enum class Kind {
 uint64_t ValueOf(int node, uint64_t page) { return (page << 8) | static_cast<uint64_t>(node + 1); }
 
 // Puts `n` fresh pages in the state `kind` needs, then has A fault on each in turn; `sample`
-// gets each fault's duration.
+// gets each fault's duration. Returns the CPU time the run's processes spent on the faults.
 template <typename Fn>
-void RunRemote(Bench& b, Kind kind, uint32_t n, Fn sample) {
+int64_t RunRemote(Bench& b, Kind kind, uint32_t n, Fn sample) {
   const uint64_t first = b.Alloc(n);
   switch (kind) {
+    case Kind::kLocalHit:
+      b.A().Touch(Op::kRead, first, n);
+      break;
     case Kind::kReadMiss:
     case Kind::kWriteMiss1Sharer:
       b.B().Touch(Op::kRead, first, n);
@@ -61,7 +66,9 @@ void RunRemote(Bench& b, Kind kind, uint32_t n, Fn sample) {
   }
   // Past every install hold of the set-up.
   absl::SleepFor(absl::Milliseconds(2));
-  const bool read = kind == Kind::kReadMiss || kind == Kind::kReadMissOwned;
+  const bool read =
+      kind == Kind::kReadMiss || kind == Kind::kReadMissOwned || kind == Kind::kLocalHit;
+  const int64_t cpu = RunCpuNs();
   for (uint32_t i = 0; i < n; ++i) {
     const uint64_t page = first + i;
     const Reply& r = read ? b.A().Timed(Op::kTimedRead, page)
@@ -73,14 +80,16 @@ void RunRemote(Bench& b, Kind kind, uint32_t n, Fn sample) {
     }
     sample(r.ns[0]);
   }
+  return RunCpuNs() - cpu;
 }
 
 void RemoteFault(benchmark::State& state, Bench* b, Kind kind, std::string name) {
   std::vector<int64_t> ns;
-  RunRemote(*b, kind, static_cast<uint32_t>(state.max_iterations),
-            [&](int64_t v) { ns.push_back(v); });
+  const int64_t cpu = RunRemote(*b, kind, static_cast<uint32_t>(state.max_iterations),
+                                [&](int64_t v) { ns.push_back(v); });
   size_t i = 0;
   for (auto _ : state) Record(state, name, ns[i++]);
+  RecordCpu(name, cpu, static_cast<int64_t>(ns.size()));
 }
 
 // Ownership ping-pong between A and B on one fresh page; `rounds` swaps each.
@@ -110,6 +119,7 @@ void PingPong(benchmark::State& state, Bench* b) {
 }
 
 constexpr std::pair<const char*, Kind> kKinds[] = {
+    {"local_hit", Kind::kLocalHit},
     {"remote_read_miss", Kind::kReadMiss},
     {"remote_write_miss", Kind::kWriteMiss},
     {"upgrade_1_sharer", Kind::kUpgrade1},

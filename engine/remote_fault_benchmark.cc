@@ -201,6 +201,10 @@ int RunDriver() {
       "repetition\n",
       g_bench->net->address(0).c_str(), kSubnet, FLAGS_region_pages, FLAGS_samples);
   fflush(stdout);
+  std::vector<pid_t> run = {getpid()};
+  for (const auto& r : g_bench->roles) run.push_back(r.pid());
+  for (const auto& p : g_bench->progs) run.push_back(p->pid());
+  SetRunProcesses(std::move(run));
   Warmup(*g_bench);
   PrintPids(*g_bench);
   if (FLAGS_pause_s > 0) absl::SleepFor(absl::Seconds(FLAGS_pause_s));

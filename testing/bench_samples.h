@@ -7,9 +7,19 @@
 //   ...
 //   double p50 = testing::Samples::Get().Quantile("missing_fault", 0.5);   // microseconds
 //
+// CPU per event, beside latency: measure the CPU time of every process involved around a
+// repetition's loop and record it per event (one sample per repetition):
+//
+//   const int64_t before = testing::CpuNs(pids);
+//   for (auto _ : state) { ...; ++events; }
+//   testing::RecordCpu("missing_fault", testing::CpuNs(pids) - before, events);
+//   double us = testing::Samples::Get().Quantile(testing::CpuName("missing_fault"), 0.5);
+//
 // Not thread-safe: benchmarks record from their benchmark thread only.
 #ifndef STRETCH_TESTING_BENCH_SAMPLES_H_
 #define STRETCH_TESTING_BENCH_SAMPLES_H_
+
+#include <sys/types.h>
 
 #include <cstdint>
 #include <map>
@@ -36,6 +46,18 @@ class Samples {
 
 // Sets the iteration's manual time to `ns` and keeps it as a sample of `name`.
 void Record(benchmark::State& state, const std::string& name, int64_t ns);
+
+// The CPU time (ns) that the threads of `pids` have spent running so far: the sum of
+// /proc/PID/task/TID/schedstat's first field (nanoseconds, user and kernel, unlike getrusage's
+// clock ticks). Threads that have exited no longer count: measure long-lived processes.
+int64_t CpuNs(const std::vector<pid_t>& pids);
+
+// The sample name under which RecordCpu keeps `name`'s CPU per event.
+std::string CpuName(const std::string& name);
+
+// Keeps `cpu_ns` spent on `events` events as one sample of CpuName(name), in microseconds of
+// CPU per event. No sample for events <= 0.
+void RecordCpu(const std::string& name, int64_t cpu_ns, int64_t events);
 
 }  // namespace stretch::testing
 

@@ -1,7 +1,7 @@
 #!/bin/bash
 # Runs //engine:remote_fault_benchmark briefly (root: network namespaces): it must build its
-# cluster, measure every benchmark, print the RATIO lines and the agents' statistics, and leave
-# no network namespace behind.
+# cluster, measure every benchmark, print the RATIO and CPU_RATIO lines and the agents'
+# statistics, and leave no network namespace behind.
 set -euo pipefail
 dir="${TEST_SRCDIR}/${TEST_WORKSPACE}/engine"
 out="${TEST_TMPDIR}/benchmark.out"
@@ -18,6 +18,14 @@ for r in remote_read_miss remote_write_miss upgrade_1_sharer upgrade_3_sharers \
   if ! grep -Eq "^RATIO ${r} [0-9]+\.[0-9]+$" "${out}"; then
     cat "${out}"
     echo "FAIL: no RATIO line for ${r}"
+    exit 1
+  fi
+done
+for r in remote_read_miss remote_write_miss upgrade_1_sharer upgrade_3_sharers \
+  remote_read_miss_owned remote_write_miss_owned write_miss_1_sharer; do
+  if ! grep -Eq "^CPU_RATIO ${r} -?[0-9]+\.[0-9]+$" "${out}"; then
+    cat "${out}"
+    echo "FAIL: no CPU_RATIO line for ${r}"
     exit 1
   fi
 done
