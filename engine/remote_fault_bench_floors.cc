@@ -229,6 +229,7 @@ void TransportRtt(benchmark::State& state, transport::Transport* t, transport::P
   std::vector<uint8_t> msg(request, 0);
   const uint32_t reply = kPageSize;
   memcpy(msg.data(), &reply, sizeof reply);
+  const int64_t cpu = RunCpuNs();
   for (auto _ : state) {
     const int64_t t0 = NowNs();
     Check(t->Send(peer, msg), "transport Send");
@@ -239,6 +240,7 @@ void TransportRtt(benchmark::State& state, transport::Transport* t, transport::P
     }
     Record(state, name, NowNs() - t0);
   }
+  RecordCpu(name, RunCpuNs() - cpu, state.iterations());
 }
 
 // This thread sends, another thread (parked in Receive, like the agent's network thread)
@@ -261,6 +263,7 @@ void TransportXthread(benchmark::State& state, transport::Transport* t, transpor
     }
   });
   uint32_t seen = 0;
+  const int64_t cpu = RunCpuNs();
   for (auto _ : state) {
     const int64_t t0 = NowNs();
     Check(t->Send(peer, msg), "transport Send");
@@ -268,6 +271,7 @@ void TransportXthread(benchmark::State& state, transport::Transport* t, transpor
     seen = replies.load();
     Record(state, "transport_req_4k_xthread", NowNs() - t0);
   }
+  RecordCpu("transport_req_4k_xthread", RunCpuNs() - cpu, state.iterations());
   stop.store(true);
   receiver.join();
 }

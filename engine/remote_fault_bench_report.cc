@@ -115,6 +115,10 @@ void PrintCpu(Samples& s) {
   printf("\n# CPU per event, us (all processes of the run, schedstat; median of repetitions)\n");
   printf("CPU_FLOOR uffd_copy %.2f\nCPU_FLOOR tcp_rtt_4k %.2f\nCPU local_hit %.2f\n", uffd, rtt,
          control);
+  for (const char* t : {"tcp_req_4k", "transport_rtt_4k", "transport_req_4k",
+                        "transport_req_4k_xthread"}) {
+    if (s.Has(CpuName(t))) printf("CPU %s %.2f\n", t, s.Quantile(CpuName(t), 0.5));
+  }
   std::vector<std::pair<std::string, double>> ratios;
   for (const Entry& e : kEntries) {
     if (!s.Has(CpuName(e.name))) continue;

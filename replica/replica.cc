@@ -539,6 +539,61 @@ absl::Status Replica::MakeMemoryCoherent(Restoring& s, absl::Time deadline) {
       deadline);
 }
 
+namespace {
+
+// The checkpoint's pages in the ranges `lazy` that this replica holds exactly as the checkpoint
+// has them, for HoldCheckpointPages: those the restore never touched (left to CRIU's uffd), and
+// those it copied in and did not change since. CRIU copies in at restore every page its dump
+// did not mark lazy, which for a dump large enough for CRIU's chunked page pipe (OpenBLAS's
+// dgemm with 100 MB) is every page: counting only untouched pages, such a replica held none
+// and fetched all of them again over the network. A page the restore wrote (a thread's stack)
+// is not held: it is fetched on first use, from the directory.
+absl::StatusOr<std::vector<std::pair<uintptr_t, absl::Span<const uint8_t>>>>
+CheckpointPagesHeldHere(pid_t pid, const CheckpointMemory& checkpoint,
+                        const std::vector<std::pair<uintptr_t, uintptr_t>>& lazy) {
+  STRETCH_ASSIGN_OR_RETURN(std::vector<uintptr_t> touched, PresentPages(pid, lazy));
+  std::sort(touched.begin(), touched.end());
+  std::vector<std::pair<uintptr_t, absl::Span<const uint8_t>>> held;
+  std::vector<std::pair<uintptr_t, absl::Span<const uint8_t>>> copied_in;
+  for (const auto& [start, end] : lazy) {
+    for (uintptr_t page = start; page < end; page += kPageSize) {
+      auto content = checkpoint.Find(page);
+      if (!content) continue;
+      if (std::binary_search(touched.begin(), touched.end(), page)) {
+        copied_in.emplace_back(page, *content);
+      } else {
+        held.emplace_back(page, *content);
+      }
+    }
+  }
+  // Compared in batches: one process_vm_readv a batch.
+  constexpr size_t kBatch = 256;
+  const uffd::RemoteMemory memory(pid);
+  std::vector<uint8_t> buffer(kBatch * kPageSize);
+  std::vector<uintptr_t> addresses;
+  size_t unchanged = 0;
+  for (size_t i = 0; i < copied_in.size(); i += kBatch) {
+    const size_t n = std::min(kBatch, copied_in.size() - i);
+    addresses.clear();
+    for (size_t k = 0; k < n; ++k) addresses.push_back(copied_in[i + k].first);
+    STRETCH_RETURN_IF_ERROR(memory.ReadPages(addresses, buffer.data()));
+    for (size_t k = 0; k < n; ++k) {
+      const absl::Span<const uint8_t> want = copied_in[i + k].second;
+      if (memcmp(buffer.data() + k * kPageSize, want.data(), kPageSize) == 0) {
+        held.push_back(copied_in[i + k]);
+        ++unchanged;
+      }
+    }
+  }
+  std::sort(held.begin(), held.end(),
+            [](const auto& a, const auto& b) { return a.first < b.first; });
+  VLOG(1) << "replica pid " << pid << ": holds " << held.size() << " checkpoint pages, "
+          << unchanged << " of the " << copied_in.size() << " the restore copied in";
+  return held;
+}
+
+}  // namespace
+
 absl::Status Replica::Serve(
     std::vector<engine::NodeAgent::Range> ranges, UniqueFd uffd,
     const std::vector<std::pair<uintptr_t, std::vector<uint8_t>>>& seeds,
@@ -618,14 +673,7 @@ absl::Status Replica::Serve(
   // are put back read-only, and this node holds them as a sharer.
   std::vector<std::pair<uintptr_t, absl::Span<const uint8_t>>> held;
   if (checkpoint != nullptr && !lazy.empty()) {
-    STRETCH_ASSIGN_OR_RETURN(std::vector<uintptr_t> touched, PresentPages(pid, lazy));
-    std::sort(touched.begin(), touched.end());
-    for (const auto& [start, end] : lazy) {
-      for (uintptr_t page = start; page < end; page += kPageSize) {
-        if (std::binary_search(touched.begin(), touched.end(), page)) continue;
-        if (auto content = checkpoint->Find(page)) held.emplace_back(page, *content);
-      }
-    }
+    STRETCH_ASSIGN_OR_RETURN(held, CheckpointPagesHeldHere(pid, *checkpoint, lazy));
   }
   held.insert(held.end(), file_held.begin(), file_held.end());
   for (const auto& range : ranges) {

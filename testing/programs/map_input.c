@@ -1,8 +1,10 @@
 /* Reads its input file the way the original Phoenix programs do: mmap(MAP_PRIVATE) read-write
  * with length st_size + 1 (one byte past the end: a whole page past it when the size is a
  * multiple of the page size), then two threads sum alternate bytes many times over. With a
- * third argument "write", main first changes a few bytes of the mapping (its private copy).
- * Usage: map_input FILE [PASSES [write]]. */
+ * third argument "write", main first changes a few bytes of the mapping (its private copy);
+ * with "read", it reads the file into malloc'd memory instead, as most programs do.
+ * Usage: map_input FILE [PASSES [write|read]]. */
+#include <unistd.h>
 #include <fcntl.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -38,8 +40,20 @@ int main(int argc, char** argv) {
     return 1;
   }
   size = st.st_size;
-  data = mmap(NULL, size + 1, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, 0);
-  if (data == MAP_FAILED) {
+  if (argc > 3 && strcmp(argv[3], "read") == 0) {
+    data = malloc(size + 1);
+    for (long got = 0; data != NULL && got < size;) {
+      const ssize_t n = read(fd, data + got, size - got);
+      if (n <= 0) {
+        perror("read");
+        return 1;
+      }
+      got += n;
+    }
+  } else {
+    data = mmap(NULL, size + 1, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, 0);
+  }
+  if (data == MAP_FAILED || data == NULL) {
     perror("mmap");
     return 1;
   }
