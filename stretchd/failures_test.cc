@@ -77,6 +77,16 @@ std::vector<std::string> LeftOfRun() {
   return left;
 }
 
+// SIGKILLs launcher `p`; within 20 s no replica or agent of its run is left.
+void KillLauncherAndExpectNothingLeft(Subprocess& p) {
+  p.Kill(SIGKILL);
+  auto st = p.Wait(absl::Now() + absl::Seconds(10));
+  ASSERT_TRUE(st.ok()) << st.status();
+  const absl::Time end = absl::Now() + absl::Seconds(20);
+  while (!LeftOfRun().empty() && absl::Now() < end) absl::SleepFor(absl::Milliseconds(20));
+  EXPECT_THAT(LeftOfRun(), ::testing::IsEmpty());
+}
+
 // Nothing of a run is left: no replica, no agent, no network namespace of launcher `pid`.
 void ExpectNothingLeftOf(pid_t pid) {
   EXPECT_THAT(LeftOfRun(), ::testing::IsEmpty());
@@ -160,12 +170,7 @@ TEST_F(RunTest, AKilledNodeStopsTheProgramWithAClearError) {
 TEST_F(RunTest, AKilledLauncherLeavesNoReplicaRunning) {
   auto p = StartLongSpin(dir_.path());
   ASSERT_TRUE(p.has_value());
-  p->Kill(SIGKILL);
-  auto st = p->Wait(absl::Now() + absl::Seconds(10));
-  ASSERT_TRUE(st.ok()) << st.status();
-  const absl::Time end = absl::Now() + absl::Seconds(20);
-  while (!LeftOfRun().empty() && absl::Now() < end) absl::SleepFor(absl::Milliseconds(20));
-  EXPECT_THAT(LeftOfRun(), ::testing::IsEmpty());
+  KillLauncherAndExpectNothingLeft(*p);
   Outcome next = RunCommand({Runfile("stretchd/stretchd"), "run", "--nodes=2", "--", "/bin/true"},
                             dir_.path(), "after-kill");
   EXPECT_EQ(next.status.ToString(), "exit status 0") << next.err;
@@ -187,12 +192,7 @@ TEST_F(RunTest, AKilledLauncherLeavesNoProgramRunningNatively) {
                                              absl::Now() + absl::Seconds(60)))
       << testing::ReadFileOrEmpty(o.stderr_path);
   ASSERT_EQ(testing::ProcessesNamed("spin_prog").size(), 1u);
-  p->Kill(SIGKILL);
-  auto st = p->Wait(absl::Now() + absl::Seconds(10));
-  ASSERT_TRUE(st.ok()) << st.status();
-  const absl::Time end = absl::Now() + absl::Seconds(20);
-  while (!LeftOfRun().empty() && absl::Now() < end) absl::SleepFor(absl::Milliseconds(20));
-  EXPECT_THAT(LeftOfRun(), ::testing::IsEmpty());
+  KillLauncherAndExpectNothingLeft(*p);
 }
 
 // Coherence messages delayed on their way to each node (--inject_faults): slower, same

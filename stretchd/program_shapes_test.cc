@@ -106,19 +106,23 @@ TEST_F(ProgramShapesTest, AnInputFileMappedPastItsEndIsReadAsNatively) {
   }
 }
 
+// Writes a 96 MiB input file (24576 pages, no two MiB alike) into `dir`; returns its path.
+std::string WriteLargeInput(const std::string& dir) {
+  const std::string path = absl::StrCat(dir, "/large-input");
+  std::ofstream out(path, std::ios::binary);
+  std::string block(1 << 20, '\0');
+  for (int mib = 0; mib < 96; ++mib) {
+    for (size_t i = 0; i < block.size(); ++i) block[i] = static_cast<char>((i * 7 + mib) >> 3);
+    out.write(block.data(), block.size());
+  }
+  return path;
+}
+
 // A large input mapped MAP_PRIVATE: every node reads the pages nobody wrote from its own copy
 // of the file (so does the server), nothing is uploaded, and the pages main wrote before the
 // migration point keep main's bytes on every node.
 TEST_F(ProgramShapesTest, ALargeMappedInputIsNotUploaded) {
-  const std::string path = absl::StrCat(dir_.path(), "/large-input");
-  {
-    std::ofstream out(path, std::ios::binary);
-    std::string block(1 << 20, '\0');
-    for (int mib = 0; mib < 96; ++mib) {
-      for (size_t i = 0; i < block.size(); ++i) block[i] = static_cast<char>((i * 7 + mib) >> 3);
-      out.write(block.data(), block.size());
-    }
-  }
+  const std::string path = WriteLargeInput(dir_.path());
   for (const char* mode : {"read", "write"}) {
     auto [native, stretch] = Both({Program("map_input"), path, "6", mode});
     SCOPED_TRACE(mode);
@@ -134,15 +138,7 @@ TEST_F(ProgramShapesTest, ALargeMappedInputIsNotUploaded) {
 // all in. Each node still holds them (they read as the checkpoint has them): nothing is
 // fetched again (before, no page was held and each node fetched all 24576 over the network).
 TEST_F(ProgramShapesTest, AnInputReadIntoMemoryIsHeldByEveryNode) {
-  const std::string path = absl::StrCat(dir_.path(), "/large-input");
-  {
-    std::ofstream out(path, std::ios::binary);
-    std::string block(1 << 20, '\0');
-    for (int mib = 0; mib < 96; ++mib) {
-      for (size_t i = 0; i < block.size(); ++i) block[i] = static_cast<char>((i * 5 + mib) >> 2);
-      out.write(block.data(), block.size());
-    }
-  }
+  const std::string path = WriteLargeInput(dir_.path());
   auto [native, stretch] = Both({Program("map_input"), path, "6", "read"});
   EXPECT_NATIVE_AND_DISTRIBUTED(native, stretch);
   for (int64_t held : Numbers("pages_held")) EXPECT_GT(held, 24000) << last_stats_;
