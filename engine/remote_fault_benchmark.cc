@@ -25,6 +25,8 @@
 //   write_miss_1_sharer       page S on B: GetM, Inv -> B, InvAck B -> A (Data in parallel)
 //   pingpong                  A and B take turns with a compare-and-swap on one word of one
 //                             page (each try is a write: the page moves in M); one hand-off
+//   local_hit                 A reads a page it holds: no fault, what the benchmark's command
+//                             to the program costs (subtracted from the CPU figures)
 //
 // Floors, measured in the same run with repetitions randomly interleaved with the project's:
 //   uffd_copy        in-process userfaultfd round trip: a thread doing blocking read() +
@@ -44,6 +46,8 @@
 //   remote_read_miss, remote_write_miss: uffd_copy + 1 x tcp_rtt_4k (2 hops);
 //   upgrade_1_sharer, upgrade_3_sharers: uffd_copy + 2 x tcp_rtt_4k;
 //   *_owned, write_miss_1_sharer, pingpong (per hand-off): uffd_copy + 1.5 x tcp_rtt_4k (3 hops).
+// CPU per event (CPU_FLOOR, CPU, CPU_RATIO lines): the CPU time every process of the run spent
+// over a repetition's loop, per event, against the CPU of the same floors.
 // Then the agents' and the server's statistics (NodeAgent::StatsJson: fault_latency).
 //
 // --realtime runs every process of the run under SCHED_FIFO (shields the measurement from

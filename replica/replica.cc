@@ -544,10 +544,10 @@ namespace {
 // The checkpoint's pages in the ranges `lazy` that this replica holds exactly as the checkpoint
 // has them, for HoldCheckpointPages: those the restore never touched (left to CRIU's uffd), and
 // those it copied in and did not change since. CRIU copies in at restore every page its dump
-// did not mark lazy, which for a dump large enough for CRIU's chunked page pipe (OpenBLAS's
-// dgemm with 100 MB) is every page: counting only untouched pages, such a replica held none
-// and fetched all of them again over the network. A page the restore wrote (a thread's stack)
-// is not held: it is fetched on first use, from the directory.
+// did not mark lazy, and its dump of some programs marks none (OpenBLAS's dgemm, 100 MB: why
+// is not known; kmeans's dump marks nearly all): counting only untouched pages, such a replica
+// held none and fetched all of them again over the network. A page the restore wrote (a
+// thread's stack) is not held: it is fetched on first use, from the directory.
 absl::StatusOr<std::vector<std::pair<uintptr_t, absl::Span<const uint8_t>>>>
 CheckpointPagesHeldHere(pid_t pid, const CheckpointMemory& checkpoint,
                         const std::vector<std::pair<uintptr_t, uintptr_t>>& lazy) {

@@ -133,10 +133,10 @@ TEST_F(ProgramShapesTest, ALargeMappedInputIsNotUploaded) {
   }
 }
 
-// The same input read into malloc'd memory, as most programs read theirs: a dump this large
-// goes through CRIU's chunked page pipe, which marks no page lazy, so every restore copies them
-// all in. Each node still holds them (they read as the checkpoint has them): nothing is
-// fetched again (before, no page was held and each node fetched all 24576 over the network).
+// The same input read into malloc'd memory, as most programs read theirs: every node holds
+// its pages from the checkpoint, nothing is fetched again. (Here CRIU leaves the pages lazy;
+// where its dump marks none lazy, as OpenBLAS's dgemm's, the restore copies them all in and
+// they are held as long as they still read as the checkpoint has them.)
 TEST_F(ProgramShapesTest, AnInputReadIntoMemoryIsHeldByEveryNode) {
   const std::string path = WriteLargeInput(dir_.path());
   auto [native, stretch] = Both({Program("map_input"), path, "6", "read"});
