@@ -6,36 +6,37 @@
 #include <cstdint>
 #include <thread>
 
+#include "absl/synchronization/notification.h"
 #include "gtest/gtest.h"
 
 namespace stretch::testing {
 namespace {
 
-int64_t ProcessCpuClockNs() {
+int64_t ThreadCpuClockNs() {
   timespec ts;
-  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
   return static_cast<int64_t>(ts.tv_sec) * 1000000000 + ts.tv_nsec;
 }
 
-// CpuNs counts every thread of a process, as the kernel's own process CPU clock does.
-TEST(CpuNsTest, CountsTheCpuEveryThreadOfAProcessSpent) {
+// CpuNs counts every thread of a process: here another thread's 30 ms of spinning, read while
+// that thread waits (so its count is up to date), with this thread idle meanwhile.
+TEST(CpuNsTest, CountsTheCpuOfEveryThreadOfAProcess) {
   const int64_t before = CpuNs({getpid()});
-  const int64_t clock_before = ProcessCpuClockNs();
-  auto spin = [] {
-    const int64_t end = ProcessCpuClockNs() + 50'000'000;
+  absl::Notification spun, release;
+  std::thread other([&] {
+    const int64_t end = ThreadCpuClockNs() + 30'000'000;
     volatile uint64_t x = 0;
-    while (ProcessCpuClockNs() < end) x = x + 1;
-  };
-  std::thread other(spin);
-  spin();
-  other.join();
+    while (ThreadCpuClockNs() < end) x = x + 1;
+    spun.Notify();
+    release.WaitForNotification();
+  });
+  spun.WaitForNotification();
   const int64_t spent = CpuNs({getpid()}) - before;
-  const int64_t clock_spent = ProcessCpuClockNs() - clock_before;
-  EXPECT_GE(clock_spent, 50'000'000);
-  // The exited thread's CPU is in the process clock but no longer in its tasks' schedstat: at
-  // least the main thread's half is, and never more than the clock says.
-  EXPECT_GE(spent, clock_spent / 2 - 5'000'000);
-  EXPECT_LE(spent, clock_spent + 5'000'000);
+  release.Notify();
+  other.join();
+  EXPECT_GE(spent, 30'000'000);
+  // Thread start-up and this thread's own waiting are small beside it.
+  EXPECT_LT(spent, 60'000'000);
 }
 
 TEST(CpuNsTest, AProcessThatIsGoneCountsNothing) { EXPECT_EQ(CpuNs({-1}), 0); }
