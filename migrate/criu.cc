@@ -200,8 +200,10 @@ absl::StatusOr<pid_t> PendingRestore::Root(absl::Time deadline) const {
     const std::vector<pid_t> roots = NamespaceInitChildren(criu_.pid());
     if (!roots.empty()) return roots.front();
     if (Ended(criu_.pid())) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("criu restore (pid ", criu_.pid(), ") ended before its root was seen"));
+      std::string text;
+      if (const pid_t pid = PidFromPidfile(&text); pid > 0) return pid;
+      return absl::FailedPreconditionError(absl::StrCat(
+          "criu restore (pid ", criu_.pid(), ") ended before its root was seen, naming none"));
     }
     if (absl::Now() >= deadline) {
       return absl::DeadlineExceededError(
@@ -219,14 +221,20 @@ absl::StatusOr<pid_t> PendingRestore::Wait(absl::Time deadline) {
                                                       "): ", SummarizeCriuLog(log_path_),
                                                       " (full log: ", log_path_, ")"));
   }
-  std::ifstream in(pidfile_);
   std::string text;
-  std::getline(in, text);
-  int pid = 0;
-  if (!absl::SimpleAtoi(absl::StripAsciiWhitespace(text), &pid) || pid <= 0) {
+  const pid_t pid = PidFromPidfile(&text);
+  if (pid <= 0) {
     return absl::InternalError(
         absl::StrCat("criu restore succeeded but its pidfile ", pidfile_, " holds '", text, "'"));
   }
+  return pid;
+}
+
+pid_t PendingRestore::PidFromPidfile(std::string* text) const {
+  std::ifstream in(pidfile_);
+  std::getline(in, *text);
+  int pid = 0;
+  if (!absl::SimpleAtoi(absl::StripAsciiWhitespace(*text), &pid) || pid <= 0) return 0;
   return static_cast<pid_t>(pid);
 }
 

@@ -79,13 +79,19 @@ class PendingRestore {
   // init of a new PID namespace, CRIU's child until CRIU exits), for a caller that must guard
   // it before CRIU lets it go: once CRIU has exited the root is orphaned, and a caller that
   // dies before guarding it would leave it behind, stopped or running. Polls /proc every
-  // millisecond. FailedPrecondition if CRIU exits first (then Wait() tells the rest),
+  // millisecond. CRIU may also finish first (a lazy restore does not wait for its pages; on a
+  // busy machine it can exit before the first poll): then the pid its pidfile names, which
+  // cannot have been reused (the root is the caller's child, as its subreaper, until the caller
+  // reaps it), or FailedPrecondition if it names none (the restore failed: Wait() tells why).
   // DeadlineExceeded at `deadline`.
   absl::StatusOr<pid_t> Root(absl::Time deadline) const;
   // Also the id of CRIU's process group (every process of the restore but the restored tasks).
   pid_t criu_pid() const { return criu_.pid(); }
 
  private:
+  // The pid CRIU wrote to its pidfile; 0 if none.
+  pid_t PidFromPidfile(std::string* text) const;
+
   Subprocess criu_;
   std::string pidfile_;
   std::string log_path_;

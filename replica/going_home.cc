@@ -244,8 +244,8 @@ absl::StatusOr<pid_t> Replica::RestoreAtHome(const std::string& images_dir, absl
     kill(-criu_pid, SIGKILL);
     return s;
   }
-  // Not a lazy restore: CRIU may finish before the root is seen (a busy machine), and the
-  // root is then guarded as soon as CRIU has exited.
+  // Not a lazy restore: CRIU may finish before the root is seen (a busy machine); Root() then
+  // names it from CRIU's pidfile. A restore that failed names none (`missed`): Wait() says why.
   auto root = pending.Root(absl::Now() + absl::Seconds(10));
   const bool missed = !root.ok() && absl::IsFailedPrecondition(root.status());
   absl::Status guarded = root.ok() ? agent_->Guard(*root, -1) : root.status();
