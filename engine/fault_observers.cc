@@ -40,6 +40,43 @@ std::vector<PageWriters> WriteSharing::Take(size_t max_pages) {
   return out;
 }
 
+void FaultHeat::Note(PageId page, pid_t tid, bool write) {
+  absl::MutexLock l(&mu_);
+  auto it = pages_.find(page);
+  if (it == pages_.end()) {
+    if (pages_.size() >= kMaxPages) return;
+    it = pages_.emplace(page, HotPage{page, 0, {}}).first;
+  }
+  HotPage& p = it->second;
+  ++p.faults;
+  auto t = std::find_if(p.threads.begin(), p.threads.end(),
+                        [tid](const ThreadFaults& f) { return f.tid == tid; });
+  if (t == p.threads.end()) {
+    if (p.threads.size() >= kMaxThreads) return;
+    t = p.threads.insert(p.threads.end(), ThreadFaults{tid, 0, 0});
+  }
+  ++(write ? t->writes : t->reads);
+}
+
+std::vector<FaultHeat::HotPage> FaultHeat::Hottest(size_t n) const {
+  std::vector<HotPage> out;
+  {
+    absl::MutexLock l(&mu_);
+    out.reserve(pages_.size());
+    for (const auto& [page, p] : pages_) out.push_back(p);
+  }
+  auto hotter = [](const HotPage& a, const HotPage& b) {
+    return a.faults != b.faults ? a.faults > b.faults : a.page < b.page;
+  };
+  if (out.size() > n) {
+    std::partial_sort(out.begin(), out.begin() + n, out.end(), hotter);
+    out.resize(n);
+  } else {
+    std::sort(out.begin(), out.end(), hotter);
+  }
+  return out;
+}
+
 void FaultTrace::Record(int64_t t_ns, pid_t tid, uint64_t page_address, Access access) {
   absl::MutexLock l(&mu_);
   if (entries_.size() >= max_entries_) {

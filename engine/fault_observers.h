@@ -1,13 +1,15 @@
 // What a node agent records about the faults it handles, beside handling them: which threads
-// write which pages (for placement), a trace of every fault (for offline study), and which
-// read misses are sequential (for read-ahead). Each observer is fed by the fault loop threads
+// write which pages (for placement), which pages faulted most over the run and by which threads
+// (for `stretchd report`), a trace of every fault (for offline study), and which read misses are
+// sequential (for read-ahead). Each observer is fed by the fault loop threads
 // and knows nothing of the protocol.
 //
 //   WriteSharing sharing;
 //   sharing.Note(page, tid);                   // fault loop: a write fault
 //   auto hottest = sharing.Take(64);           // placement, once per window
 //
-// WriteSharing and FaultTrace are thread-safe. SequentialReads belongs to one fault loop.
+// WriteSharing, FaultHeat and FaultTrace are thread-safe. SequentialReads belongs to one fault
+// loop.
 #ifndef STRETCH_ENGINE_FAULT_OBSERVERS_H_
 #define STRETCH_ENGINE_FAULT_OBSERVERS_H_
 
@@ -49,6 +51,36 @@ class WriteSharing {
  private:
   absl::Mutex mu_;
   absl::flat_hash_map<PageId, PageWriters> pages_ ABSL_GUARDED_BY(mu_);
+};
+
+// Faults per page and thread over the whole run, read and write apart: the pages that faulted
+// most and which threads faulted on them (the run's stats, `stretchd report`'s heat map).
+// Thread-safe.
+class FaultHeat {
+ public:
+  // Pages counted: the first this many to fault (a page first faulting later is not counted).
+  static constexpr size_t kMaxPages = 1 << 16;
+  // Threads counted per page; the faults of more threads count in the page's total only.
+  static constexpr size_t kMaxThreads = 16;
+
+  struct ThreadFaults {
+    pid_t tid = 0;  // in the program (0: the uffd did not say)
+    uint64_t reads = 0, writes = 0;
+  };
+  struct HotPage {
+    PageId page;
+    uint64_t faults = 0;
+    std::vector<ThreadFaults> threads;  // in the order they first faulted
+  };
+
+  // A fault on `page` by `tid` (write: a store, also to a read-only copy).
+  void Note(PageId page, pid_t tid, bool write);
+  // The `n` pages with the most faults, most first (ties: lowest page first).
+  std::vector<HotPage> Hottest(size_t n) const;
+
+ private:
+  mutable absl::Mutex mu_;
+  absl::flat_hash_map<PageId, HotPage> pages_ ABSL_GUARDED_BY(mu_);
 };
 
 // Every fault, in memory until written out as CSV. Thread-safe.

@@ -43,6 +43,40 @@ TEST(WriteSharingTest, KeepsAFewDistinctWritersAndIgnoresUnknownOnes) {
   EXPECT_THAT(top[0].writers, ElementsAre(11, 12, 13, 14));
 }
 
+TEST(FaultHeatTest, CountsEachThreadsReadsAndWritesPerPageHottestFirst) {
+  FaultHeat heat;
+  heat.Note(Page(3), 21, /*write=*/false);
+  heat.Note(Page(8), 22, /*write=*/true);
+  heat.Note(Page(8), 21, /*write=*/false);
+  heat.Note(Page(8), 22, /*write=*/true);
+  heat.Note(Page(5), 23, /*write=*/true);
+
+  std::vector<FaultHeat::HotPage> top = heat.Hottest(2);
+  ASSERT_EQ(top.size(), 2u);
+  EXPECT_EQ(top[0].page, Page(8));
+  EXPECT_EQ(top[0].faults, 3u);
+  ASSERT_EQ(top[0].threads.size(), 2u);
+  EXPECT_EQ(top[0].threads[0].tid, 22);
+  EXPECT_EQ(top[0].threads[0].writes, 2u);
+  EXPECT_EQ(top[0].threads[0].reads, 0u);
+  EXPECT_EQ(top[0].threads[1].tid, 21);
+  EXPECT_EQ(top[0].threads[1].reads, 1u);
+  // Ties go to the lower page; nothing is forgotten by reading.
+  EXPECT_EQ(top[1].page, Page(3));
+  EXPECT_EQ(heat.Hottest(10).size(), 3u);
+}
+
+TEST(FaultHeatTest, BoundsThreadsPerPageAndCountsTheRestInTheTotal) {
+  FaultHeat heat;
+  for (pid_t tid = 1; tid <= static_cast<pid_t>(FaultHeat::kMaxThreads) + 3; ++tid) {
+    heat.Note(Page(1), tid, /*write=*/true);
+  }
+  std::vector<FaultHeat::HotPage> top = heat.Hottest(1);
+  ASSERT_EQ(top.size(), 1u);
+  EXPECT_EQ(top[0].faults, FaultHeat::kMaxThreads + 3);
+  EXPECT_EQ(top[0].threads.size(), FaultHeat::kMaxThreads);
+}
+
 TEST(FaultTraceTest, WritesOneCsvLinePerFaultAndCountsWhatDidNotFit) {
   FaultTrace trace(/*max_entries=*/2);
   trace.Record(10, 5, 0x7000, FaultTrace::Access::kRead);

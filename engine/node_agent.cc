@@ -8,6 +8,12 @@
 #include "engine/node_agent_impl.h"
 
 namespace stretch::engine {
+namespace {
+
+// Pages in the stats' "hot_pages" (NodeAgent::StatsJson).
+constexpr size_t kHotPagesInStats = 32;
+
+}  // namespace
 
 absl::Status NodeAgent::Impl::Init() {
   STRETCH_ASSIGN_OR_RETURN(keeper_, uffd::Keeper::Start(absl::Seconds(5)));
@@ -174,6 +180,26 @@ std::string NodeAgent::Impl::StatsJson() const {
   w.Field("bytes_received", stats_.bytes_received.Get());
   w.Key("fault_latency");
   stats_.fault_latency.Snap().WriteJson(w);
+  // The pages that faulted most here, and by which threads (`stretchd report`'s heat map).
+  w.Key("hot_pages");
+  w.BeginArray();
+  for (const FaultHeat::HotPage& p : heat_.Hottest(kHotPagesInStats)) {
+    w.BeginObject();
+    w.Field("page", p.page.ToString());
+    w.Field("faults", p.faults);
+    w.Key("threads");
+    w.BeginArray();
+    for (const FaultHeat::ThreadFaults& t : p.threads) {
+      w.BeginObject();
+      w.Field("tid", static_cast<int>(t.tid));
+      w.Field("reads", t.reads);
+      w.Field("writes", t.writes);
+      w.EndObject();
+    }
+    w.EndArray();
+    w.EndObject();
+  }
+  w.EndArray();
   if (faults_ != nullptr) {
     const auto c = faults_->fault_counts();
     w.Key("faults_injected");

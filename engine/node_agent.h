@@ -227,7 +227,9 @@ class NodeAgent {
   const std::string& address() const;
   NodeId node() const;
   const NodeStats& stats() const;
-  // {"node":1,"read_faults":..,...,"fault_latency":{...},"transport":{...}}
+  // {"node":1,"read_faults":..,...,"fault_latency":{...},"hot_pages":[...],"transport":{...}};
+  // hot_pages: the 32 pages that faulted most here over the run, each with its faults and, per
+  // thread, its reads and writes (FaultHeat).
   std::string StatsJson() const;
 
   // Write sharing seen since the last call (placement): the pages its processes' threads

@@ -390,6 +390,7 @@ class NodeAgent::Impl {
 
   FaultTrace trace_;
   WriteSharing sharing_;
+  FaultHeat heat_;
 
   mutable absl::Mutex health_mu_;
   absl::Status health_ ABSL_GUARDED_BY(health_mu_);

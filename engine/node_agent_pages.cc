@@ -189,6 +189,7 @@ void NodeAgent::Impl::OnFault(Attachment& att, const uffd::Fault& f) {
                                                              : FaultTrace::Access::kWrite);
   }
   if (store && options_.track_write_sharing) sharing_.Note(page, f.tid);
+  heat_.Note(page, f.tid, store);
   HandleLocal(att, page,
               LocalEvent{store ? coherence::LocalOp::kStore : coherence::LocalOp::kLoad,
                          ThreadId(static_cast<uint32_t>(f.tid))},

@@ -45,6 +45,7 @@
 #include "replica/control.h"
 #include "replica/remote_start.h"
 #include "replica/standard_input.h"
+#include "report/run_report.h"
 #include "transport/create_transport.h"
 #include "transport/fault_injecting_transport.h"
 
@@ -129,6 +130,26 @@ absl::Status Launcher::Prepare() {
   return absl::OkStatus();
 }
 
+std::string Launcher::CommandAndTimelineJson(absl::Time end) const {
+  std::string json = R"("command":[)";
+  for (size_t i = 0; i < o_.argv.size(); ++i) {
+    if (i > 0) json += ",";
+    AppendJsonString(o_.argv[i], &json);
+  }
+  json += R"(],"timeline":{)";
+  auto at = [&](const char* name, absl::Time t) {
+    if (t == absl::Time() || t == absl::InfiniteFuture()) return;
+    absl::StrAppend(&json, json.back() == '{' ? "" : ",", "\"", name,
+                    "_ms\":", absl::ToDoubleMilliseconds(t - launched_));
+  };
+  if (origin_ && !origin_->exited) at("checkpointed", checkpointed_at_);
+  at("running", run_start_);
+  if (home_at_) at("home", *home_at_);
+  at("end", end);
+  json += "},";
+  return json;
+}
+
 void Launcher::RecordHistory(const placement::HistoryRun& run) {
   if (history_key_.empty()) return;
   absl::Status s = placement::AppendHistory(o_.placement_history, history_key_, run,
@@ -211,6 +232,7 @@ absl::Status Launcher::RunToMigrationPoint() {
   oo_.before_checkpoint = nullptr;
   if (!origin.ok()) return origin.status();
   origin_ = *std::move(origin);
+  checkpointed_at_ = absl::Now();
   if (!origin_->exited) return absl::OkStatus();
 
   tail_.Stop();
@@ -240,14 +262,26 @@ absl::Status Launcher::RunToMigrationPoint() {
   return absl::OkStatus();
 }
 
-absl::Status Launcher::WriteUndistributedStats() {
-  if (o_.stats_json.empty()) return absl::OkStatus();
-  FILE* f = std::fopen(o_.stats_json.c_str(), "w");
-  if (f == nullptr) {
-    return absl::InternalError(
-        ErrnoStatus(errno, absl::StrCat("write ", o_.stats_json)).ToString());
+absl::Status Launcher::WriteStats(const std::string& json) const {
+  std::vector<std::string> paths = {work_.path + "/stats.json"};
+  if (!o_.stats_json.empty()) paths.push_back(o_.stats_json);
+  for (const std::string& path : paths) {
+    FILE* f = std::fopen(path.c_str(), "w");
+    if (f == nullptr) {
+      return absl::InternalError(ErrnoStatus(errno, absl::StrCat("write ", path)).ToString());
+    }
+    std::fprintf(f, "%s\n", json.c_str());
+    std::fclose(f);
   }
-  std::string json = R"({"nodes":[],"migrated":false)";
+  if (o_.report.empty()) return absl::OkStatus();
+  STRETCH_RETURN_IF_ERROR(report::WriteRunReport(json, o_.report));
+  std::fprintf(stderr, "stretchd run: the run's report is %s\n", o_.report.c_str());
+  return absl::OkStatus();
+}
+
+absl::Status Launcher::WriteUndistributedStats() {
+  std::string json =
+      absl::StrCat("{", CommandAndTimelineJson(absl::Now()), R"("nodes":[],"migrated":false)");
   if (origin_->parallel_time > absl::ZeroDuration()) {
     absl::StrAppend(&json, R"(,"native_parallel_ms":)",
                     absl::ToDoubleMilliseconds(origin_->parallel_time), R"(,"migrate_after_ms":)",
@@ -258,9 +292,7 @@ absl::Status Launcher::WriteUndistributedStats() {
                     absl::ToDoubleMilliseconds(origin_->after_point), R"(,"placement":{"policy":")",
                     o_.placement, R"(",)", history_json_, "}");
   }
-  std::fprintf(f, "%s}\n", json.c_str());
-  std::fclose(f);
-  return absl::OkStatus();
+  return WriteStats(json + "}");
 }
 
 // Places the threads, starts the directory server and one agent per node (emulated nodes in

@@ -36,7 +36,10 @@ struct LaunchOptions {
   std::string transport = "tcp";
   std::string stretchd;        // path of the stretchd binary (for the agents)
   std::string work_dir;        // empty: a fresh directory under /tmp, removed afterwards
-  std::string stats_json;      // where to write the statistics at exit ("" = nowhere)
+  // Where to write the statistics at exit ("" = nowhere but the work directory's stats.json).
+  std::string stats_json;
+  // Where to write the run's report at exit (report/run_report.h; "" = none).
+  std::string report;
   int migrate_at_threads = 0;  // 0: when the main thread first blocks after creating threads
   // How long the program runs natively at its migration point (OriginOptions::migrate_after;
   // nullopt: as long as migrating it would take).

@@ -110,6 +110,12 @@ class Launcher {
   void StopNodes();
   absl::Status Finish();
   void RecordHistory(const placement::HistoryRun& run);
+  // The stats' "command" and "timeline" members (milliseconds since launched_; those not
+  // reached are left out), each followed by a comma.
+  std::string CommandAndTimelineJson(absl::Time end) const;
+  // Writes the stats JSON to the work directory's stats.json, to LaunchOptions::stats_json if
+  // given, and the report drawn from it to LaunchOptions::report if given.
+  absl::Status WriteStats(const std::string& json) const;
 
   // Node i's answer (agent_channel.h); false if it did not come or the program ended first.
   std::optional<wire::Control> AwaitAnswer(int i, std::initializer_list<wire::ControlOp> ops,
@@ -129,6 +135,8 @@ class Launcher {
   const LaunchOptions& o_;
   const std::vector<ClusterNode>& remote_;
   const std::string local_ip_;
+  // The run's clock: its stats' "timeline" counts from here.
+  const absl::Time launched_ = absl::Now();
 
   WorkDir work_;
   std::string secret_file_;
@@ -145,6 +153,7 @@ class Launcher {
   std::optional<int> early_exit_;            // the program ended before (or instead of) migrating
   std::vector<std::vector<int>> placement_;  // node -> threads, at the migration
   uint64_t image_bytes_ = 0;
+  absl::Time checkpointed_at_;  // the checkpoint was written
   absl::Duration restore_time_, transfer_time_;
   std::unique_ptr<launch::NetnsCluster> cluster_;
   std::unique_ptr<engine::DirectoryServer> server_;

@@ -381,8 +381,10 @@ absl::Status Launcher::Finish() {
     run.consolidated = placement_loop_->consolidated();
     RecordHistory(run);
   }
-  if (!o_.stats_json.empty()) {
-    std::string json = "{\"nodes\":[";
+  {
+    std::string json = absl::StrCat(
+        "{", CommandAndTimelineJson(run_end_ == absl::InfiniteFuture() ? absl::Now() : run_end_),
+        "\"nodes\":[");
     for (int i = 0; i < o_.nodes; ++i) {
       std::string node(absl::StripAsciiWhitespace(
           ReadFileOrEmpty(absl::StrCat(work_.path, "/node", i, ".json"))));
@@ -413,13 +415,7 @@ absl::Status Launcher::Finish() {
         ",\"samples\":", placement_loop_->SamplesJson(),
         ",\"decisions\":", placement_loop_->DecisionsJson(), history_json_.empty() ? "" : ",",
         history_json_, "}}");
-    FILE* f = std::fopen(o_.stats_json.c_str(), "w");
-    if (f == nullptr) {
-      return absl::InternalError(
-          ErrnoStatus(errno, absl::StrCat("write ", o_.stats_json)).ToString());
-    }
-    std::fprintf(f, "%s\n", json.c_str());
-    std::fclose(f);
+    STRETCH_RETURN_IF_ERROR(WriteStats(json));
   }
   server_->Stop();
   return absl::OkStatus();

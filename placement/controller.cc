@@ -405,10 +405,17 @@ void PlacementController::Sample() {
     done_ = regroup_done_;
     return;
   }
-  if (samples_json_.size() < 100) {
+  if (samples_json_.size() < kMaxSamples) {
+    std::string nodes;
+    for (const NodeWindow& n : w.nodes) {
+      absl::StrAppendFormat(
+          &nodes, R"(%s{"cpu":%.3f,"stall":%.3f,"faults":%.0f,"invalidations":%.0f,"threads":%d})",
+          nodes.empty() ? "" : ",", n.cpu, n.stall, n.faults, n.invalidations, n.threads);
+    }
     samples_json_.push_back(absl::StrFormat(
-        R"({"t_ms":%.0f,"cores":%.3f,"waiting":%.3f,"predicted":%.3f,"predicted_one_node":%.3f})",
-        Ms(now), w.cores, w.waiting, model_.PredictPlacement(w.nodes), one_node));
+        R"({"t_ms":%.0f,"seconds":%.3f,"cores":%.3f,"waiting":%.3f,"predicted":%.3f,)"
+        R"("predicted_one_node":%.3f,"nodes":[%s]})",
+        Ms(now), secs, w.cores, w.waiting, model_.PredictPlacement(w.nodes), one_node, nodes));
   }
   if (consolidated_) {
     WatchConsolidated(now, w);

@@ -89,8 +89,12 @@ class PlacementController {
   // Whether every thread was last moved to node 0 (and is not being probed).
   bool consolidated() const { return consolidated_; }
 
-  // For the run's stats: the JSON arrays of the first 100 windows and of every decision, and
-  // the throughput model's fit.
+  // Windows kept for the run's stats: 5 minutes of 100 ms windows.
+  static constexpr size_t kMaxSamples = 3000;
+
+  // For the run's stats: the JSON arrays of the first kMaxSamples windows (each with what
+  // every node did in it: CPU-seconds, stalled thread-seconds, faults, invalidations
+  // received, threads) and of every decision, and the throughput model's fit.
   std::string SamplesJson() const;
   std::string DecisionsJson() const;
   std::string ModelJson() const { return model_.FitJson(); }
