@@ -21,8 +21,12 @@ expect 2 "usage: stretchd check" err check --bogus=1
 expect 2 "does not apply to 'version'" err version --json
 expect 2 "unexpected argument 'extra'" err check extra
 expect 0 "subcommands:" out --help
-for sc in check server node run stats secret version; do expect 0 "  $sc" out --help; done
+for sc in check server node run stats secret report version; do expect 0 "  $sc" out --help; done
 expect 0 "--json" out check --help
+expect 2 "give one STATS_JSON file or run WORK_DIR" err report
+expect 1 "cannot read /nonexistent/stats.json" err report /nonexistent/stats.json
+expect 0 "STATS_JSON|WORK_DIR" out help report
+expect 2 "--report=/nonexistent/dir/r.html: cannot write in /nonexistent/dir" err run --report=/nonexistent/dir/r.html -- /bin/true
 expect 0 "usage: stretchd run" out help run
 expect 0 "wire protocol 3" out version
 expect 2 "--node must be 0..63" err node

@@ -4,6 +4,7 @@
 //   main.cc              flags, the subcommand table, --help, check, version
 //   cluster_commands.cc  secret, server, node, stats, migrate
 //   run_command.cc       run
+//   report_command.cc    report
 #ifndef STRETCH_STRETCHD_COMMANDS_H_
 #define STRETCH_STRETCHD_COMMANDS_H_
 
@@ -25,6 +26,7 @@ int RunStats(const std::vector<std::string>& args);
 int RunRun(const std::vector<std::string>& args);
 int RunMigrate(const std::vector<std::string>& args);
 int RunSecret(const std::vector<std::string>& args);
+int RunReport(const std::vector<std::string>& args);
 
 // Blocks SIGINT and SIGTERM (so they can be waited for) and SIGCHLD (ptrace stops are read
 // through a signalfd); done before any thread exists, so every thread inherits the mask.

@@ -45,6 +45,7 @@ DECLARE_int32(thread);
 DECLARE_int32(to);
 DECLARE_string(cluster_secret);
 DECLARE_string(out);
+DECLARE_string(report);
 DECLARE_string(replica_images);
 DECLARE_string(replica_work);
 DECLARE_string(run_threads);

@@ -4,6 +4,7 @@
 //   node     the node agent of one machine
 //   run      run an unmodified pthread program across nodes
 //   secret   create a cluster secret file
+//   report   draw the picture of a run (HTML) from its stats
 //   version  print the version
 // gflags are defined only here; libraries take Options structs.
 #include <poll.h>
@@ -167,7 +168,12 @@ DEFINE_string(cluster_secret, "",
               "server, node, stats, run: the cluster secret file (from `stretchd secret`); "
               "every connection proves it. Required to listen on a non-loopback address. run: "
               "default a fresh secret in its work directory");
-DEFINE_string(out, "", "secret: the file to create (mode 0600; never replaced)");
+DEFINE_string(out, "",
+              "secret: the file to create (mode 0600; never replaced); report: the HTML file to "
+              "write (default: the stats file's name with .html, or WORK_DIR/report.html)");
+DEFINE_string(report, "",
+              "run: at the end, write the run's report (one HTML page, as `stretchd report` "
+              "draws it) to this file");
 DEFINE_string(replica_images, "", "node (internal, used by run): restore a replica from here");
 DEFINE_bool(await_start, false,
             "node (internal, used by run): started before the program's migration point, wait "
@@ -260,13 +266,15 @@ const std::vector<Subcommand>& Subcommands() {
        "its worker threads exist, and continues with its threads spread over the nodes and its "
        "memory kept coherent; exits with its status.",
        "[--nodes=N | --server=HOST:PORT --cluster_secret=FILE] [--transport=tcp] "
-       "[--stats_json=FILE] [--migrate_at_threads=K] [--migrate_threads=T,T] [--work_dir=DIR] "
+       "[--stats_json=FILE] [--report=FILE] [--migrate_at_threads=K] [--migrate_threads=T,T] "
+       "[--work_dir=DIR] "
        "[--nonetns] -- PROG ARGS...",
        {"nodes",
         "server",
         "transport",
         "cluster_secret",
         "stats_json",
+        "report",
         "migrate_at_threads",
         "migrate_after",
         "migrate_threads",
@@ -306,6 +314,15 @@ const std::vector<Subcommand>& Subcommands() {
        "--out=FILE",
        {"out"},
        RunSecret},
+      {"report",
+       "Draw the picture of a run as one self-contained HTML page (open it in any browser): "
+       "the migration timeline, faults per node over time, the pages that faulted most and "
+       "which threads shared them, futex traffic, and each placement decision with its reason. "
+       "Reads the stats of `stretchd run --stats_json=FILE`, or a run's --work_dir (its "
+       "stats.json); `stretchd run --report=FILE` writes the page at the end of a run.",
+       "[--out=FILE] STATS_JSON|WORK_DIR",
+       {"out"},
+       RunReport},
       {"version", "Print the stretchd version and wire protocol version.", "", {}, RunVersion},
   };
   return kSubcommands;
@@ -456,7 +473,8 @@ int Main(int argc, char** argv) {
   }
   google::InitGoogleLogging("stretchd");
 
-  if (std::string(sc->name) == "check" || std::string(sc->name) == "version") {
+  if (std::string(sc->name) == "check" || std::string(sc->name) == "version" ||
+      std::string(sc->name) == "report") {
     VLOG(1) << "stretchd " << kVersion << " " << sc->name;
   } else {
     LogEffectiveFlags(*sc);

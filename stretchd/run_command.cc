@@ -203,6 +203,16 @@ bool LaunchOptionsFromFlags(const std::vector<std::string>& args, launch::Launch
     return false;
   }
   o->stats_json = FLAGS_stats_json;
+  o->report = FLAGS_report;
+  if (!o->report.empty()) {
+    // Known to be writable before the program runs: a run is not lost for its picture.
+    const std::string dir = std::filesystem::path(o->report).parent_path().string();
+    if (!dir.empty() && access(dir.c_str(), W_OK) != 0) {
+      std::fprintf(stderr, "stretchd run: --report=%s: cannot write in %s: %s\n", o->report.c_str(),
+                   dir.c_str(), std::strerror(errno));
+      return false;
+    }
+  }
   o->migrate_at_threads = FLAGS_migrate_at_threads;
   o->work_dir = FLAGS_work_dir;
   o->netns = FLAGS_netns;
