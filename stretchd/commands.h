@@ -43,7 +43,7 @@ bool LivenessFromFlags(const char* command, Liveness* out);
 bool LoadClusterSecret(const char* subcommand, transport::TransportOptions* options);
 // Positive integers separated by commas; false if any is not.
 bool ParseIntList(const std::string& text, std::vector<int>* out);
-// The CRIU binary: --criu, or /usr/local/sbin/criu if it is there.
+// The CRIU binary: --criu, or /usr/local/sbin/criu or /usr/lib/stretch/criu if there.
 std::string CriuPath();
 // This binary.
 std::string SelfPath();

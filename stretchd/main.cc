@@ -49,7 +49,10 @@
 #include "transport/inet_address.h"
 
 DEFINE_bool(json, false, "check: print the report as one JSON object instead of text");
-DEFINE_string(criu, "criu", "check: the CRIU binary to probe (a name in PATH or a path)");
+DEFINE_string(criu, "criu",
+              "check, run, node: the CRIU binary (a name in PATH or a path); criu: "
+              "/usr/local/sbin/criu (tools/setup's build) or /usr/lib/stretch/criu (the Debian "
+              "package's) if there, else criu in PATH");
 DEFINE_string(listen, "",
               "server: address to listen on (default 127.0.0.1:7000); node: address other nodes "
               "reach this one at (default 127.0.0.1:0, port 0 picks one)");
@@ -490,7 +493,7 @@ int RunCheck(const std::vector<std::string>& args) {
     return 2;
   }
   CheckOptions options;
-  options.criu = FLAGS_criu;
+  options.criu = CriuPath();
   std::vector<CheckResult> results = RunChecks(options);
   std::string out = FLAGS_json ? FormatChecksJson(results) : FormatChecksText(results);
   std::fwrite(out.data(), 1, out.size(), stdout);

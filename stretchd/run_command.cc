@@ -60,7 +60,11 @@ std::string SelfPath() {
 
 std::string CriuPath() {
   if (FLAGS_criu != "criu") return FLAGS_criu;
-  return access("/usr/local/sbin/criu", X_OK) == 0 ? "/usr/local/sbin/criu" : "criu";
+  // tools/setup's build, then the one the Debian package carries (tools/package).
+  for (const char* path : {"/usr/local/sbin/criu", "/usr/lib/stretch/criu"}) {
+    if (access(path, X_OK) == 0) return path;
+  }
+  return "criu";
 }
 
 namespace {
