@@ -423,6 +423,11 @@ absl::StatusOr<OriginResult> RunOrigin(const OriginOptions& options) {
     absl::MutexLock l(&watch.mu);
     exited = watch.exited;
   }
+  if (!exited && !options.stay && options.before_stop) {
+    options.before_stop();
+    absl::MutexLock l(&watch.mu);
+    exited = watch.exited;
+  }
   const absl::Time stop_start = absl::Now();
   if (!exited) {
     detached = sup->Detach(deadline);

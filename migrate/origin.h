@@ -63,6 +63,10 @@ struct OriginOptions {
   // At the migration point, do not checkpoint: stop tracing the program and let it run to its
   // end here, natively, as if never migrated (`stayed` in the result).
   bool stay = false;
+  // Called once at the migration point, before the program is stopped (not with `stay`, nor
+  // if it ended): it runs on natively (traced) meanwhile, so waiting here costs it nothing,
+  // where waiting in before_checkpoint keeps it stopped. E.g. for the transport to load.
+  std::function<void()> before_stop;
   // Called once at the migration point, the program stopped, before the dump (not with
   // `stay`): an error leaves the program to run to its end here, as one that cannot be
   // checkpointed (`migration_error`). E.g. waiting for the transport the nodes will need.

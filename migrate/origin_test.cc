@@ -11,6 +11,7 @@
 #include <sys/stat.h>
 #include <sys/wait.h>
 
+#include <filesystem>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -241,6 +242,43 @@ TEST_F(OriginTest, NotReadyToCheckpointFinishesHere) {
   EXPECT_EQ(r->migration_error.message(), "no transport");
   EXPECT_EQ(r->status.code, 0);
   EXPECT_EQ(testing::ReadFileOrEmpty(dir_.path() + "/out"), native);
+}
+
+// Each thread's state letter (/proc/PID/task/*/stat): 't' or 'T' when stopped.
+std::string ThreadStates(pid_t pid) {
+  std::string states;
+  for (const auto& e : std::filesystem::directory_iterator(absl::StrCat("/proc/", pid, "/task"))) {
+    const std::string stat = testing::ReadFileOrEmpty(e.path().string() + "/stat");
+    const size_t paren = stat.rfind(')');
+    if (paren != std::string::npos && paren + 2 < stat.size()) states += stat[paren + 2];
+  }
+  return states;
+}
+
+// What the checkpoint waits for (the launcher's transport loading) is waited for while the
+// program still runs natively: before_stop sees no thread stopped, before_checkpoint every one.
+TEST_F(OriginTest, WaitsBeforeStoppingTheProgramNotWhileItIsStopped) {
+  std::vector<std::string> argv = {Program("main_sleeps"), "400000000"};
+  auto o = Options(argv);
+  pid_t pid = 0;
+  o.on_started = [&pid](pid_t started) {
+    pid = started;
+    return absl::OkStatus();
+  };
+  std::string at_stop, at_checkpoint;
+  o.before_stop = [&] { at_stop = ThreadStates(pid); };
+  o.before_checkpoint = [&] {
+    at_checkpoint = ThreadStates(pid);
+    return absl::OkStatus();
+  };
+  auto r = RunOrigin(o);
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_FALSE(r->exited) << "ran to its end without a migration point";
+  ASSERT_EQ(at_stop.size(), 3u) << at_stop;
+  EXPECT_EQ(at_stop.find_first_of("tT"), std::string::npos) << "states at before_stop: " << at_stop;
+  ASSERT_EQ(at_checkpoint.size(), 3u);
+  EXPECT_EQ(at_checkpoint.find_first_not_of("tT"), std::string::npos)
+      << "states at before_checkpoint: " << at_checkpoint;
 }
 
 TEST(EstimatedMigrationCostTest, GrowsWithResidentMemory) {
