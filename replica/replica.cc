@@ -144,8 +144,11 @@ absl::StatusOr<std::unique_ptr<Replica>> Replica::Restore(engine::NodeAgent* age
   }
   const absl::Time deadline = absl::Now() + absl::Minutes(2);
   Restoring s;
+  const absl::Time start = absl::Now();
   STRETCH_RETURN_IF_ERROR(r->RestoreWithCriu(s, deadline));
+  const absl::Time restored = absl::Now();
   STRETCH_RETURN_IF_ERROR(r->Supervise(deadline));
+  const absl::Time supervised = absl::Now();
   // Memory: make every private writable mapping coherent and start it empty.
   STRETCH_ASSIGN_OR_RETURN(s.maps, ReadMappings(r->pid_));
   if (!options.manual) STRETCH_RETURN_IF_ERROR(r->ReserveStackRoom(s, deadline));
@@ -155,6 +158,7 @@ absl::StatusOr<std::unique_ptr<Replica>> Replica::Restore(engine::NodeAgent* age
   } else {
     STRETCH_RETURN_IF_ERROR(r->ServeAutomaticMode(s, deadline));
   }
+  r->restore_times_ = {restored - start, supervised - restored, absl::Now() - supervised};
   return r;
 }
 
@@ -226,8 +230,8 @@ absl::Status Replica::RestoreWithCriu(Restoring& s, absl::Time deadline) {
   if (!s.uffd.valid()) return absl::InternalError("CRIU finished the restore without a uffd");
   STRETCH_ASSIGN_OR_RETURN(const pid_t restored, pending.Wait(deadline));
   if (restored != pid_) {
-    return absl::InternalError(absl::StrCat("criu restore made pid ", restored,
-                                            " but its root was seen as pid ", pid_));
+    return absl::InternalError(
+        absl::StrCat("criu restore made pid ", restored, " but its root was seen as pid ", pid_));
   }
   criu_group.done = true;  // CRIU has exited; the replica is guarded on its own
   STRETCH_RETURN_IF_ERROR(GiveThreadIdsTheirOwnRange(pid_, agent_->node()));

@@ -152,12 +152,19 @@ class Replica {
 
   // Threads created here since the replica started (they run here).
   int threads_created();
-  // {"threads_run":..,"threads_created":..,"address_space":{"changes":..,...}}, without the
-  // braces, for the node's stats.
+  // {"threads_run":..,"threads_created":..,"address_space":{"changes":..,...},
+  // "restore":{"criu_ms":..,"supervise_ms":..,"memory_ms":..}}, without the braces, for the
+  // node's stats. restore: how long Restore() took CRIU (to its exit), to seize and park the
+  // threads, and to make the memory coherent (attach, seeds, drop, hold the checkpoint).
   std::string StatsJsonFields();
 
  private:
   Replica() = default;
+  // Restore()'s phases (StatsJsonFields); set before the replica is returned.
+  struct RestoreTimes {
+    absl::Duration criu, supervise, memory;
+  };
+  RestoreTimes restore_times_;
 
   // GoHome()'s steps, in order (going_home.cc). Until LeaveHome, a failure leaves the replica
   // running as before; from then on, Lost() ends it.

@@ -303,6 +303,10 @@ std::string Replica::StatsJsonFields() {
                     ",\"refused\":", s.refused.Get(), ",\"file_mappings\":", s.file_mappings.Get(),
                     ",\"change_mean_us\":", static_cast<uint64_t>(lat.MeanNs() / 1000), "}");
   }
+  absl::StrAppendFormat(&out, R"(,"restore":{"criu_ms":%.1f,"supervise_ms":%.1f,"memory_ms":%.1f})",
+                        absl::ToDoubleMilliseconds(restore_times_.criu),
+                        absl::ToDoubleMilliseconds(restore_times_.supervise),
+                        absl::ToDoubleMilliseconds(restore_times_.memory));
   if (file_offsets_) absl::StrAppend(&out, ",\"file_offset_calls\":", file_offsets_->calls());
   if (futexes_) {
     const FutexStats& f = futexes_->stats();

@@ -136,6 +136,16 @@ std::string Summary(const JsonValue& s) {
       absl::StrCat(Bytes(m["image_bytes"].Number()), ", stop ", Duration(m["stop_ms"].Number()),
                    ", dump ", Duration(m["checkpoint_ms"].Number()), ", restore ",
                    Duration(m["restore_ms"].Number())));
+  std::vector<std::string> restores;
+  for (const JsonValue& n : nodes.items()) {
+    const JsonValue& r = n["restore"];
+    if (!r.IsObject()) continue;
+    restores.push_back(absl::StrCat("node ", n["node"].Number(), ": CRIU ",
+                                    Duration(r["criu_ms"].Number()), ", threads seized ",
+                                    Duration(r["supervise_ms"].Number()), ", memory made coherent ",
+                                    Duration(r["memory_ms"].Number())));
+  }
+  if (!restores.empty()) row("restore, per node", absl::StrJoin(restores, "; "));
   if (s["timeline"].Has("home_ms")) {
     row("went home to node 0", absl::StrCat("at ", Duration(s["timeline"]["home_ms"].Number()),
                                             ": ran there natively to its end"));

@@ -87,6 +87,17 @@ TEST(RunReportTest, ShowsTheConsolidationWithItsReasonAndTheMostSharedPage) {
   EXPECT_THAT(h, HasSubstr("page 0x558cfe70e000, thread 5: "));
 }
 
+TEST(RunReportTest, SaysWhatEachNodesRestoreTook) {
+  std::string stats = KmeansStats();
+  stats = absl::StrReplaceAll(
+      stats, {{R"("node":1,)",
+               R"("node":1,"restore":{"criu_ms":210.5,"supervise_ms":12,"memory_ms":95},)"}});
+  auto html = RenderRunReport(stats);
+  ASSERT_TRUE(html.ok()) << html.status();
+  EXPECT_THAT(*html, HasSubstr("node 1: CRIU 210 ms, threads seized 12 ms, memory made coherent "
+                               "95 ms"));
+}
+
 TEST(RunReportTest, EscapesTextTakenFromTheStats) {
   std::string stats = KmeansStats();
   stats = absl::StrReplaceAll(stats, {{"over the last 100 ms", "<script>alert(1)</script>"}});
