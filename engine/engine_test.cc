@@ -3,8 +3,8 @@
 // shared region. The multi-namespace, multi-process version is stretchd/cluster_test.
 #include <fcntl.h>
 #include <signal.h>
-#include <unistd.h>
 #include <sys/prctl.h>
+#include <unistd.h>
 
 #include <functional>
 #include <string>
@@ -118,6 +118,36 @@ class EngineTest : public ::testing::TestWithParam<std::string> {
   std::unique_ptr<DirectoryServer> server_;
   std::vector<std::unique_ptr<NodeAgent>> agents_;
 };
+
+// A launcher starts its server while the program still runs natively and gives it the
+// checkpoint's pages once they are written: once, and before any node connects.
+TEST_P(EngineTest, InitialMemoryIsGivenOnceBeforeAnyNodeConnects) {
+  const std::string file = dir_.path() + "/mapped";
+  {
+    UniqueFd fd(open(file.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600));
+    ASSERT_TRUE(fd.valid());
+    const std::string bytes(2 * kPageSize, 'x');
+    ASSERT_EQ(write(fd.get(), bytes.data(), bytes.size()), static_cast<ssize_t>(bytes.size()));
+  }
+  const std::vector<FileBacking> backing = {{kDsmProgBase, 2 * kPageSize, file, 0}};
+  ServerOptions so;
+  so.transport = GetParam();
+  so.listen = GetParam() == "loopback" ? "loop:early" : "127.0.0.1:0";
+  auto early = DirectoryServer::Start(so);
+  ASSERT_TRUE(early.ok()) << early.status();
+  EXPECT_TRUE((*early)->LoadInitialMemory("", 1, backing).ok());
+  absl::Status again = (*early)->LoadInitialMemory("", 1, backing);
+  EXPECT_EQ(again.code(), absl::StatusCode::kFailedPrecondition) << again;
+  EXPECT_THAT(std::string(again.message()), HasSubstr("twice"));
+  absl::Status missing = (*early)->LoadInitialMemory(dir_.path() + "/no-images", 1, {});
+  EXPECT_FALSE(missing.ok());
+  (*early)->Stop();
+
+  StartCluster(1);
+  absl::Status late = server_->LoadInitialMemory("", 1, backing);
+  EXPECT_EQ(late.code(), absl::StatusCode::kFailedPrecondition) << late;
+  EXPECT_THAT(std::string(late.message()), HasSubstr("after a node connected"));
+}
 
 TEST_P(EngineTest, AtomicCounterAcrossTwoNodes) {
   ASSERT_NO_FATAL_FAILURE(StartCluster(2));

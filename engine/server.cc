@@ -59,6 +59,19 @@ class DirectoryServer::Impl {
     if (thread_.joinable()) thread_.join();
   }
 
+  absl::Status SetInitialMemory(HomeStore home) {
+    absl::MutexLock l(&mu_);
+    if (!nodes_.empty()) {
+      return absl::FailedPreconditionError("server: initial memory given after a node connected");
+    }
+    if (initial_memory_given_) {
+      return absl::FailedPreconditionError("server: initial memory given twice");
+    }
+    initial_memory_given_ = true;
+    home_ = std::move(home);
+    return absl::OkStatus();
+  }
+
   int connected() const {
     absl::MutexLock l(&mu_);
     int n = 0;
@@ -751,6 +764,7 @@ class DirectoryServer::Impl {
   AddressSpaceLock address_space_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<PageId, coherence::DirPage> pages_ ABSL_GUARDED_BY(mu_);
   HomeStore home_ ABSL_GUARDED_BY(mu_);
+  bool initial_memory_given_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<coherence::Action> actions_ ABSL_GUARDED_BY(mu_);
   uint64_t protocol_errors_ ABSL_GUARDED_BY(mu_) = 0;
   const uint64_t max_pages_;
@@ -761,19 +775,40 @@ DirectoryServer::DirectoryServer(std::unique_ptr<Impl> impl, std::string address
 
 DirectoryServer::~DirectoryServer() { Stop(); }
 
-absl::StatusOr<std::unique_ptr<DirectoryServer>> DirectoryServer::Start(
-    const ServerOptions& options) {
+namespace {
+
+// The pages' initial contents: the checkpoint's, and the files' for private file mappings.
+absl::StatusOr<HomeStore> InitialMemory(const std::string& checkpoint_images, int checkpoint_pid,
+                                        const std::vector<FileBacking>& file_backings) {
   HomeStore home;
-  if (!options.checkpoint_images.empty()) {
-    STRETCH_ASSIGN_OR_RETURN(CheckpointMemory mem, CheckpointMemory::Open(options.checkpoint_images,
-                                                                          options.checkpoint_pid));
-    LOG(INFO) << "server: initial memory from " << options.checkpoint_images << " ("
-              << mem.present_pages() << " pages)";
+  if (!checkpoint_images.empty()) {
+    STRETCH_ASSIGN_OR_RETURN(CheckpointMemory mem,
+                             CheckpointMemory::Open(checkpoint_images, checkpoint_pid));
+    LOG(INFO) << "server: initial memory from " << checkpoint_images << " (" << mem.present_pages()
+              << " pages)";
     home = HomeStore(std::move(mem));
   }
-  for (const FileBacking& f : options.file_backings) {
+  for (const FileBacking& f : file_backings) {
     STRETCH_RETURN_IF_ERROR(Annotate(home.AddFile(f), "server: initial contents from a file"));
   }
+  return home;
+}
+
+}  // namespace
+
+absl::Status DirectoryServer::LoadInitialMemory(const std::string& checkpoint_images,
+                                                int checkpoint_pid,
+                                                const std::vector<FileBacking>& file_backings) {
+  STRETCH_ASSIGN_OR_RETURN(HomeStore home,
+                           InitialMemory(checkpoint_images, checkpoint_pid, file_backings));
+  return impl_->SetInitialMemory(std::move(home));
+}
+
+absl::StatusOr<std::unique_ptr<DirectoryServer>> DirectoryServer::Start(
+    const ServerOptions& options) {
+  STRETCH_ASSIGN_OR_RETURN(
+      HomeStore home,
+      InitialMemory(options.checkpoint_images, options.checkpoint_pid, options.file_backings));
   transport::TransportOptions topts = options.transport_options;
   if (topts.name.empty()) topts.name = "server";
   STRETCH_ASSIGN_OR_RETURN(auto t, transport::CreateTransport(options.transport, topts));

@@ -68,6 +68,13 @@ class DirectoryServer {
   static absl::StatusOr<std::unique_ptr<DirectoryServer>> Start(const ServerOptions& options);
   ~DirectoryServer();
 
+  // Sets the pages' initial contents (ServerOptions::checkpoint_images and file_backings) of
+  // a server started without them, before any node connects: a launcher starts its server
+  // while the program still runs natively and gives it the checkpoint once written.
+  // FailedPrecondition if a node has connected or initial memory was already given.
+  absl::Status LoadInitialMemory(const std::string& checkpoint_images, int checkpoint_pid,
+                                 const std::vector<FileBacking>& file_backings);
+
   // The address nodes connect to.
   const std::string& address() const { return address_; }
   // Number of nodes connected now, and lost (disconnected without goodbye) so far.

@@ -46,7 +46,6 @@
 #include "replica/remote_start.h"
 #include "replica/standard_input.h"
 #include "report/run_report.h"
-#include "transport/create_transport.h"
 #include "transport/fault_injecting_transport.h"
 
 namespace stretch::launch {
@@ -127,6 +126,31 @@ absl::Status Launcher::Prepare() {
   auto input = StandardInput::Open();
   if (!input.ok()) return input.status();
   input_ = *std::move(input);
+  return absl::OkStatus();
+}
+
+// The run's directory server, without the checkpoint's pages yet (StartNodes gives them).
+absl::Status Launcher::StartServer() {
+  engine::ServerOptions so;
+  so.transport = o_.transport;
+  so.listen = o_.transport == "loopback"
+                  ? "loop:"
+                  : absl::StrCat(NodeAddress(cluster_.get(), local_ip_, 0), ":0");
+  so.transport_options.heartbeat_interval = o_.heartbeat_interval;
+  so.transport_options.peer_timeout = o_.peer_timeout;
+  so.max_pages = o_.max_pages;
+  so.transport_options.cluster_secret = *secret_;
+  absl::StatusOr<std::unique_ptr<engine::DirectoryServer>> server =
+      absl::UnavailableError("not started");
+  auto start_server = [&] { server = engine::DirectoryServer::Start(so); };
+  if (cluster_) {
+    // Sockets belong to the namespace of the thread that makes them.
+    STRETCH_RETURN_IF_ERROR(cluster_->RunInThread(0, start_server));
+  } else {
+    start_server();
+  }
+  if (!server.ok()) return server.status();
+  server_ = *std::move(server);
   return absl::OkStatus();
 }
 
@@ -217,13 +241,13 @@ absl::Status Launcher::RunToMigrationPoint() {
     AppendJsonString(choice.reason, &history_json_);
     absl::StrAppend(&history_json_, "}");
   }
-  // libfabric loads in the background while the program runs (transport/libfabric.h); at the
-  // migration point the program runs on natively until it has (stopped, it would wait for it:
-  // 0.2 s, 0.8-1 s on a busy machine), and a transport that does not work leaves it here.
+  // The run's directory server starts in the background while the program runs (libfabric
+  // loads then, transport/libfabric.h); it gets the checkpoint's pages once they are written.
+  // At the migration point the program runs on natively until it has started (stopped, it
+  // would wait for it: 0.2 s, 0.8-1 s on a busy machine), and a transport that does not work
+  // leaves it here.
   absl::Status transport_ready;
-  std::thread probe([this, &transport_ready] {
-    transport_ready = transport::CreateTransport(o_.transport, {}).status();
-  });
+  std::thread probe([this, &transport_ready] { transport_ready = StartServer(); });
   oo_.before_stop = [&probe] {
     if (probe.joinable()) probe.join();
   };
@@ -333,30 +357,11 @@ absl::Status Launcher::StartNodes() {
     }
   }
   const absl::Time restore_start = absl::Now();
-  engine::ServerOptions so;
-  so.transport = o_.transport;
-  so.listen = o_.transport == "loopback"
-                  ? "loop:"
-                  : absl::StrCat(NodeAddress(cluster_.get(), local_ip_, 0), ":0");
-  so.checkpoint_images = oo_.images_dir;
+  std::vector<engine::FileBacking> backings;
   for (const PrivateFileMapping& m : origin_->file_mappings) {
-    so.file_backings.push_back({m.start, m.end - m.start, m.path, m.offset});
+    backings.push_back({m.start, m.end - m.start, m.path, m.offset});
   }
-  so.transport_options.heartbeat_interval = o_.heartbeat_interval;
-  so.transport_options.peer_timeout = o_.peer_timeout;
-  so.max_pages = o_.max_pages;
-  so.transport_options.cluster_secret = *secret_;
-  absl::StatusOr<std::unique_ptr<engine::DirectoryServer>> server =
-      absl::UnavailableError("not started");
-  auto start_server = [&] { server = engine::DirectoryServer::Start(so); };
-  if (cluster_) {
-    // Sockets belong to the namespace of the thread that makes them.
-    STRETCH_RETURN_IF_ERROR(cluster_->RunInThread(0, start_server));
-  } else {
-    start_server();
-  }
-  if (!server.ok()) return server.status();
-  server_ = *std::move(server);
+  STRETCH_RETURN_IF_ERROR(server_->LoadInitialMemory(oo_.images_dir, 1, backings));
 
   for (int i = 0; i < o_.nodes && (i == 0 || remote_.empty()); ++i) {
     STRETCH_RETURN_IF_ERROR(StartLocalAgent(i));

@@ -98,6 +98,9 @@ class Launcher {
   std::string ImagesDir() const { return work_.path + "/images"; }
   absl::Status RunToMigrationPoint();
   absl::Status WriteUndistributedStats();
+  // The directory server (server_), in node 0's network namespace: started in the background
+  // while the program runs natively, so that a working transport is known before its stop.
+  absl::Status StartServer();
   absl::Status StartNodes();
   absl::Status SpawnLocalAgents();
   absl::Status SpawnLocalAgent(int i);
