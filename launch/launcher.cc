@@ -243,14 +243,17 @@ absl::Status Launcher::RunToMigrationPoint() {
   }
   // The run's directory server starts in the background while the program runs (libfabric
   // loads then, transport/libfabric.h); it gets the checkpoint's pages once they are written.
-  // At the migration point the program runs on natively until it has started (stopped, it
-  // would wait for it: 0.2 s, 0.8-1 s on a busy machine), and a transport that does not work
-  // leaves it here.
+  // A transport that does not work leaves the program here. With --migrate_after=auto, the
+  // program runs on natively at its migration point until the server is up (stopped, it would
+  // wait for it: 0.2 s, 0.8-1 s on a busy machine); a wait the user chose (--migrate_after=D)
+  // ends with the stop, as asked, and the stopped program waits.
   absl::Status transport_ready;
   std::thread probe([this, &transport_ready] { transport_ready = StartServer(); });
-  oo_.before_stop = [&probe] {
-    if (probe.joinable()) probe.join();
-  };
+  if (!o_.migrate_after.has_value()) {
+    oo_.before_stop = [&probe] {
+      if (probe.joinable()) probe.join();
+    };
+  }
   oo_.before_checkpoint = [&probe, &transport_ready] {
     if (probe.joinable()) probe.join();
     return transport_ready;

@@ -65,7 +65,8 @@ struct OriginOptions {
   bool stay = false;
   // Called once at the migration point, before the program is stopped (not with `stay`, nor
   // if it ended): it runs on natively (traced) meanwhile, so waiting here costs it nothing,
-  // where waiting in before_checkpoint keeps it stopped. E.g. for the transport to load.
+  // where waiting in before_checkpoint keeps it stopped. E.g. for the transport to load. Its
+  // threads may end meanwhile: a caller that must migrate at a precise moment sets none.
   std::function<void()> before_stop;
   // Called once at the migration point, the program stopped, before the dump (not with
   // `stay`): an error leaves the program to run to its end here, as one that cannot be
