@@ -44,17 +44,17 @@ class JsonParser {
     JsonValue v;
     if (!Value(&v, 0)) return error_;
     SkipSpace();
-    if (pos_ != text_.size()) return Fail("unexpected text after the value");
+    if (pos_ != text_.size()) {
+      Fail("unexpected text after the value");
+      return error_;
+    }
     return v;
   }
 
  private:
-  absl::Status Fail(absl::string_view what) {
+  // Notes the first error, where the parser stands; false, for `return Fail(...)`.
+  bool Fail(absl::string_view what) {
     error_ = absl::InvalidArgumentError(absl::StrCat("JSON: ", what, " at byte ", pos_));
-    return error_;
-  }
-  bool FailB(absl::string_view what) {
-    Fail(what);
     return false;
   }
 
@@ -66,15 +66,15 @@ class JsonParser {
   }
 
   bool Literal(absl::string_view word) {
-    if (text_.substr(pos_, word.size()) != word) return FailB("invalid literal");
+    if (text_.substr(pos_, word.size()) != word) return Fail("invalid literal");
     pos_ += word.size();
     return true;
   }
 
   bool Value(JsonValue* v, int depth) {
-    if (depth > JsonValue::kMaxDepth) return FailB("nested too deeply");
+    if (depth > JsonValue::kMaxDepth) return Fail("nested too deeply");
     SkipSpace();
-    if (pos_ >= text_.size()) return FailB("unexpected end of text");
+    if (pos_ >= text_.size()) return Fail("unexpected end of text");
     const char c = text_[pos_];
     switch (c) {
       case '{':
@@ -95,7 +95,7 @@ class JsonParser {
         return Literal("null");
       default:
         if (c == '-' || IsDigit(c)) return Number(v);
-        return FailB("expected a value");
+        return Fail("expected a value");
     }
   }
 
@@ -109,11 +109,11 @@ class JsonParser {
     }
     while (true) {
       SkipSpace();
-      if (pos_ >= text_.size() || text_[pos_] != '"') return FailB("expected a key");
+      if (pos_ >= text_.size() || text_[pos_] != '"') return Fail("expected a key");
       std::string key;
       if (!String(&key)) return false;
       SkipSpace();
-      if (pos_ >= text_.size() || text_[pos_] != ':') return FailB("expected ':'");
+      if (pos_ >= text_.size() || text_[pos_] != ':') return Fail("expected ':'");
       ++pos_;
       JsonValue member;
       if (!Value(&member, depth + 1)) return false;
@@ -127,7 +127,7 @@ class JsonParser {
         ++pos_;
         return true;
       }
-      return FailB("expected ',' or '}'");
+      return Fail("expected ',' or '}'");
     }
   }
 
@@ -152,12 +152,12 @@ class JsonParser {
         ++pos_;
         return true;
       }
-      return FailB("expected ',' or ']'");
+      return Fail("expected ',' or ']'");
     }
   }
 
   bool Hex4(uint32_t* out) {
-    if (pos_ + 4 > text_.size()) return FailB("short \\u escape");
+    if (pos_ + 4 > text_.size()) return Fail("short \\u escape");
     uint32_t v = 0;
     for (int i = 0; i < 4; ++i) {
       const char c = text_[pos_++];
@@ -170,7 +170,7 @@ class JsonParser {
         v |= c - 'A' + 10;
       } else {
         --pos_;
-        return FailB("invalid \\u escape");
+        return Fail("invalid \\u escape");
       }
     }
     *out = v;
@@ -185,7 +185,7 @@ class JsonParser {
         ++pos_;
         return true;
       }
-      if (static_cast<unsigned char>(c) < 0x20) return FailB("control character in a string");
+      if (static_cast<unsigned char>(c) < 0x20) return Fail("control character in a string");
       if (c != '\\') {
         out->push_back(c);
         ++pos_;
@@ -219,30 +219,30 @@ class JsonParser {
           if (!Hex4(&cp)) return false;
           if (cp >= 0xD800 && cp <= 0xDBFF) {  // a surrogate pair's first half
             uint32_t low;
-            if (text_.substr(pos_, 2) != "\\u") return FailB("unpaired surrogate");
+            if (text_.substr(pos_, 2) != "\\u") return Fail("unpaired surrogate");
             pos_ += 2;
             if (!Hex4(&low)) return false;
-            if (low < 0xDC00 || low > 0xDFFF) return FailB("unpaired surrogate");
+            if (low < 0xDC00 || low > 0xDFFF) return Fail("unpaired surrogate");
             cp = 0x10000 + ((cp - 0xD800) << 10) + (low - 0xDC00);
           } else if (cp >= 0xDC00 && cp <= 0xDFFF) {
-            return FailB("unpaired surrogate");
+            return Fail("unpaired surrogate");
           }
           AppendUtf8(cp, out);
           break;
         }
         default:
           --pos_;
-          return FailB("invalid escape");
+          return Fail("invalid escape");
       }
     }
-    return FailB("unterminated string");
+    return Fail("unterminated string");
   }
 
   // RFC 8259's grammar, checked before the conversion (strtod would take more).
   bool Number(JsonValue* v) {
     const size_t start = pos_;
     if (text_[pos_] == '-') ++pos_;
-    if (pos_ >= text_.size() || !IsDigit(text_[pos_])) return FailB("invalid number");
+    if (pos_ >= text_.size() || !IsDigit(text_[pos_])) return Fail("invalid number");
     if (text_[pos_] == '0') {
       ++pos_;
     } else {
@@ -250,13 +250,13 @@ class JsonParser {
     }
     if (pos_ < text_.size() && text_[pos_] == '.') {
       ++pos_;
-      if (pos_ >= text_.size() || !IsDigit(text_[pos_])) return FailB("invalid number");
+      if (pos_ >= text_.size() || !IsDigit(text_[pos_])) return Fail("invalid number");
       while (pos_ < text_.size() && IsDigit(text_[pos_])) ++pos_;
     }
     if (pos_ < text_.size() && (text_[pos_] == 'e' || text_[pos_] == 'E')) {
       ++pos_;
       if (pos_ < text_.size() && (text_[pos_] == '+' || text_[pos_] == '-')) ++pos_;
-      if (pos_ >= text_.size() || !IsDigit(text_[pos_])) return FailB("invalid number");
+      if (pos_ >= text_.size() || !IsDigit(text_[pos_])) return Fail("invalid number");
       while (pos_ < text_.size() && IsDigit(text_[pos_])) ++pos_;
     }
     const std::string digits(text_.substr(start, pos_ - start));
