@@ -31,6 +31,7 @@
 #include "core/wire.h"
 #include "glog/logging.h"
 #include "migrate/subprocess.h"
+#include "transport/cluster_secret.h"
 #include "replica/control.h"
 #include "replica/remote_start.h"
 #include "transport/create_transport.h"
@@ -181,7 +182,7 @@ class LaunchService::Impl {
   void OnMessage(PeerId peer, const wire::Launch& m) {
     const bool request = m.op == wire::LaunchOp::kFile || m.op == wire::LaunchOp::kStart;
     if (refused_.contains(peer)) return;
-    if (request && o_.secret_file.empty()) {
+    if (request && o_.secret_file.empty() && o_.secret_text.empty()) {
       // Restoring a checkpoint runs its code as this agent's user: only for launchers that
       // proved the cluster secret.
       refused_.insert(peer);
@@ -343,7 +344,12 @@ class LaunchService::Impl {
               absl::StrCat("--heartbeat_ms=", r.heartbeat_ms),
               absl::StrCat("--peer_timeout_ms=", r.peer_timeout_ms),
               absl::StrCat("--fault_timeout_ms=", r.fault_timeout_ms)};
-    if (!o_.secret_file.empty()) a.argv.push_back("--cluster_secret=" + o_.secret_file);
+    if (!o_.secret_file.empty()) {
+      a.argv.push_back("--cluster_secret=" + o_.secret_file);
+    } else if (!o_.secret_text.empty()) {
+      a.argv.push_back(absl::StrCat("--cluster_secret_env=", transport::kClusterSecretVariable));
+      a.env_add.push_back(absl::StrCat(transport::kClusterSecretVariable, "=", o_.secret_text));
+    }
     if (!o_.verbose) a.argv.push_back("--minloglevel=1");
     if (r.manual) a.argv.push_back("--manual");
     if (!r.hold_checkpoint) a.argv.push_back("--nohold_checkpoint");

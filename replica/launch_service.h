@@ -15,7 +15,12 @@ namespace stretch::replica {
 struct LaunchServiceOptions {
   std::string stretchd;     // this binary, for the replica agents
   std::string criu;         // CRIU binary
-  std::string secret_file;  // the cluster secret file (given to the replica agents)
+  // How the replica agents get the cluster secret: this file (the node's --cluster_secret),
+  // or, when the node took its secret from its environment (--cluster_secret_env, as under
+  // Slurm), the secret itself (ClusterSecret::ToText()), passed in their environment as
+  // transport::kClusterSecretVariable. Neither: the node runs replicas for no launcher.
+  std::string secret_file;
+  std::string secret_text;
   std::string transport = "tcp";
   std::string listen_ip;           // where replica agents listen for other nodes
   std::string work_root = "/tmp";  // runs' work directories are made under it

@@ -50,6 +50,15 @@ expect 2 "--nodes does not apply with --server" err run --server=10.0.0.1:7000 -
 expect 2 "--node_cpus does not apply with --server" err run --server=10.0.0.1:7000 --node_cpus='0;1' -- /bin/true
 expect 2 "--server needs --cluster_secret=FILE" err run --server=10.0.0.1:7000 -- /bin/true
 expect 0 "--server=HOST:PORT --cluster_secret=FILE" out run --help
+# --slurm outside a job, and with flags that name another cluster (stretchd/slurm_test.cc runs
+# it inside real Slurm jobs)
+expect 2 "not inside a Slurm allocation (SLURM_JOB_ID is not set)" err run --slurm -- /bin/true
+expect 2 "--server does not apply with --slurm" err run --slurm --server=10.0.0.1:7000 -- /bin/true
+expect 2 "--cluster_secret does not apply with --slurm" err run --slurm --cluster_secret=x -- /bin/true
+expect 0 "--slurm" out run --help
+expect 2 "give --cluster_secret or --cluster_secret_env, not both" err node --node=1 --cluster_secret=a --cluster_secret_env=B
+expect 2 "environment variable STRETCH_NO_SUCH_SECRET is not set" err node --node=1 --cluster_secret_env=STRETCH_NO_SUCH_SECRET
+expect 2 "--listen=auto:0 needs a reachable --server" err node --node=1 --listen=auto:0 --server=nonsense
 if ! ls /sys/class/infiniband/* >/dev/null 2>&1; then  # no RDMA device: verbs is refused up front
   expect 2 "verbs" err run --transport=verbs -- /bin/true
 fi

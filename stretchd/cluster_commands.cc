@@ -132,8 +132,15 @@ bool LivenessFromFlags(const char* command, Liveness* out) {
 }
 
 bool LoadClusterSecret(const char* subcommand, transport::TransportOptions* options) {
-  if (FLAGS_cluster_secret.empty()) return true;
-  auto secret = transport::ClusterSecret::Load(FLAGS_cluster_secret);
+  if (!FLAGS_cluster_secret.empty() && !FLAGS_cluster_secret_env.empty()) {
+    std::fprintf(stderr, "stretchd %s: give --cluster_secret or --cluster_secret_env, not both\n",
+                 subcommand);
+    return false;
+  }
+  if (FLAGS_cluster_secret.empty() && FLAGS_cluster_secret_env.empty()) return true;
+  auto secret = FLAGS_cluster_secret.empty()
+                    ? transport::ClusterSecret::FromEnvironment(FLAGS_cluster_secret_env.c_str())
+                    : transport::ClusterSecret::Load(FLAGS_cluster_secret);
   if (!secret.ok()) {
     std::fprintf(stderr, "stretchd %s: %s\n", subcommand,
                  std::string(secret.status().message()).c_str());
@@ -241,7 +248,19 @@ int RunNode(const std::vector<std::string>& args) {
   topts.heartbeat_interval = live.heartbeat;
   topts.peer_timeout = live.peer_timeout;
   if (!LoadClusterSecret("node", &topts)) return 2;
-  const std::string listen = FLAGS_listen.empty() ? "127.0.0.1:0" : FLAGS_listen;
+  std::string listen = FLAGS_listen.empty() ? "127.0.0.1:0" : FLAGS_listen;
+  if (absl::StartsWith(listen, "auto:")) {
+    // The address this machine uses to reach the server (what a node started by a job
+    // scheduler knows of its network).
+    auto ip = launch::LocalAddressToward(FLAGS_server);
+    if (FLAGS_server.empty() || !ip.ok()) {
+      std::fprintf(stderr, "stretchd node: --listen=%s needs a reachable --server=IP:PORT%s%s\n",
+                   listen.c_str(), ip.ok() ? "" : ": ",
+                   ip.ok() ? "" : std::string(ip.status().message()).c_str());
+      return 2;
+    }
+    listen = absl::StrCat(*ip, listen.substr(listen.find(':')));
+  }
   if (!ListenAllowed("node", listen, topts)) return 2;
   if (!FLAGS_replica_images.empty()) {
     replica::ReplicaAgentOptions r;
@@ -302,6 +321,8 @@ int RunNode(const std::vector<std::string>& args) {
   if (!FLAGS_cluster_secret.empty()) {
     std::error_code ec;
     lo.secret_file = std::filesystem::absolute(FLAGS_cluster_secret, ec).string();
+  } else if (topts.cluster_secret.has_value()) {
+    lo.secret_text = std::string(absl::StripTrailingAsciiWhitespace(topts.cluster_secret->ToText()));
   }
   lo.transport = FLAGS_transport;
   lo.listen_ip = (*agent)->address().substr(0, (*agent)->address().rfind(':'));

@@ -70,7 +70,13 @@ DEFINE_int32(fault_cpu, -1, "node: pin the fault loop threads to this CPU (-1: n
 DEFINE_string(stats_json, "",
               "server, node, run: write statistics as JSON to this file at exit (run: one object "
               "per node in \"nodes\")");
-DEFINE_int32(nodes, 2, "run: number of emulated nodes on this machine");
+DEFINE_int32(nodes, 2,
+             "run: number of emulated nodes on this machine; with --slurm, how many of the "
+             "job's nodes the run uses (default: all)");
+DEFINE_bool(slurm, false,
+            "run: inside a Slurm allocation (an sbatch script, salloc), run on the job's nodes: "
+            "a server here and a node agent on each other node through one srun step, with a "
+            "secret made for the job; all ended with the run (and by scancel)");
 DEFINE_int32(migrate_at_threads, 0,
              "run: migrate once the program has started this many threads, main included (0: when "
              "its main thread, having created threads, joins one or stays blocked in a futex)");
@@ -171,6 +177,10 @@ DEFINE_string(cluster_secret, "",
               "server, node, stats, run: the cluster secret file (from `stretchd secret`); "
               "every connection proves it. Required to listen on a non-loopback address. run: "
               "default a fresh secret in its work directory");
+DEFINE_string(cluster_secret_env, "",
+              "server, node: take the cluster secret from this environment variable instead of "
+              "a file (the variable is then removed); `stretchd run --slurm` passes the job's "
+              "secret to its node agents this way");
 DEFINE_string(out, "",
               "secret: the file to create (mode 0600; never replaced); report: the HTML file to "
               "write (default: the stats file's name with .html, or WORK_DIR/report.html)");
@@ -235,6 +245,7 @@ const std::vector<Subcommand>& Subcommands() {
         "server",
         "listen",
         "cluster_secret",
+        "cluster_secret_env",
         "attach_socket",
         "transport",
         "fault_cpu",
@@ -264,16 +275,18 @@ const std::vector<Subcommand>& Subcommands() {
        RunStats},
       {"run",
        "Run an unmodified pthread program on N emulated nodes of this machine (network "
-       "namespaces), or with --server on this machine and every node of a cluster (machines "
-       "running `stretchd node --server=HOST:PORT`): it starts natively, is checkpointed once "
+       "namespaces), with --server on this machine and every node of a cluster (machines "
+       "running `stretchd node --server=HOST:PORT`), or with --slurm on the nodes of the Slurm "
+       "job it runs in: it starts natively, is checkpointed once "
        "its worker threads exist, and continues with its threads spread over the nodes and its "
        "memory kept coherent; exits with its status.",
-       "[--nodes=N | --server=HOST:PORT --cluster_secret=FILE] [--transport=tcp] "
+       "[--nodes=N | --server=HOST:PORT --cluster_secret=FILE | --slurm] [--transport=tcp] "
        "[--stats_json=FILE] [--report=FILE] [--migrate_at_threads=K] [--migrate_threads=T,T] "
        "[--work_dir=DIR] "
        "[--nonetns] -- PROG ARGS...",
        {"nodes",
         "server",
+        "slurm",
         "transport",
         "cluster_secret",
         "stats_json",

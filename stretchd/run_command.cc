@@ -30,6 +30,7 @@
 #include "glog/logging.h"
 #include "launch/launcher.h"
 #include "launch/remote_replicas.h"
+#include "launch/slurm_cluster.h"
 #include "replica/launch_service.h"
 #include "replica/replica_agent.h"
 #include "stretchd/check.h"
@@ -71,6 +72,19 @@ namespace {
 
 // Where the run's nodes are: a cluster's (--server) or emulated here, and the secret.
 bool ClusterFromFlags(launch::LaunchOptions* o) {
+  if (FLAGS_slurm) {
+    // The job's nodes; the server, the agents and the secret are made for the run (RunRun).
+    for (const char* flag : {"server", "cluster_secret", "netns", "node_cpus", "fault_trace"}) {
+      if (!gflags::GetCommandLineFlagInfoOrDie(flag).is_default) {
+        std::fprintf(stderr,
+                     "stretchd run: --%s does not apply with --slurm (the run uses the Slurm "
+                     "job's nodes, with a server and a secret of its own)\n",
+                     flag);
+        return false;
+      }
+    }
+    return true;
+  }
   if (!gflags::GetCommandLineFlagInfoOrDie("server").is_default) {
     // A cluster: its nodes are whatever is connected to its server.
     for (const char* flag : {"nodes", "netns", "node_cpus", "fault_trace"}) {
@@ -100,6 +114,11 @@ bool ClusterFromFlags(launch::LaunchOptions* o) {
     free(real);
   }
   return true;
+}
+
+// --nodes under --slurm: how many of the job's nodes (0, the default: all of them).
+int SlurmNodesFlag() {
+  return gflags::GetCommandLineFlagInfoOrDie("nodes").is_default ? 0 : FLAGS_nodes;
 }
 
 // --placement and its tuning, checked against --manual.
@@ -288,7 +307,40 @@ int EndAsTheProgram(int result) {
 int RunRun(const std::vector<std::string>& args) {
   launch::LaunchOptions o;
   if (!LaunchOptionsFromFlags(args, &o)) return 2;
-  return EndAsTheProgram(launch::RunLauncher(o));
+  std::unique_ptr<launch::SlurmCluster> slurm;
+  if (FLAGS_slurm) {
+    auto allocation = launch::SlurmAllocationFromEnvironment();
+    absl::StatusOr<std::vector<std::string>> nodes =
+        allocation.ok() ? launch::SlurmNodesForRun(*allocation, SlurmNodesFlag())
+                        : allocation.status();
+    if (!nodes.ok()) {
+      std::fprintf(stderr, "stretchd run --slurm: %s\n",
+                   std::string(nodes.status().message()).c_str());
+      return 2;
+    }
+    launch::SlurmClusterOptions so;
+    so.stretchd = o.stretchd;
+    so.nodes = SlurmNodesFlag();
+    so.transport = o.transport;
+    so.common_flags = {absl::StrCat("--heartbeat_ms=", FLAGS_heartbeat_ms),
+                       absl::StrCat("--peer_timeout_ms=", FLAGS_peer_timeout_ms)};
+    so.node_flags = {absl::StrCat("--fault_timeout_ms=", FLAGS_fault_timeout_ms),
+                     "--criu=" + o.criu.binary};
+    const char* tmpdir = getenv("TMPDIR");
+    so.work_root = tmpdir != nullptr && tmpdir[0] == '/' ? tmpdir : "/tmp";
+    auto cluster = launch::SlurmCluster::Start(*allocation, so);
+    if (!cluster.ok()) {
+      std::fprintf(stderr, "stretchd run --slurm: %s\n",
+                   std::string(cluster.status().message()).c_str());
+      return 1;
+    }
+    slurm = *std::move(cluster);
+    o.server = slurm->server();
+    o.cluster_secret_file = slurm->secret_file();
+  }
+  const int result = launch::RunLauncher(o);
+  slurm.reset();  // the job step's agents and the server end with the run
+  return EndAsTheProgram(result);
 }
 
 }  // namespace stretch

@@ -1,6 +1,7 @@
 #include "transport/cluster_secret.h"
 
 #include <errno.h>
+#include <stdlib.h>
 #include <fcntl.h>
 #include <nettle/hmac.h>
 #include <nettle/memops.h>
@@ -65,6 +66,21 @@ absl::StatusOr<ClusterSecret> ClusterSecret::Parse(absl::string_view text) {
                        hi < 0 ? 2 * i : 2 * i + 1, " is not one"));
     }
     s.key_[i] = static_cast<uint8_t>(hi << 4 | lo);
+  }
+  return s;
+}
+
+absl::StatusOr<ClusterSecret> ClusterSecret::FromEnvironment(const char* name) {
+  const char* value = getenv(name);
+  if (value == nullptr) {
+    return absl::NotFoundError(
+        absl::StrCat("cluster secret: environment variable ", name, " is not set"));
+  }
+  absl::StatusOr<ClusterSecret> s = Parse(value);
+  unsetenv(name);
+  if (!s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("cluster secret in environment variable ",
+                                                   name, ": ", s.status().message()));
   }
   return s;
 }

@@ -29,6 +29,10 @@
 
 namespace stretch::transport {
 
+// The environment variable through which a process passes the secret to the processes it
+// starts when it has no file to name (ClusterSecret::FromEnvironment).
+inline constexpr char kClusterSecretVariable[] = "STRETCH_CLUSTER_SECRET";
+
 class ClusterSecret {
  public:
   static constexpr size_t kSize = 32;
@@ -44,6 +48,11 @@ class ClusterSecret {
   // (the secret would not be secret), InvalidArgument when it is not a regular file or does
   // not hold a secret in Parse()'s format; each message names the file and what to do.
   static absl::StatusOr<ClusterSecret> Load(const std::string& path);
+  // Takes the secret from environment variable `name` (Parse()'s format) and removes the
+  // variable, so that nothing this process starts inherits it. How a job scheduler passes a
+  // per-job secret to the processes of a job step without a file (`stretchd run --slurm`).
+  // NotFound when it is not set, InvalidArgument when it holds no secret.
+  static absl::StatusOr<ClusterSecret> FromEnvironment(const char* name);
 
   // Creates `path` with O_CREAT|O_EXCL and mode 0600 and writes ToText() into it. Never
   // replaces a file: AlreadyExists if `path` exists.

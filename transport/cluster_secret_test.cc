@@ -96,6 +96,25 @@ TEST_F(ClusterSecretFileTest, DirectoryIsNotASecret) {
   EXPECT_FALSE(ClusterSecret::Load(dir_ + "/missing").ok());
 }
 
+TEST(ClusterSecretTest, FromEnvironmentTakesTheSecretAndRemovesTheVariable) {
+  auto s = ClusterSecret::Generate();
+  ASSERT_TRUE(s.ok());
+  ASSERT_EQ(setenv("STRETCH_TEST_SECRET", s->ToText().c_str(), 1), 0);
+  auto got = ClusterSecret::FromEnvironment("STRETCH_TEST_SECRET");
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->ToText(), s->ToText());
+  EXPECT_EQ(getenv("STRETCH_TEST_SECRET"), nullptr);  // children do not inherit it
+
+  auto unset = ClusterSecret::FromEnvironment("STRETCH_TEST_SECRET");
+  EXPECT_EQ(unset.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(absl::StrContains(unset.status().message(), "STRETCH_TEST_SECRET is not set"));
+
+  ASSERT_EQ(setenv("STRETCH_TEST_SECRET", "not hex", 1), 0);
+  auto bad = ClusterSecret::FromEnvironment("STRETCH_TEST_SECRET");
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(getenv("STRETCH_TEST_SECRET"), nullptr);  // removed also when refused
+}
+
 TEST(ClusterSecretTest, MacMatchesRfc4231TestCase2) {
   // RFC 4231 test case 2 uses a 4-byte key; HMAC pads keys, so a 32-byte key of "Jefe" and
   // 28 zero bytes gives the same MAC.
