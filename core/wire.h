@@ -38,7 +38,8 @@ namespace stretch::wire {
 inline constexpr uint32_t kMagic = 0x57525453;  // "STRW" as little-endian bytes
 // 2: Hello lost its unused `nonce` and AuthProof (type 3) is gone: peers authenticate in the
 // transport's handshake (TransportOptions::cluster_secret), before any wire message.
-inline constexpr uint8_t kVersion = 3;
+// 4: LaunchOp kCheck and kCheckReply (`stretchd check --cluster`).
+inline constexpr uint8_t kVersion = 4;
 inline constexpr size_t kHeaderSize = 12;
 // Largest payload a peer may send; larger frames are rejected before anything is allocated.
 inline constexpr uint32_t kMaxPayload = 16u << 20;
@@ -356,6 +357,12 @@ enum class LaunchOp : uint8_t {
   kStats = 5,    // node -> launcher: the replica agent's statistics (JSON in `data`)
   kEnded = 6,    // node -> launcher: the replica agent exited with status `offset`
   kRefused = 7,  // node -> launcher: it will not run the replica; `data` says why
+  // launcher -> node (`stretchd check --cluster`): describe this machine; `data` holds the
+  // paths whose files to describe, one per line. Answered by two kCheckReply: `name` "clock"
+  // at once, `offset` being the node's CLOCK_REALTIME in nanoseconds; then `name` "report",
+  // `data` being its `stretchd check --json` output with those paths (or `name` "error").
+  kCheck = 8,
+  kCheckReply = 9,
 };
 const char* Name(LaunchOp op);
 inline constexpr uint32_t kMaxLaunchName = 255;

@@ -158,6 +158,10 @@ const char* Name(LaunchOp op) {
       return "ended";
     case LaunchOp::kRefused:
       return "refused";
+    case LaunchOp::kCheck:
+      return "check";
+    case LaunchOp::kCheckReply:
+      return "check-reply";
   }
   return nullptr;
 }

@@ -397,7 +397,7 @@ TEST(WireTest, LaunchRoundTripAndLimits) {
   auto frame = Encode(m);
   frame[kHeaderSize] = 0;
   EXPECT_FALSE(Decode(frame).ok());
-  frame[kHeaderSize] = 8;
+  frame[kHeaderSize] = 10;  // one past kCheckReply
   EXPECT_FALSE(Decode(frame).ok());
 }
 

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <atomic>
 #include <deque>
 #include <filesystem>
@@ -175,6 +176,23 @@ class RemoteReplicas::Impl {
     }
     if (ec) return absl::InternalError(absl::StrCat("reading ", images, ": ", ec.message()));
     std::sort(files.begin(), files.end());
+    // A long transfer (a big image, a slow network) says how far it is, every 2 s.
+    uint64_t image_bytes = 0;
+    for (const auto& path : files) image_bytes += std::filesystem::file_size(path, ec);
+    const uint64_t total = image_bytes * nodes.size();
+    uint64_t sent = 0;
+    const absl::Time began = absl::Now();
+    absl::Time next_progress = began + absl::Seconds(2);
+    auto progress = [&](size_t i) {
+      const absl::Time now = absl::Now();
+      if (now < next_progress || total == 0) return;
+      next_progress = now + absl::Seconds(2);
+      std::fprintf(stderr,
+                   "stretchd run: sending the checkpoint to the cluster's nodes: %.0f of %.0f MiB "
+                   "(%.0f%%, node %zu of %zu, %.0f s)\n",
+                   sent / 1048576.0, total / 1048576.0, 100.0 * sent / total, i + 1, nodes.size(),
+                   absl::ToDoubleSeconds(now - began));
+    };
     for (size_t i = 0; i < nodes.size(); ++i) {
       wire::Hello hello;
       hello.role = wire::Role::kLauncher;
@@ -195,6 +213,8 @@ class RemoteReplicas::Impl {
               Send(i, wire::Encode(LaunchMessage(wire::LaunchOp::kFile, buf.substr(0, n),
                                                  path.filename().string(), offset))));
           offset += static_cast<uint64_t>(n);
+          sent += static_cast<uint64_t>(n);
+          progress(i);
           if (n == 0) break;
         }
       }

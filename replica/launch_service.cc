@@ -74,6 +74,7 @@ class LaunchService::Impl {
     agent_->SetLaunchHandler(nullptr, nullptr);
     queue_->Stop();
     if (thread_.joinable()) thread_.join();
+    if (check_.joinable()) check_.join();
   }
 
  private:
@@ -180,7 +181,8 @@ class LaunchService::Impl {
   }
 
   void OnMessage(PeerId peer, const wire::Launch& m) {
-    const bool request = m.op == wire::LaunchOp::kFile || m.op == wire::LaunchOp::kStart;
+    const bool request = m.op == wire::LaunchOp::kFile || m.op == wire::LaunchOp::kStart ||
+                         m.op == wire::LaunchOp::kCheck;
     if (refused_.contains(peer)) return;
     if (request && o_.secret_file.empty() && o_.secret_text.empty()) {
       // Restoring a checkpoint runs its code as this agent's user: only for launchers that
@@ -189,6 +191,10 @@ class LaunchService::Impl {
       Refuse(peer,
              "this node has no cluster secret, so it runs replicas for no launcher (start "
              "`stretchd node` with --cluster_secret=FILE)");
+      return;
+    }
+    if (m.op == wire::LaunchOp::kCheck) {
+      Check(peer, m.data);  // also while a run goes on: it only reads
       return;
     }
     if (run_ && run_->launcher != peer) {
@@ -219,6 +225,52 @@ class LaunchService::Impl {
         LOG(WARNING) << "launch service: ignored " << wire::Name(m.op) << " from a launcher";
         return;
     }
+  }
+
+  // `stretchd check --cluster`: this node's clock at once, then (on a thread of its own:
+  // `criu check` takes about a second) `stretchd check --json` describing `paths`.
+  void Check(PeerId peer, const std::string& paths) {
+    struct timespec now;
+    clock_gettime(CLOCK_REALTIME, &now);
+    (void)agent_->SendLaunch(
+        peer, LaunchMessage(wire::LaunchOp::kCheckReply, "", "clock",
+                            static_cast<uint64_t>(now.tv_sec) * 1000000000 + now.tv_nsec));
+    if (check_.joinable() && !check_done_) {
+      (void)agent_->SendLaunch(peer, LaunchMessage(wire::LaunchOp::kCheckReply,
+                                                   "another check of this node is under way",
+                                                   "error"));
+      return;
+    }
+    if (check_.joinable()) check_.join();
+    check_done_ = false;
+    check_ = std::thread([this, peer, paths] {
+      absl::StatusOr<std::string> report = DescribeThisMachine(paths);
+      check_done_ = true;
+      (void)agent_->SendLaunch(
+          peer, report.ok()
+                    ? LaunchMessage(wire::LaunchOp::kCheckReply, *report, "report")
+                    : LaunchMessage(wire::LaunchOp::kCheckReply,
+                                    std::string(report.status().message()), "error"));
+    });
+  }
+
+  absl::StatusOr<std::string> DescribeThisMachine(const std::string& paths) {
+    std::string out = o_.work_root + "/stretch-check-XXXXXX";
+    UniqueFd fd(mkstemp(out.data()));
+    if (!fd.valid()) return ErrnoStatus(errno, absl::StrCat("mkstemp in ", o_.work_root));
+    SubprocessOptions a;
+    a.argv = {o_.stretchd, "check", "--json", "--criu=" + o_.criu, "--"};
+    for (absl::string_view p : absl::StrSplit(paths, '\n', absl::SkipEmpty())) {
+      a.argv.emplace_back(p);
+    }
+    a.stdout_path = out;
+    absl::StatusOr<ExitStatus> st = RunToCompletion(a, absl::Now() + absl::Minutes(2));
+    std::string json = ReadFileOrEmpty(out);
+    unlink(out.c_str());
+    if (!st.ok()) return st.status();
+    // Exit 1 only says a required check failed: the report says which.
+    if (json.empty()) return absl::InternalError(absl::StrCat("stretchd check: ", st->ToString()));
+    return json;
   }
 
   void Fail(PeerId peer, const absl::Status& s) {
@@ -442,6 +494,10 @@ class LaunchService::Impl {
   const LaunchServiceOptions o_;
   const std::shared_ptr<Queue> queue_ = std::make_shared<Queue>();
   std::thread thread_;
+  // Describing this machine for a launcher (one at a time; started and joined by the service
+  // thread, and the destructor).
+  std::thread check_;
+  std::atomic<bool> check_done_{false};
   std::unique_ptr<Run> run_;             // service thread only
   absl::flat_hash_set<PeerId> refused_;  // launchers refused once (service thread only)
 };

@@ -2,11 +2,13 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <nettle/sha2.h>
 #include <rdma/fabric.h>
 #include <sched.h>
 #include <signal.h>
 #include <stddef.h>
 #include <sys/prctl.h>
+#include <sys/stat.h>
 #include <sys/ptrace.h>
 #include <sys/syscall.h>
 #include <sys/uio.h>
@@ -15,7 +17,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
+#include <iterator>
 #include <cstdio>
 #include <cstring>
 #include <thread>
@@ -23,9 +27,13 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/strip.h"
+#include "core/fd_io.h"
 #include "core/json.h"
+#include "core/json_value.h"
 #include "core/status.h"
 #include "core/unique_fd.h"
 #include "transport/libfabric.h"
@@ -33,6 +41,32 @@
 
 namespace stretch {
 namespace {
+
+// The size and SHA-256 (hex) of the file at `path`.
+absl::StatusOr<std::pair<uint64_t, std::string>> Sha256OfFile(const std::string& path) {
+  UniqueFd fd(open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK));
+  if (!fd.valid()) return ErrnoStatus(errno, "open");
+  struct stat st;
+  if (fstat(fd.get(), &st) != 0) return ErrnoStatus(errno, "fstat");
+  if (!S_ISREG(st.st_mode)) return absl::InvalidArgumentError("not a regular file");
+  struct sha256_ctx ctx;
+  sha256_init(&ctx);
+  std::vector<uint8_t> buf(1 << 16);
+  uint64_t size = 0;
+  for (;;) {
+    ssize_t n = read(fd.get(), buf.data(), buf.size());
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return ErrnoStatus(errno, "read");
+    if (n == 0) break;
+    sha256_update(&ctx, static_cast<size_t>(n), buf.data());
+    size += static_cast<uint64_t>(n);
+  }
+  uint8_t digest[SHA256_DIGEST_SIZE];
+  sha256_digest(&ctx, sizeof digest, digest);
+  std::string hex;
+  for (uint8_t b : digest) absl::StrAppendFormat(&hex, "%02x", b);
+  return std::make_pair(size, hex);
+}
 
 CheckResult Ok(std::string name, std::string detail, bool required = true) {
   return CheckResult{std::move(name), true, required, std::move(detail), ""};
@@ -440,7 +474,8 @@ std::string FormatChecksText(const std::vector<CheckResult>& results) {
   return s;
 }
 
-std::string FormatChecksJson(const std::vector<CheckResult>& results) {
+std::string FormatChecksJson(const std::vector<CheckResult>& results,
+                             const MachineFacts* facts) {
   JsonWriter w;
   w.BeginObject();
   w.Field("ok", AllRequiredOk(results));
@@ -456,8 +491,136 @@ std::string FormatChecksJson(const std::vector<CheckResult>& results) {
     w.EndObject();
   }
   w.EndArray();
+  if (facts != nullptr) {
+    w.Key("machine");
+    w.BeginObject();
+    w.Field("hostname", facts->hostname);
+    w.Field("cpu_model", facts->cpu_model);
+    w.Key("cpu_flags");
+    w.BeginArray();
+    for (const std::string& f : facts->cpu_flags) w.Value(f);
+    w.EndArray();
+    w.Key("paths");
+    w.BeginArray();
+    for (const PathFacts& p : facts->paths) {
+      w.BeginObject();
+      w.Field("path", p.path);
+      w.Field("found", p.found);
+      w.Field("size", p.size);
+      w.Field("sha256", p.sha256);
+      w.Field("error", p.error);
+      w.EndObject();
+    }
+    w.EndArray();
+    w.EndObject();
+  }
   w.EndObject();
   return w.str() + "\n";
+}
+
+absl::StatusOr<CheckReport> ParseCheckReport(const std::string& json) {
+  STRETCH_ASSIGN_OR_RETURN(JsonValue v, JsonValue::Parse(json));
+  if (!v["checks"].IsArray() || !v["machine"].IsObject()) {
+    return absl::InvalidArgumentError("a check report without checks or machine");
+  }
+  CheckReport r;
+  for (const JsonValue& c : v["checks"].items()) {
+    r.checks.push_back(CheckResult{c["name"].String(), c["ok"].Bool(), c["required"].Bool(true),
+                                   c["detail"].String(), c["advice"].String()});
+  }
+  const JsonValue& m = v["machine"];
+  r.machine.hostname = m["hostname"].String();
+  r.machine.cpu_model = m["cpu_model"].String();
+  for (const JsonValue& f : m["cpu_flags"].items()) r.machine.cpu_flags.push_back(f.String());
+  for (const JsonValue& p : m["paths"].items()) {
+    r.machine.paths.push_back(PathFacts{p["path"].String(), p["found"].Bool(),
+                                        static_cast<uint64_t>(p["size"].Number()),
+                                        p["sha256"].String(), p["error"].String()});
+  }
+  return r;
+}
+
+std::vector<std::string> NodeProblems(const MachineFacts& here, const CheckReport& node,
+                                      const NodeClock& clock) {
+  std::vector<std::string> out;
+  for (const CheckResult& c : node.checks) {
+    if (c.required && !c.ok) {
+      out.push_back(absl::StrCat("MISSING  ", c.name, ": ", c.detail, "; ", c.advice));
+    }
+  }
+  // CRIU restores a program only on a CPU with every feature it may have chosen at start.
+  std::vector<std::string> lacks, extra;
+  std::set_difference(here.cpu_flags.begin(), here.cpu_flags.end(), node.machine.cpu_flags.begin(),
+                      node.machine.cpu_flags.end(), std::back_inserter(lacks));
+  std::set_difference(node.machine.cpu_flags.begin(), node.machine.cpu_flags.end(),
+                      here.cpu_flags.begin(), here.cpu_flags.end(), std::back_inserter(extra));
+  if (!lacks.empty() || !extra.empty()) {
+    std::string line = absl::StrCat("CPU      ", node.machine.cpu_model, " differs from this "
+                                    "machine's ", here.cpu_model, ":");
+    if (!lacks.empty()) absl::StrAppend(&line, " lacks ", absl::StrJoin(lacks, " "), ";");
+    if (!extra.empty()) absl::StrAppend(&line, " also has ", absl::StrJoin(extra, " "), ";");
+    absl::StrAppend(&line, " a program checkpointed on one may not restore on the other: use "
+                           "machines of one CPU model");
+    out.push_back(line);
+  }
+  for (const PathFacts& mine : here.paths) {
+    const PathFacts* theirs = nullptr;
+    for (const PathFacts& p : node.machine.paths) {
+      if (p.path == mine.path) theirs = &p;
+    }
+    if (!mine.found) continue;  // reported for this machine
+    if (theirs == nullptr || !theirs->found) {
+      out.push_back(absl::StrCat("FILE     ", mine.path, ": not there",
+                                 theirs != nullptr ? absl::StrCat(" (", theirs->error, ")") : "",
+                                 "; every machine needs the program, its libraries and its "
+                                 "files at the same paths"));
+    } else if (theirs->sha256 != mine.sha256) {
+      out.push_back(absl::StrCat("FILE     ", mine.path, ": differs from this machine's (",
+                                 theirs->size, " bytes there, ", mine.size,
+                                 " here); install the same version on every machine"));
+    }
+  }
+  const absl::Duration off = absl::AbsDuration(clock.offset);
+  if (clock.known && off - clock.uncertainty > absl::Seconds(1)) {
+    out.push_back(absl::StrFormat(
+        "CLOCK    %+.1f s from this machine's: run a time service (chrony, systemd-timesyncd) on "
+        "every machine; the run's timeline and logs compare times across nodes",
+        absl::ToDoubleSeconds(clock.offset)));
+  }
+  return out;
+}
+
+MachineFacts DescribeMachine(const std::vector<std::string>& paths) {
+  MachineFacts m;
+  char host[256] = {};
+  if (gethostname(host, sizeof host - 1) == 0) m.hostname = host;
+  // The first processor's model and flags (all of a machine's are alike).
+  std::string cpuinfo = ReadFileOrEmpty("/proc/cpuinfo");
+  for (absl::string_view line : absl::StrSplit(cpuinfo, '\n')) {
+    if (line.empty()) break;
+    std::pair<absl::string_view, absl::string_view> kv = absl::StrSplit(line, absl::MaxSplits(':', 1));
+    absl::string_view key = absl::StripAsciiWhitespace(kv.first);
+    absl::string_view value = absl::StripAsciiWhitespace(kv.second);
+    if (key == "model name") m.cpu_model = std::string(value);
+    if (key == "flags") {
+      m.cpu_flags = absl::StrSplit(value, ' ', absl::SkipEmpty());
+      std::sort(m.cpu_flags.begin(), m.cpu_flags.end());
+    }
+  }
+  for (const std::string& path : paths) {
+    PathFacts p;
+    p.path = path;
+    absl::StatusOr<std::pair<uint64_t, std::string>> digest = Sha256OfFile(path);
+    if (digest.ok()) {
+      p.found = true;
+      p.size = digest->first;
+      p.sha256 = digest->second;
+    } else {
+      p.error = std::string(digest.status().message());
+    }
+    m.paths.push_back(std::move(p));
+  }
+  return m;
 }
 
 }  // namespace stretch

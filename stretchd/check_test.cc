@@ -73,3 +73,83 @@ TEST(CheckTest, MissingCriuFailsWithAdvice) {
 
 }  // namespace
 }  // namespace stretch
+
+namespace stretch {
+namespace {
+
+MachineFacts Facts(std::vector<std::string> flags, std::vector<PathFacts> paths) {
+  MachineFacts m;
+  m.hostname = "h";
+  m.cpu_model = "Model A";
+  m.cpu_flags = std::move(flags);
+  m.paths = std::move(paths);
+  return m;
+}
+
+TEST(NodeProblemsTest, AFitNodeHasNone) {
+  MachineFacts here = Facts({"avx2", "sse4_2"}, {{"/bin/prog", true, 10, "aa", ""}});
+  CheckReport node{{{"CRIU", true, true, "4.1.1", ""}}, here};
+  EXPECT_THAT(NodeProblems(here, node, {true, absl::Milliseconds(900), absl::Milliseconds(1)}),
+              ::testing::IsEmpty());
+}
+
+TEST(NodeProblemsTest, NamesEachDifferenceWithWhatToDo) {
+  MachineFacts here = Facts({"avx2", "avx512f", "sse4_2"},
+                            {{"/bin/prog", true, 10, "aa", ""}, {"/data/in", true, 5, "bb", ""},
+                             {"/gone/here", false, 0, "", "open: No such file"}});
+  MachineFacts there = Facts({"avx2", "sse4_2", "vaes"},
+                             {{"/bin/prog", true, 12, "cc", ""},
+                              {"/data/in", false, 0, "", "open: No such file or directory"}});
+  there.cpu_model = "Model B";
+  CheckReport node{{{"userfaultfd", false, true, "none", "upgrade the kernel"},
+                    {"verbs", false, false, "none", "optional"}},
+                   there};
+  auto problems = NodeProblems(here, node, {true, absl::Seconds(-3), absl::Milliseconds(2)});
+  ASSERT_EQ(problems.size(), 5u) << ::testing::PrintToString(problems);
+  EXPECT_EQ(problems[0], "MISSING  userfaultfd: none; upgrade the kernel");
+  EXPECT_THAT(problems[1], HasSubstr("Model B differs from this machine's Model A: lacks avx512f; "
+                                     "also has vaes;"));
+  EXPECT_EQ(problems[2],
+            "FILE     /bin/prog: differs from this machine's (12 bytes there, 10 here); install "
+            "the same version on every machine");
+  EXPECT_THAT(problems[3],
+              HasSubstr("/data/in: not there (open: No such file or directory); every machine"));
+  EXPECT_THAT(problems[4], HasSubstr("CLOCK    -3.0 s from this machine's: run a time service"));
+}
+
+TEST(NodeProblemsTest, AClockOffsetWithinItsUncertaintyIsNotAProblem) {
+  MachineFacts here = Facts({}, {});
+  CheckReport node{{}, here};
+  EXPECT_THAT(NodeProblems(here, node, {true, absl::Milliseconds(1100), absl::Milliseconds(200)}),
+              ::testing::IsEmpty());
+  EXPECT_THAT(NodeProblems(here, node, {false, absl::Seconds(100), absl::ZeroDuration()}),
+              ::testing::IsEmpty());
+}
+
+TEST(CheckReportTest, JsonRoundTrip) {
+  std::vector<CheckResult> results = {{"CRIU", true, true, "Version 4.1.1", ""},
+                                      {"verbs", false, false, "no device", "needs RDMA"}};
+  MachineFacts facts = DescribeMachine({"/proc/self/exe", "/no/such/file"});
+  ASSERT_EQ(facts.paths.size(), 2u);
+  EXPECT_TRUE(facts.paths[0].found);
+  EXPECT_EQ(facts.paths[0].sha256.size(), 64u);
+  EXPECT_FALSE(facts.paths[1].found);
+  EXPECT_THAT(facts.paths[1].error, HasSubstr("No such file"));
+  EXPECT_FALSE(facts.cpu_flags.empty());
+  EXPECT_TRUE(std::is_sorted(facts.cpu_flags.begin(), facts.cpu_flags.end()));
+
+  auto back = ParseCheckReport(FormatChecksJson(results, &facts));
+  ASSERT_TRUE(back.ok()) << back.status();
+  ASSERT_EQ(back->checks.size(), 2u);
+  EXPECT_EQ(back->checks[1].advice, "needs RDMA");
+  EXPECT_FALSE(back->checks[1].required);
+  EXPECT_EQ(back->machine.cpu_flags, facts.cpu_flags);
+  EXPECT_EQ(back->machine.paths[0].sha256, facts.paths[0].sha256);
+  EXPECT_EQ(back->machine.paths[0].size, facts.paths[0].size);
+  EXPECT_EQ(back->machine.paths[1].error, facts.paths[1].error);
+  EXPECT_FALSE(ParseCheckReport("{\"ok\":true}").ok());
+  EXPECT_FALSE(ParseCheckReport("not json").ok());
+}
+
+}  // namespace
+}  // namespace stretch

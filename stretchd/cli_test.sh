@@ -19,7 +19,7 @@ expect 2 "unknown subcommand 'frobnicate'" err frobnicate
 expect 2 "unknown flag '--bogus'" err check --bogus
 expect 2 "usage: stretchd check" err check --bogus=1
 expect 2 "does not apply to 'version'" err version --json
-expect 2 "unexpected argument 'extra'" err check extra
+expect 2 "unexpected argument 'extra'" err node extra
 expect 0 "subcommands:" out --help
 for sc in check server node run stats secret report version; do expect 0 "  $sc" out --help; done
 expect 0 "--json" out check --help
@@ -28,7 +28,7 @@ expect 1 "cannot read /nonexistent/stats.json" err report /nonexistent/stats.jso
 expect 0 "STATS_JSON|WORK_DIR" out help report
 expect 2 "--report=/nonexistent/dir/r.html: cannot write in /nonexistent/dir" err run --report=/nonexistent/dir/r.html -- /bin/true
 expect 0 "usage: stretchd run" out help run
-expect 0 "wire protocol 3" out version
+expect 0 "wire protocol 4" out version
 expect 2 "--node must be 0..63" err node
 expect 2 "no program given" err run
 expect 2 "--nodes must be 1..64" err run --nodes=0 -- /bin/true

@@ -19,6 +19,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
@@ -29,6 +30,7 @@
 #include "gflags/gflags.h"
 #include "glog/logging.h"
 #include "launch/launcher.h"
+#include "launch/node_reports.h"
 #include "launch/remote_replicas.h"
 #include "replica/control.h"
 #include "replica/launch_service.h"
@@ -347,6 +349,88 @@ int RunNode(const std::vector<std::string>& args) {
     return 1;
   }
   return 0;
+}
+
+int RunClusterCheck(const std::vector<std::string>& args) {
+  transport::TransportOptions topts;
+  if (!LoadClusterSecret("check", &topts)) return 2;
+  // stretchd itself, then the caller's paths (absolute: they are compared on every machine).
+  std::vector<std::string> paths = {SelfPath()};
+  for (const std::string& a : args) {
+    std::error_code ec;
+    std::string p = std::filesystem::absolute(a, ec).lexically_normal().string();
+    if (std::find(paths.begin(), paths.end(), p) == paths.end()) paths.push_back(p);
+  }
+  std::printf("stretchd check --cluster: asking every node connected to %s\n",
+              FLAGS_server.c_str());
+  std::fflush(stdout);
+  CheckOptions options;
+  options.criu = CriuPath();
+  const std::vector<CheckResult> mine = RunChecks(options);
+  const MachineFacts here = DescribeMachine(paths);
+  auto reports =
+      launch::GatherNodeReports(FLAGS_transport, topts, FLAGS_server, paths, absl::Minutes(2));
+  if (!reports.ok()) {
+    std::fprintf(stderr, "stretchd check --cluster: cannot ask the server at %s for its nodes: %s\n",
+                 FLAGS_server.c_str(), std::string(reports.status().message()).c_str());
+    return 1;
+  }
+  int unfit = 0;
+  auto print = [&](const std::string& who, const std::vector<std::string>& problems,
+                   const std::string& ok_detail) {
+    if (problems.empty()) {
+      std::printf("%s: OK%s\n", who.c_str(), ok_detail.c_str());
+      return;
+    }
+    ++unfit;
+    std::printf("%s: %zu problem%s\n", who.c_str(), problems.size(),
+                problems.size() == 1 ? "" : "s");
+    for (const std::string& p : problems) std::printf("  %s\n", p.c_str());
+  };
+  std::vector<std::string> own;
+  for (const CheckResult& c : mine) {
+    if (c.required && !c.ok) {
+      own.push_back(absl::StrCat("MISSING  ", c.name, ": ", c.detail, "; ", c.advice));
+    }
+  }
+  for (const PathFacts& p : here.paths) {
+    if (!p.found) own.push_back(absl::StrCat("FILE     ", p.path, ": ", p.error));
+  }
+  print(absl::StrCat("this machine (", here.hostname, ")"), own, "");
+  for (const launch::NodeReport& r : *reports) {
+    const std::string who = absl::StrCat("node ", r.node.node, " at ", r.node.address);
+    if (!r.status.ok()) {
+      print(who,
+            {absl::StrCat("UNREACHABLE  ", r.status.message(),
+                          "; is its `stretchd node` up, with this cluster's secret and this "
+                          "version of stretchd?")},
+            "");
+      continue;
+    }
+    auto report = ParseCheckReport(r.json);
+    if (!report.ok()) {
+      print(who, {absl::StrCat("BAD REPORT  ", report.status().message())}, "");
+      continue;
+    }
+    NodeClock clock{r.clock_known, r.clock_offset, r.clock_uncertainty};
+    print(absl::StrCat(who, " (", report->machine.hostname, ")"),
+          NodeProblems(here, *report, clock),
+          r.clock_known ? absl::StrFormat(" (clock %+.3f s)", absl::ToDoubleSeconds(r.clock_offset))
+                        : "");
+  }
+  if (reports->empty()) {
+    std::printf("stretchd check --cluster: no node is connected to the server at %s\n",
+                FLAGS_server.c_str());
+    return 1;
+  }
+  if (unfit == 0) {
+    std::printf("stretchd check --cluster: this machine and %zu node%s can run Stretch together\n",
+                reports->size(), reports->size() == 1 ? "" : "s");
+    return 0;
+  }
+  std::printf("stretchd check --cluster: %d of %zu machines need attention (above)\n", unfit,
+              reports->size() + 1);
+  return 1;
 }
 
 int RunStats(const std::vector<std::string>& args) {

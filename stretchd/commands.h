@@ -19,6 +19,8 @@
 namespace stretch {
 
 int RunCheck(const std::vector<std::string>& args);
+// `stretchd check --cluster` (cluster_commands.cc).
+int RunClusterCheck(const std::vector<std::string>& args);
 int RunVersion(const std::vector<std::string>& args);
 int RunServer(const std::vector<std::string>& args);
 int RunNode(const std::vector<std::string>& args);

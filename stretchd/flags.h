@@ -6,6 +6,7 @@
 #include "gflags/gflags.h"
 
 DECLARE_bool(json);
+DECLARE_bool(cluster);
 DECLARE_string(criu);
 DECLARE_string(listen);
 DECLARE_string(server);

@@ -73,6 +73,8 @@ DEFINE_string(stats_json, "",
 DEFINE_int32(nodes, 2,
              "run: number of emulated nodes on this machine; with --slurm, how many of the "
              "job's nodes the run uses (default: all)");
+DEFINE_bool(cluster, false,
+            "check: check every node connected to --server (and this machine) from here");
 DEFINE_bool(slurm, false,
             "run: inside a Slurm allocation (an sbatch script, salloc), run on the job's nodes: "
             "a server here and a node agent on each other node through one srun step, with a "
@@ -223,9 +225,13 @@ const std::vector<Subcommand>& Subcommands() {
   static const std::vector<Subcommand> kSubcommands = {
       {"check",
        "Probe this machine (userfaultfd features, ptrace, pidfd, namespaces, CRIU, libfabric) "
-       "and say what is missing; exits 0 when Stretch can run here, 1 otherwise.",
-       "[--json] [--criu=PATH]",
-       {"json", "criu"},
+       "and say what is missing; exits 0 when Stretch can run here, 1 otherwise. --json also "
+       "describes the machine (CPU features, and the files at the PATHs given). With --cluster, "
+       "check every node connected to the cluster's --server from here: each node's own "
+       "probes, and that it has this machine's CPU features, the same files at the PATHs given "
+       "(the program, its inputs) and stretchd, and a clock within 1 s of this one's.",
+       "[--json] [--criu=PATH] [--cluster --server=IP:PORT --cluster_secret=FILE] [PATH...]",
+       {"json", "criu", "cluster", "server", "cluster_secret", "transport"},
        RunCheck},
       {"server",
        "Run the directory server: per-page MSI state and home copies for every node; runs "
@@ -501,14 +507,12 @@ int Main(int argc, char** argv) {
 }  // namespace
 
 int RunCheck(const std::vector<std::string>& args) {
-  if (!args.empty()) {
-    std::fprintf(stderr, "stretchd check: unexpected argument '%s'\n", args[0].c_str());
-    return 2;
-  }
+  if (FLAGS_cluster) return RunClusterCheck(args);
   CheckOptions options;
   options.criu = CriuPath();
   std::vector<CheckResult> results = RunChecks(options);
-  std::string out = FLAGS_json ? FormatChecksJson(results) : FormatChecksText(results);
+  const MachineFacts facts = DescribeMachine(args);
+  std::string out = FLAGS_json ? FormatChecksJson(results, &facts) : FormatChecksText(results);
   std::fwrite(out.data(), 1, out.size(), stdout);
   return AllRequiredOk(results) ? 0 : 1;
 }

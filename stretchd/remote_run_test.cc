@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <optional>
 #include <set>
@@ -61,6 +62,13 @@ std::set<std::string> List(const std::string& dir) {
     closedir(d);
   }
   return out;
+}
+
+bool WriteFile(const std::string& path, const std::string& text) {
+  FILE* f = std::fopen(path.c_str(), "w");
+  if (f == nullptr) return false;
+  const bool ok = std::fwrite(text.data(), 1, text.size(), f) == text.size();
+  return std::fclose(f) == 0 && ok;
 }
 
 struct Outcome {
@@ -295,6 +303,17 @@ TEST_F(RemoteRunTest, AHundredMiBHeapMigratesToTheNodes) {
   const auto image_bytes = Numbers(stats, "image_bytes");
   ASSERT_EQ(image_bytes.size(), 1u);
   EXPECT_GT(image_bytes[0], 100 << 20);
+  // A line of progress every 2 s of the transfer (none if it took less).
+  const auto transfer_ms = Numbers(stats, "transfer_ms");
+  ASSERT_EQ(transfer_ms.size(), 1u) << stats;
+  int progress_lines = 0;
+  for (size_t pos = 0; (pos = stretch.err.find("sending the checkpoint to the cluster's nodes: ",
+                                               pos)) != std::string::npos;
+       ++pos) {
+    ++progress_lines;
+  }
+  EXPECT_LE(progress_lines, transfer_ms[0] / 2000) << stretch.err;
+  if (transfer_ms[0] >= 4000) EXPECT_GE(progress_lines, 1) << stretch.err;
   std::printf("[ measured ] 100 MiB heap to 2 cluster nodes: %s\n",
               stats.substr(migration, stats.find('}', migration) - migration + 1).c_str());
 }
@@ -330,6 +349,43 @@ TEST_F(RemoteRunTest, AKilledNodeAgentStopsTheRunWithAClearError) {
   // Node 2's restart joins again; the cluster serves the next run.
   StartNode(2);
   ExpectANextRunWorks("after-loss");
+}
+
+// `stretchd check --cluster` from the launcher's machine: every node answers; a file that
+// differs on node 1 and is missing on node 2 (their /tmp is their own) is named with what to
+// do; without it, every machine is fit.
+TEST_F(RemoteRunTest, CheckClusterNamesWhatDiffersOnEachNode) {
+  const std::string file = absl::StrCat("/tmp/stretch-check-test-", getpid(), ".txt");
+  ASSERT_TRUE(WriteFile(file, "version 2\n"));
+  ASSERT_TRUE(WriteFile(absl::StrCat("/proc/", nodes_[1]->pid(), "/root", file),
+                        "version 1 (older)\n"));
+  const std::string torture = Runfile("experiments/workloads/sync_torture");
+  auto check = [&](const std::vector<std::string>& paths) {
+    std::vector<std::string> argv = {Runfile("stretchd/stretchd"), "check", "--cluster",
+                                     "--server=" + server_address_, "--cluster_secret=" + secret_};
+    argv.insert(argv.end(), paths.begin(), paths.end());
+    auto r = cluster_->Run(0, argv, Deadline(180));
+    EXPECT_TRUE(r.ok()) << r.status();
+    return r.ok() ? *r : testing::CommandResult{};
+  };
+  testing::CommandResult differs = check({torture, file});
+  unlink(file.c_str());
+  EXPECT_EQ(testing::DescribeWaitStatus(differs.wait_status), "exit 1") << differs.output;
+  EXPECT_THAT(differs.output, HasSubstr("this machine ("));
+  EXPECT_THAT(differs.output,
+              HasSubstr(absl::StrCat("  FILE     ", file, ": differs from this machine's (18 bytes "
+                                     "there, 10 here); install the same version on every machine")));
+  EXPECT_THAT(differs.output, HasSubstr(absl::StrCat("  FILE     ", file, ": not there (")));
+  EXPECT_THAT(differs.output, HasSubstr("2 of 3 machines need attention"));
+  EXPECT_FALSE(absl::StrContains(differs.output, torture + ":")) << differs.output;
+
+  testing::CommandResult fit = check({torture});
+  EXPECT_EQ(testing::DescribeWaitStatus(fit.wait_status), "exit 0") << fit.output;
+  for (int i = 1; i <= 2; ++i) {
+    EXPECT_THAT(fit.output, HasSubstr(absl::StrCat("node ", i, " at ", cluster_->address(i))));
+  }
+  EXPECT_THAT(fit.output, HasSubstr(": OK (clock "));
+  EXPECT_THAT(fit.output, HasSubstr("this machine and 2 nodes can run Stretch together"));
 }
 
 // Bad requests get one line and a non-zero exit.
