@@ -7,6 +7,7 @@
 #include <sys/signalfd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -512,13 +513,20 @@ absl::Status Launcher::StartRemoteAgents() {
     for (const auto& [name, path] : {std::pair{"stdout", out_}, std::pair{"stderr", err_}}) {
       // The path CRIU recorded: resolved (a relative or symlinked --work_dir).
       char* real = realpath(path.c_str(), nullptr);
+      UniqueFd fd(real != nullptr ? open(real, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK) : -1);
       struct stat st;
-      if (real == nullptr || stat(real, &st) != 0) {
+      struct statfs fs = {};
+      if (!fd.valid() || fstat(fd.get(), &st) != 0 || fstatfs(fd.get(), &fs) != 0) {
         free(real);
         return absl::InternalError(ErrnoStatus(errno, absl::StrCat("stat ", path)).ToString());
       }
+      // On a network file system a node may see this very file: what the program wrote
+      // before the checkpoint must be on the file server for it to see its size.
+      (void)fsync(fd.get());
       r.outputs.push_back({name, real, static_cast<uint64_t>(st.st_size),
-                           static_cast<uint32_t>(st.st_mode & 0777)});
+                           static_cast<uint32_t>(st.st_mode & 0777),
+                           static_cast<uint64_t>(st.st_dev), static_cast<uint64_t>(st.st_ino),
+                           static_cast<uint64_t>(fs.f_type)});
       free(real);
     }
     nodes.push_back(std::move(n));

@@ -7,6 +7,7 @@
 #include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -319,14 +320,18 @@ class LaunchService::Impl {
   }
 
   // The program's output file at the path it had on the launcher's machine, `size` bytes long
-  // (CRIU checks the size of the files it reopens).
+  // (CRIU checks the size of the files it reopens), whose appends are sent to the launcher;
+  // or, when the path names the launcher's very file (a shared file system), that file as it
+  // is, which the replica writes directly (an invalid descriptor: nothing to send).
   absl::StatusOr<UniqueFd> CreateOutput(const RemoteStart::Output& out) {
     struct stat st;
     if (lstat(out.path.c_str(), &st) == 0) {
-      return absl::AlreadyExistsError(
-          absl::StrCat(out.path,
-                       " already exists on this node: the program's output files must not (is the "
-                       "launcher's machine also a node of its cluster?)"));
+      if (IsTheLaunchersFile(out)) return UniqueFd();
+      return absl::AlreadyExistsError(absl::StrCat(
+          out.path,
+          " already exists on this node and is not the launcher's file on a shared file system: "
+          "the program's output files must not (is the launcher's machine also a node of its "
+          "cluster?)"));
     }
     // Every directory on the way that exists must be a real directory that nobody else could
     // have prepared for us (owned by root or us, not writable by others unless sticky);
@@ -361,6 +366,36 @@ class LaunchService::Impl {
       return ErrnoStatus(errno, absl::StrCat("chmod ", out.path));
     }
     return fd;  // what the program appends is read through it, not by path
+  }
+
+  // Whether `out.path` here is the file the launcher described: the same device and inode
+  // (the same machine, as emulated nodes are), or the same inode on a network file system of
+  // the same kind (these keep a file's inode number across clients). Opened, not just
+  // stat'ed, so that an NFS client revalidates what it caches (close-to-open).
+  static bool IsTheLaunchersFile(const RemoteStart::Output& out) {
+    UniqueFd fd(open(out.path.c_str(), O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK | O_NOFOLLOW));
+    struct stat st;
+    struct statfs fs;
+    if (!fd.valid() || fstat(fd.get(), &st) != 0 || fstatfs(fd.get(), &fs) != 0 ||
+        !S_ISREG(st.st_mode) || static_cast<uint64_t>(st.st_ino) != out.inode) {
+      return false;
+    }
+    if (static_cast<uint64_t>(st.st_dev) == out.device) return true;
+    constexpr uint64_t kNetworkFileSystems[] = {
+        0x6969,      // NFS
+        0xFF534D42,  // CIFS
+        0xFE534D42,  // SMB2
+        0x0BD00BD0,  // Lustre
+        0x47504653,  // GPFS (IBM Storage Scale)
+        0x00C36400,  // CephFS
+        0x19830326,  // BeeGFS
+        0x01161970,  // GFS2
+        0x7461636F,  // OCFS2
+    };
+    const uint64_t type = static_cast<uint64_t>(fs.f_type);
+    return type == out.fs_type && std::find(std::begin(kNetworkFileSystems),
+                                            std::end(kNetworkFileSystems),
+                                            type) != std::end(kNetworkFileSystems);
   }
 
   absl::Status StartReplica(PeerId peer, const std::string& text) {
@@ -417,6 +452,7 @@ class LaunchService::Impl {
     run_->agent.emplace(std::move(p));
     for (size_t k = 0; k < r.outputs.size(); ++k) {
       const auto& out = r.outputs[k];
+      if (!outputs[k].valid()) continue;  // the launcher's own file: written directly
       run_->tail.Add(
           std::move(outputs[k]),
           [this, peer, name = out.name](const char* data, size_t size) {

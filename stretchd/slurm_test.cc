@@ -203,12 +203,14 @@ class SlurmTest : public ::testing::Test {
   }
 
   // Submits `script` (after `#!/bin/sh` and `#SBATCH` lines) to run on `nodes` nodes, its
-  // output into /tmp/NAME.out of its first node; returns the job id.
-  std::string Submit(const std::string& name, int nodes, const std::string& script) {
+  // output into NAME.out and NAME.err in /tmp of its first node, or with `shared_output` in a
+  // directory every node sees (as a cluster's shared file system); returns the job id.
+  std::string Submit(const std::string& name, int nodes, const std::string& script,
+                     bool shared_output = false) {
     const std::string path = absl::StrCat(dir_, "/", name, ".sh");
-    WriteText(path, absl::StrCat("#!/bin/sh\n#SBATCH --nodes=", nodes, "\n#SBATCH --output=/tmp/",
-                                 name, ".out\n#SBATCH --error=/tmp/", name, ".err\n", script,
-                                 "\n"),
+    const std::string out = absl::StrCat(shared_output ? dir_ : "/tmp", "/", name);
+    WriteText(path, absl::StrCat("#!/bin/sh\n#SBATCH --nodes=", nodes, "\n#SBATCH --output=", out,
+                                 ".out\n#SBATCH --error=", out, ".err\n", script, "\n"),
               0755);
     auto r = Ctl({"sbatch", "--parsable", "--job-name=" + name, path});
     EXPECT_TRUE(r.ok() && r->ok()) << (r.ok() ? r->output : r.status().ToString()) << Logs();
@@ -238,8 +240,20 @@ class SlurmTest : public ::testing::Test {
     return state;
   }
 
+  // Every number called `key` in a stats file, in order.
+  static std::vector<int64_t> Numbers(const std::string& json, const std::string& key) {
+    std::vector<int64_t> out;
+    const std::string k = absl::StrCat("\"", key, "\":");
+    for (size_t pos = 0; (pos = json.find(k, pos)) != std::string::npos;) {
+      pos += k.size();
+      out.push_back(std::atoll(json.c_str() + pos));
+    }
+    return out;
+  }
+
   // The job's file /tmp/NAME (NAME.out, NAME.err) on whichever node ran its batch script.
   std::string JobFile(const std::string& name) const {
+    if (access((dir_ + "/" + name).c_str(), F_OK) == 0) return ReadFileOrEmpty(dir_ + "/" + name);
     for (int i = 1; i <= kComputeNodes; ++i) {
       const std::string path = absl::StrCat(NodeTmp(i), "/", name);
       if (access(path.c_str(), F_OK) == 0) return ReadFileOrEmpty(path);
@@ -296,7 +310,8 @@ class SlurmTest : public ::testing::Test {
 };
 
 // A job on three nodes gets the program's native output, with threads on all three, and
-// leaves nothing running on any node.
+// leaves nothing running on any node. Its output file is on a file system all nodes share,
+// as Slurm's output usually is: every node writes its threads' output into that file.
 TEST_F(SlurmTest, AJobRunsTheProgramOnItsNodesWithItsNativeOutput) {
   const std::vector<std::string> prog = {Runfile("experiments/workloads/sync_torture"),
                                          "--test=mutex,condvar,barrier,sem,atomic,join,detach",
@@ -310,19 +325,47 @@ TEST_F(SlurmTest, AJobRunsTheProgramOnItsNodesWithItsNativeOutput) {
              absl::StrCat("exec ", Runfile("stretchd/stretchd"),
                           " run --slurm --placement=static --migrate_after=0 "
                           "--migrate_at_threads=6 --stats_json=",
-                          stats, " -- ", absl::StrJoin(prog, " ")));
+                          stats, " -- ", absl::StrJoin(prog, " ")),
+             /*shared_output=*/true);
   ASSERT_FALSE(job.empty());
   EXPECT_EQ(AwaitEnd(job), "COMPLETED 0:0") << JobFile("torture.err") << Logs();
   EXPECT_EQ(JobFile("torture.out"), native->output) << JobFile("torture.err");
   // The run used the job's three nodes, each running threads.
-  const std::string json = ReadFileOrEmpty(stats);
-  int runs = 0;
-  for (size_t pos = 0; (pos = json.find("\"threads_run\":", pos)) != std::string::npos; ++runs) {
-    pos += 14;
-    EXPECT_GT(std::atoi(json.c_str() + pos), 0) << json;
-  }
-  EXPECT_EQ(runs, 3) << json;
+  const std::vector<int64_t> threads = Numbers(ReadFileOrEmpty(stats), "threads_run");
+  ASSERT_EQ(threads.size(), 3u);
+  for (int64_t t : threads) EXPECT_GT(t, 0);
   ExpectNothingLeft("sync_torture");
+}
+
+// A program nobody here wrote, reading its input from a file, writing from a thread of its
+// own (pigz's writer) into an output file on the shared file system: the same bytes as
+// natively.
+TEST_F(SlurmTest, PigzCompressesAFileOnThreeNodes) {
+  const std::string input = dir_ + "/input.txt";
+  {
+    std::ofstream in(input);
+    for (int i = 0; i < 400000; ++i) in << "line " << i << " of the input, " << (i * 7919) % 1000 << "\n";
+  }
+  auto native = testing::RunCommand({"pigz", "-p", "3", "-c", input}, Deadline(120));
+  ASSERT_TRUE(native.ok() && native->ok());
+  const std::string stats = dir_ + "/pigz.json";
+  const std::string job = Submit(
+      "pigz", 3,
+      absl::StrCat("exec ", Runfile("stretchd/stretchd"),
+                   " run --slurm --placement=static --migrate_after=0 --stats_json=", stats,
+                   " -- pigz -p 3 -c ", input),
+      /*shared_output=*/true);
+  ASSERT_FALSE(job.empty());
+  EXPECT_EQ(AwaitEnd(job), "COMPLETED 0:0") << JobFile("pigz.err") << Logs();
+  const std::string out = JobFile("pigz.out");
+  EXPECT_EQ(out.size(), native->output.size()) << JobFile("pigz.err");
+  EXPECT_TRUE(out == native->output) << JobFile("pigz.err");
+  // Threads ran on every node (static placement: the writer, pigz's first thread, on node 1).
+  const std::string json = ReadFileOrEmpty(stats);
+  const std::vector<int64_t> threads = Numbers(json, "threads_run");
+  ASSERT_EQ(threads.size(), 3u) << json;
+  for (int64_t t : threads) EXPECT_GT(t, 0) << json;
+  ExpectNothingLeft("pigz");
 }
 
 // scancel of a running job ends every process of the run on every node: the launcher, the
