@@ -502,16 +502,16 @@ struct StartRequest {
   // The program's output files as it has them open: "stdout" or "stderr", the absolute path
   // (no . or ..), and the size (at most kMaxOutputBytes) and permission bits (at most 07777)
   // at the checkpoint (CRIU checks both); and which file it is on the launcher's machine
-  // (st_dev, st_ino, statfs f_type), for a node to recognize the same file on a file system
-  // they share.
+  // (its kernel's boot_id, st_dev, st_ino), for a node on the same machine (an emulated one)
+  // to recognize the very file.
   struct Output {
     std::string name;
     std::string path;
     uint64_t size = 0;
     uint32_t mode = 0644;
+    std::string boot_id;
     uint64_t device = 0;
     uint64_t inode = 0;
-    uint64_t fs_type = 0;
   };
   std::vector<Output> outputs;
 };

@@ -232,9 +232,9 @@ void Fields(V& v, M& m) requires std::is_same_v<std::remove_const_t<M>, StartReq
   v(m.path, "path");
   v(m.size, "size");
   v(m.mode, "mode");
+  v(m.boot_id, "boot_id");
   v(m.device, "device");
   v(m.inode, "inode");
-  v(m.fs_type, "fs_type");
 }
 template <typename V, typename M>
 void Fields(V& v, M& m) requires std::is_same_v<std::remove_const_t<M>, StartRequest> {

@@ -7,7 +7,6 @@
 #include <sys/signalfd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
-#include <sys/statfs.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -515,18 +514,13 @@ absl::Status Launcher::StartRemoteAgents() {
       char* real = realpath(path.c_str(), nullptr);
       UniqueFd fd(real != nullptr ? open(real, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK) : -1);
       struct stat st;
-      struct statfs fs = {};
-      if (!fd.valid() || fstat(fd.get(), &st) != 0 || fstatfs(fd.get(), &fs) != 0) {
+      if (!fd.valid() || fstat(fd.get(), &st) != 0) {
         free(real);
         return absl::InternalError(ErrnoStatus(errno, absl::StrCat("stat ", path)).ToString());
       }
-      // On a network file system a node may see this very file: what the program wrote
-      // before the checkpoint must be on the file server for it to see its size.
-      (void)fsync(fd.get());
       r.outputs.push_back({name, real, static_cast<uint64_t>(st.st_size),
-                           static_cast<uint32_t>(st.st_mode & 0777),
-                           static_cast<uint64_t>(st.st_dev), static_cast<uint64_t>(st.st_ino),
-                           static_cast<uint64_t>(fs.f_type)});
+                           static_cast<uint32_t>(st.st_mode & 0777), replica::BootId(),
+                           static_cast<uint64_t>(st.st_dev), static_cast<uint64_t>(st.st_ino)});
       free(real);
     }
     nodes.push_back(std::move(n));

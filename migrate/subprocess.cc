@@ -5,6 +5,7 @@
 #include <poll.h>
 #include <sched.h>
 #include <signal.h>
+#include <sys/mount.h>
 #include <sys/prctl.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -125,6 +126,15 @@ absl::StatusOr<Subprocess> Subprocess::Start(const SubprocessOptions& o) {
       if (!o.new_pid_namespace && getppid() != parent) _exit(127);
     }
     if (netns.valid() && setns(netns.get(), CLONE_NEWNET) != 0) ChildFail(report, errno);
+    if (!o.bind_files.empty()) {
+      if (unshare(CLONE_NEWNS) != 0) ChildFail(report, errno);
+      if (mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0) ChildFail(report, errno);
+      for (const auto& [file, path] : o.bind_files) {
+        if (mount(file.c_str(), path.c_str(), nullptr, MS_BIND, nullptr) != 0) {
+          ChildFail(report, errno);
+        }
+      }
+    }
     if (!cpus_set.empty() && sched_setaffinity(0, sizeof(cpu_set), &cpu_set) != 0) {
       ChildFail(report, errno);
     }

@@ -14,6 +14,7 @@
 #include <sys/types.h>
 
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -55,6 +56,10 @@ struct SubprocessOptions {
   std::string netns;
   // Run on these CPUs only (sched_setaffinity before exec). Empty: inherit.
   std::vector<int> cpus;
+  // In a mount namespace of the child's own (private propagation), bind each `first` (a
+  // file) over `second` before exec: the child and everything it starts see `first` there;
+  // nobody else is affected.
+  std::vector<std::pair<std::string, std::string>> bind_files;
   // Lead a new process group (setpgid(0, 0)), so that the child and whatever it forks can be
   // killed together (kill(-pid)), also by somebody else once the creator is gone.
   bool new_process_group = false;

@@ -4,6 +4,10 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cstdio>
+#include <string>
+#include <utility>
+
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "migrate/testing_criu.h"
@@ -68,6 +72,33 @@ TEST(SubprocessTest, StdioAndEnvironmentAndOtherFdsClosed) {
   // fds 0,1,2 plus the one ls opens for /proc/self/fd.
   EXPECT_EQ(testing::ReadFileOrEmpty(o.stdout_path), "hello\n4\n");
   EXPECT_EQ(testing::ReadFileOrEmpty(o.stderr_path), "err\n");
+}
+
+// bind_files: the child (and what it starts) sees another file at a path; the path's own
+// file is untouched and seen as before by everybody else.
+TEST(SubprocessTest, BindFilesPutAFileOverAPathForTheChildOnly) {
+  testing::TempDir dir;
+  const std::string target = dir.path() + "/target", mask = dir.path() + "/mask";
+  for (const auto& [path, text] : {std::pair{target, "target\n"}, std::pair{mask, "mask\n"}}) {
+    FILE* f = std::fopen(path.c_str(), "w");
+    ASSERT_NE(f, nullptr);
+    std::fputs(text, f);
+    std::fclose(f);
+  }
+  SubprocessOptions o;
+  o.argv = {"/bin/sh", "-c", "cat \"$0\" && echo written >> \"$0\"", target};
+  o.bind_files = {{mask, target}};
+  o.stdout_path = dir.path() + "/out";
+  auto st = RunToCompletion(o, Soon());
+  ASSERT_TRUE(st.ok()) << st.status();
+  EXPECT_EQ(st->code, 0);
+  EXPECT_EQ(testing::ReadFileOrEmpty(o.stdout_path), "mask\n");
+  EXPECT_EQ(testing::ReadFileOrEmpty(mask), "mask\nwritten\n");
+  EXPECT_EQ(testing::ReadFileOrEmpty(target), "target\n");
+
+  o.bind_files = {{dir.path() + "/missing", target}};
+  auto failed = Subprocess::Start(o);
+  EXPECT_FALSE(failed.ok());
 }
 
 TEST(SubprocessTest, ControlDescriptorIsFdThree) {

@@ -7,7 +7,6 @@
 #include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
-#include <sys/statfs.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -144,6 +143,9 @@ class LaunchService::Impl {
     std::thread relay;
     Tailer tail;
     std::vector<std::string> created_files, created_dirs;
+    // Files of the run's directory put over the program's output paths in the replica
+    // agent's mount namespace: {file, path}.
+    std::vector<std::pair<std::string, std::string>> masks;
   };
 
   void Serve() {
@@ -319,19 +321,31 @@ class LaunchService::Impl {
     return absl::OkStatus();
   }
 
-  // The program's output file at the path it had on the launcher's machine, `size` bytes long
-  // (CRIU checks the size of the files it reopens), whose appends are sent to the launcher;
-  // or, when the path names the launcher's very file (a shared file system), that file as it
-  // is, which the replica writes directly (an invalid descriptor: nothing to send).
+  // The program's output file as the replica sees it at the path it had on the launcher's
+  // machine, `size` bytes long (CRIU checks the size of the files it reopens), whose appends
+  // are sent to the launcher: created there if nothing is; if another file is there (a file
+  // system this machine shares with the launcher's, or a file of this machine's), a file in
+  // the run's directory that the replica agent's mount namespace puts over that path
+  // (Run::masks), so that the other file is left alone. When the path names the launcher's
+  // very file (an emulated node on the launcher's machine), that file as it is, which the
+  // replica writes directly (an invalid descriptor: nothing to send).
   absl::StatusOr<UniqueFd> CreateOutput(const RemoteStart::Output& out) {
     struct stat st;
     if (lstat(out.path.c_str(), &st) == 0) {
-      if (IsTheLaunchersFile(out)) return UniqueFd();
-      return absl::AlreadyExistsError(absl::StrCat(
-          out.path,
-          " already exists on this node and is not the launcher's file on a shared file system: "
-          "the program's output files must not (is the launcher's machine also a node of its "
-          "cluster?)"));
+      if (!out.boot_id.empty() && out.boot_id == BootId() &&
+          static_cast<uint64_t>(st.st_dev) == out.device &&
+          static_cast<uint64_t>(st.st_ino) == out.inode) {
+        return UniqueFd();
+      }
+      if (!S_ISREG(st.st_mode)) {
+        return absl::AlreadyExistsError(absl::StrCat(
+            out.path, " is not a regular file on this node: the program's output cannot be put "
+                      "there"));
+      }
+      const std::string mask = absl::StrCat(run_->dir, "/output-", out.name);
+      STRETCH_ASSIGN_OR_RETURN(UniqueFd fd, CreateSized(mask, out));
+      run_->masks.emplace_back(mask, out.path);
+      return fd;
     }
     // Every directory on the way that exists must be a real directory that nobody else could
     // have prepared for us (owned by root or us, not writable by others unless sticky);
@@ -356,46 +370,23 @@ class LaunchService::Impl {
       if (mkdir(it->c_str(), 0700) != 0) return ErrnoStatus(errno, absl::StrCat("mkdir ", *it));
       run_->created_dirs.push_back(*it);
     }
-    UniqueFd fd(open(out.path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
-    if (!fd.valid()) return ErrnoStatus(errno, absl::StrCat("create ", out.path));
+    STRETCH_ASSIGN_OR_RETURN(UniqueFd fd, CreateSized(out.path, out));
     run_->created_files.push_back(out.path);
-    if (ftruncate(fd.get(), static_cast<off_t>(out.size)) != 0) {
-      return ErrnoStatus(errno, absl::StrCat("truncate ", out.path));
-    }
-    if (fchmod(fd.get(), out.mode & 0777) != 0) {
-      return ErrnoStatus(errno, absl::StrCat("chmod ", out.path));
-    }
     return fd;  // what the program appends is read through it, not by path
   }
 
-  // Whether `out.path` here is the file the launcher described: the same device and inode
-  // (the same machine, as emulated nodes are), or the same inode on a network file system of
-  // the same kind (these keep a file's inode number across clients). Opened, not just
-  // stat'ed, so that an NFS client revalidates what it caches (close-to-open).
-  static bool IsTheLaunchersFile(const RemoteStart::Output& out) {
-    UniqueFd fd(open(out.path.c_str(), O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK | O_NOFOLLOW));
-    struct stat st;
-    struct statfs fs;
-    if (!fd.valid() || fstat(fd.get(), &st) != 0 || fstatfs(fd.get(), &fs) != 0 ||
-        !S_ISREG(st.st_mode) || static_cast<uint64_t>(st.st_ino) != out.inode) {
-      return false;
+  // A new file at `path` with the output's size and permissions.
+  static absl::StatusOr<UniqueFd> CreateSized(const std::string& path,
+                                              const RemoteStart::Output& out) {
+    UniqueFd fd(open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
+    if (!fd.valid()) return ErrnoStatus(errno, absl::StrCat("create ", path));
+    if (ftruncate(fd.get(), static_cast<off_t>(out.size)) != 0) {
+      return ErrnoStatus(errno, absl::StrCat("truncate ", path));
     }
-    if (static_cast<uint64_t>(st.st_dev) == out.device) return true;
-    constexpr uint64_t kNetworkFileSystems[] = {
-        0x6969,      // NFS
-        0xFF534D42,  // CIFS
-        0xFE534D42,  // SMB2
-        0x0BD00BD0,  // Lustre
-        0x47504653,  // GPFS (IBM Storage Scale)
-        0x00C36400,  // CephFS
-        0x19830326,  // BeeGFS
-        0x01161970,  // GFS2
-        0x7461636F,  // OCFS2
-    };
-    const uint64_t type = static_cast<uint64_t>(fs.f_type);
-    return type == out.fs_type && std::find(std::begin(kNetworkFileSystems),
-                                            std::end(kNetworkFileSystems),
-                                            type) != std::end(kNetworkFileSystems);
+    if (fchmod(fd.get(), out.mode & 0777) != 0) {
+      return ErrnoStatus(errno, absl::StrCat("chmod ", path));
+    }
+    return fd;
   }
 
   absl::Status StartReplica(PeerId peer, const std::string& text) {
@@ -444,6 +435,7 @@ class LaunchService::Impl {
     if (r.stdin_elsewhere) a.argv.push_back("--replica_stdin_elsewhere");
     if (!r.inject_faults.empty()) a.argv.push_back("--inject_faults=" + r.inject_faults);
     a.control_fd = theirs.get();
+    a.bind_files = run_->masks;
     // Killed with this thread, which lives as long as the service.
     a.die_with_parent = true;
     STRETCH_ASSIGN_OR_RETURN(Subprocess p, Subprocess::Start(a));

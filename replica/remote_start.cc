@@ -1,11 +1,24 @@
 #include "replica/remote_start.h"
 
+#include <cstdio>
+
 #include <utility>
 #include <variant>
 
 #include "absl/strings/str_cat.h"
 
 namespace stretch::replica {
+
+std::string BootId() {
+  std::string id;
+  if (FILE* f = std::fopen("/proc/sys/kernel/random/boot_id", "re")) {
+    char buf[64] = {};
+    if (std::fgets(buf, sizeof buf, f) != nullptr) id = buf;
+    std::fclose(f);
+  }
+  while (!id.empty() && id.back() == '\n') id.pop_back();
+  return id;
+}
 
 wire::Launch LaunchMessage(wire::LaunchOp op, std::string data, std::string name, uint64_t offset) {
   wire::Launch m;

@@ -26,6 +26,11 @@ std::string EncodeStart(const RemoteStart& r);
 // InvalidArgument naming what is wrong.
 absl::StatusOr<RemoteStart> ParseStart(const std::string& data);
 
+// This kernel's boot_id (/proc/sys/kernel/random/boot_id): the same for every process of a
+// machine until it reboots, so two processes that see the same one share a machine (and its
+// files). Empty if unreadable.
+std::string BootId();
+
 // A Launch message.
 wire::Launch LaunchMessage(wire::LaunchOp op, std::string data = "", std::string name = "",
                            uint64_t offset = 0);

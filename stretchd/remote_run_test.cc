@@ -5,10 +5,12 @@
 // output reach it only over the network, as on another machine. Needs root and CRIU.
 #include <dirent.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <cstdio>
 #include <cstdlib>
 #include <optional>
@@ -349,6 +351,46 @@ TEST_F(RemoteRunTest, AKilledNodeAgentStopsTheRunWithAClearError) {
   // Node 2's restart joins again; the cluster serves the next run.
   StartNode(2);
   ExpectANextRunWorks("after-loss");
+}
+
+// The program's output path (in the run's --work_dir) exists on a node: as a file of that
+// node's own (its /tmp is its own), which must be left alone, or as the launcher's very file
+// (a directory every node sees). Either way pigz, its threads spread over the three
+// machines, gives the same bytes as natively.
+TEST_F(RemoteRunTest, OutputPathsThatExistOnANode) {
+  const std::string input = dir_ + "/pigz-input.txt";
+  {
+    std::string text;
+    for (int i = 0; i < 200000; ++i) absl::StrAppend(&text, "line ", i, " ", i % 977, "\n");
+    ASSERT_TRUE(WriteFile(input, text));
+  }
+  const std::vector<std::string> prog = {"pigz", "-p", "3", "-c", input};
+  Outcome native = Native("pigz-native", prog);
+  ASSERT_EQ(native.status.ToString(), "exit status 0") << native.err;
+
+  const std::string work = absl::StrCat("/tmp/stretch-output-test-", getpid());
+  const std::string node_work = absl::StrCat("/proc/", nodes_[1]->pid(), "/root", work);
+  ASSERT_EQ(mkdir(work.c_str(), 0700), 0);
+  ASSERT_EQ(mkdir(node_work.c_str(), 0700), 0);
+  ASSERT_TRUE(WriteFile(node_work + "/stdout", "node 1's own file\n"));
+  Outcome masked = Run("masked", {"--work_dir=" + work}, prog);
+  EXPECT_EQ(masked.status.ToString(), "exit status 0") << masked.err;
+  EXPECT_TRUE(masked.out == native.out) << masked.err;
+  EXPECT_EQ(testing::ReadFileOrEmpty(node_work + "/stdout"), "node 1's own file\n");
+  const auto threads = Numbers(testing::ReadFileOrEmpty(dir_ + "/masked.json"), "threads_run");
+  ASSERT_EQ(threads.size(), 3u);
+  EXPECT_GT(threads[1], 0);
+  std::error_code ec;
+  std::filesystem::remove_all(work, ec);
+  std::filesystem::remove_all(node_work, ec);
+
+  // /run is the same directory in every node's mount namespace.
+  const std::string shared_work = absl::StrCat("/run/stretch-output-test-", getpid());
+  Outcome shared = Run("shared", {"--work_dir=" + shared_work}, prog);
+  EXPECT_EQ(shared.status.ToString(), "exit status 0") << shared.err;
+  EXPECT_TRUE(shared.out == native.out) << shared.err;
+  std::filesystem::remove_all(shared_work, ec);
+  ExpectNothingLeftOn({1, 2});
 }
 
 // `stretchd check --cluster` from the launcher's machine: every node answers; a file that

@@ -310,8 +310,8 @@ class SlurmTest : public ::testing::Test {
 };
 
 // A job on three nodes gets the program's native output, with threads on all three, and
-// leaves nothing running on any node. Its output file is on a file system all nodes share,
-// as Slurm's output usually is: every node writes its threads' output into that file.
+// leaves nothing running on any node. The job's output file is on a file system all nodes
+// share, as Slurm's output usually is.
 TEST_F(SlurmTest, AJobRunsTheProgramOnItsNodesWithItsNativeOutput) {
   const std::vector<std::string> prog = {Runfile("experiments/workloads/sync_torture"),
                                          "--test=mutex,condvar,barrier,sem,atomic,join,detach",
@@ -337,9 +337,8 @@ TEST_F(SlurmTest, AJobRunsTheProgramOnItsNodesWithItsNativeOutput) {
   ExpectNothingLeft("sync_torture");
 }
 
-// A program nobody here wrote, reading its input from a file, writing from a thread of its
-// own (pigz's writer) into an output file on the shared file system: the same bytes as
-// natively.
+// A program nobody here wrote, reading its input from a file and writing from a thread of
+// its own (pigz's writer, on node 1): the same bytes as natively.
 TEST_F(SlurmTest, PigzCompressesAFileOnThreeNodes) {
   const std::string input = dir_ + "/input.txt";
   {
