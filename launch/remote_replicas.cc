@@ -335,7 +335,9 @@ class RemoteReplicas::Impl {
           break;
         case wire::LaunchOp::kFile:
         case wire::LaunchOp::kStart:
-          break;
+        case wire::LaunchOp::kCheck:
+        case wire::LaunchOp::kCheckReply:
+          break;  // Launcher-to-node requests, or a check's answers: not part of a run.
       }
     }
   }
