@@ -24,6 +24,7 @@
 #include "gtest/gtest.h"
 #include "migrate/subprocess.h"
 #include "migrate/testing_criu.h"
+#include "stretchd/run_fixture.h"
 #include "testing/netns.h"
 #include "testing/processes.h"
 #include "testing/subprocess.h"
@@ -224,17 +225,6 @@ class RemoteRunTest : public ::testing::Test {
     EXPECT_THAT(next.out, HasSubstr("counter 40000"));
   }
 
-  // Every number called `key` in a stats file, in order.
-  static std::vector<int64_t> Numbers(const std::string& json, const std::string& key) {
-    std::vector<int64_t> out;
-    const std::string k = absl::StrCat("\"", key, "\":");
-    for (size_t pos = 0; (pos = json.find(k, pos)) != std::string::npos;) {
-      pos += k.size();
-      out.push_back(std::atoll(json.c_str() + pos));
-    }
-    return out;
-  }
-
   std::unique_ptr<testing::NetnsCluster> cluster_;
   std::string dir_, secret_, server_address_;
   std::unique_ptr<testing::Subprocess> server_;
@@ -254,10 +244,10 @@ TEST_F(RemoteRunTest, AProgramRunsOnTheLaunchersMachineAndEveryNodeOfTheCluster)
   EXPECT_EQ(stretch.status.ToString(), "exit status 0") << stretch.err;
   EXPECT_EQ(stretch.out, native.out) << stretch.err;
   const std::string stats = testing::ReadFileOrEmpty(dir_ + "/cluster.json");
-  const auto threads = Numbers(stats, "threads_run");
+  const auto threads = testing::StatsNumbers(stats, "threads_run");
   ASSERT_EQ(threads.size(), 3u) << stats;
   for (int64_t t : threads) EXPECT_GT(t, 0) << stats;
-  const auto fetched = Numbers(stats, "pages_fetched");
+  const auto fetched = testing::StatsNumbers(stats, "pages_fetched");
   ASSERT_EQ(fetched.size(), 3u) << stats;
   EXPECT_GT(fetched[1], 0) << stats;
   EXPECT_GT(fetched[2], 0) << stats;
@@ -302,11 +292,11 @@ TEST_F(RemoteRunTest, AHundredMiBHeapMigratesToTheNodes) {
   const std::string stats = testing::ReadFileOrEmpty(dir_ + "/heap.json");
   const size_t migration = stats.find("\"migration\":");
   ASSERT_NE(migration, std::string::npos) << stats;
-  const auto image_bytes = Numbers(stats, "image_bytes");
+  const auto image_bytes = testing::StatsNumbers(stats, "image_bytes");
   ASSERT_EQ(image_bytes.size(), 1u);
   EXPECT_GT(image_bytes[0], 100 << 20);
   // A line of progress every 2 s of the transfer (none if it took less).
-  const auto transfer_ms = Numbers(stats, "transfer_ms");
+  const auto transfer_ms = testing::StatsNumbers(stats, "transfer_ms");
   ASSERT_EQ(transfer_ms.size(), 1u) << stats;
   int progress_lines = 0;
   for (size_t pos = 0; (pos = stretch.err.find("sending the checkpoint to the cluster's nodes: ",
@@ -377,7 +367,8 @@ TEST_F(RemoteRunTest, OutputPathsThatExistOnANode) {
   EXPECT_EQ(masked.status.ToString(), "exit status 0") << masked.err;
   EXPECT_TRUE(masked.out == native.out) << masked.err;
   EXPECT_EQ(testing::ReadFileOrEmpty(node_work + "/stdout"), "node 1's own file\n");
-  const auto threads = Numbers(testing::ReadFileOrEmpty(dir_ + "/masked.json"), "threads_run");
+  const auto threads =
+      testing::StatsNumbers(testing::ReadFileOrEmpty(dir_ + "/masked.json"), "threads_run");
   ASSERT_EQ(threads.size(), 3u);
   EXPECT_GT(threads[1], 0);
   std::error_code ec;

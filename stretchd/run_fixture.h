@@ -24,6 +24,18 @@ inline std::string Runfile(const std::string& path) {
   return srcdir && ws ? absl::StrCat(srcdir, "/", ws, "/", path) : path;
 }
 
+// Every number called `key` in a stats JSON text, in order (one per node for the per-node
+// counters).
+inline std::vector<int64_t> StatsNumbers(const std::string& json, const std::string& key) {
+  std::vector<int64_t> out;
+  const std::string k = absl::StrCat("\"", key, "\":");
+  for (size_t pos = 0; (pos = json.find(k, pos)) != std::string::npos;) {
+    pos += k.size();
+    out.push_back(std::atoll(json.c_str() + pos));
+  }
+  return out;
+}
+
 struct Outcome {
   ExitStatus status;
   std::string out, err;
@@ -100,13 +112,7 @@ class RunFixture : public ::testing::Test {
 
   // Every number called `key` in the last run's stats, in order.
   std::vector<int64_t> Numbers(const std::string& key) const {
-    std::vector<int64_t> out;
-    const std::string k = absl::StrCat("\"", key, "\":");
-    for (size_t pos = 0; (pos = last_stats_.find(k, pos)) != std::string::npos;) {
-      pos += k.size();
-      out.push_back(std::atoll(last_stats_.c_str() + pos));
-    }
-    return out;
+    return StatsNumbers(last_stats_, key);
   }
 
   // The first number called `key` in the last run's stats (-1 if there is none).

@@ -29,6 +29,7 @@
 #include "gtest/gtest.h"
 #include "core/fd_io.h"
 #include "migrate/subprocess.h"
+#include "stretchd/run_fixture.h"
 #include "testing/netns.h"
 #include "testing/processes.h"
 #include "testing/subprocess.h"
@@ -240,17 +241,6 @@ class SlurmTest : public ::testing::Test {
     return state;
   }
 
-  // Every number called `key` in a stats file, in order.
-  static std::vector<int64_t> Numbers(const std::string& json, const std::string& key) {
-    std::vector<int64_t> out;
-    const std::string k = absl::StrCat("\"", key, "\":");
-    for (size_t pos = 0; (pos = json.find(k, pos)) != std::string::npos;) {
-      pos += k.size();
-      out.push_back(std::atoll(json.c_str() + pos));
-    }
-    return out;
-  }
-
   // The job's file /tmp/NAME (NAME.out, NAME.err) on whichever node ran its batch script.
   std::string JobFile(const std::string& name) const {
     if (access((dir_ + "/" + name).c_str(), F_OK) == 0) return ReadFileOrEmpty(dir_ + "/" + name);
@@ -331,7 +321,8 @@ TEST_F(SlurmTest, AJobRunsTheProgramOnItsNodesWithItsNativeOutput) {
   EXPECT_EQ(AwaitEnd(job), "COMPLETED 0:0") << JobFile("torture.err") << Logs();
   EXPECT_EQ(JobFile("torture.out"), native->output) << JobFile("torture.err");
   // The run used the job's three nodes, each running threads.
-  const std::vector<int64_t> threads = Numbers(ReadFileOrEmpty(stats), "threads_run");
+  const std::vector<int64_t> threads =
+      testing::StatsNumbers(ReadFileOrEmpty(stats), "threads_run");
   ASSERT_EQ(threads.size(), 3u);
   for (int64_t t : threads) EXPECT_GT(t, 0);
   ExpectNothingLeft("sync_torture");
@@ -361,7 +352,7 @@ TEST_F(SlurmTest, PigzCompressesAFileOnThreeNodes) {
   EXPECT_TRUE(out == native->output) << JobFile("pigz.err");
   // Threads ran on every node (static placement: the writer, pigz's first thread, on node 1).
   const std::string json = ReadFileOrEmpty(stats);
-  const std::vector<int64_t> threads = Numbers(json, "threads_run");
+  const std::vector<int64_t> threads = testing::StatsNumbers(json, "threads_run");
   ASSERT_EQ(threads.size(), 3u) << json;
   for (int64_t t : threads) EXPECT_GT(t, 0) << json;
   ExpectNothingLeft("pigz");
