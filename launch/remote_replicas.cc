@@ -11,8 +11,8 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cstdio>
 #include <atomic>
+#include <cstdio>
 #include <deque>
 #include <filesystem>
 #include <optional>
@@ -178,7 +178,10 @@ class RemoteReplicas::Impl {
     std::sort(files.begin(), files.end());
     // A long transfer (a big image, a slow network) says how far it is, every 2 s.
     uint64_t image_bytes = 0;
-    for (const auto& path : files) image_bytes += std::filesystem::file_size(path, ec);
+    for (const auto& path : files) {
+      const uintmax_t size = std::filesystem::file_size(path, ec);
+      if (!ec) image_bytes += size;  // a file it cannot size yet only makes the total smaller
+    }
     const uint64_t total = image_bytes * nodes.size();
     uint64_t sent = 0;
     const absl::Time began = absl::Now();
