@@ -217,8 +217,11 @@ TEST_P(EngineTest, GatherPagesReadsWhatTheOtherNodesWrote) {
     }
     EXPECT_EQ(present, kPages);
   }
-  EXPECT_EQ(agents_[0]->GatherPages(procs[0].pid(), deadline).value_or(99), 0u)
-      << "a second gather finds nothing left to read";
+  // Nothing else is left to read but the barrier's page: the other nodes go on to the
+  // program's last barrier and write its count whenever they get there, also between the two
+  // gathers (then node 0 no longer holds it: seen in CI's loaded stress run on 2026-12-05).
+  const uint64_t again = agents_[0]->GatherPages(procs[0].pid(), deadline).value_or(99);
+  EXPECT_LE(again, 1u) << "a second gather finds nothing left to read but the barrier's page";
   const uint64_t read_faults = stats.read_faults.Get();
   ASSERT_EQ(kill(procs[0].pid(), SIGUSR1), 0);
   for (int i = 0; i < 3; ++i) {
@@ -231,7 +234,7 @@ TEST_P(EngineTest, GatherPagesReadsWhatTheOtherNodesWrote) {
   // Only the barrier's page faults afterwards (the others spin on it, taking it away again and
   // again), none of the data: without the gather even read-ahead leaves kPages / 9 faults.
   EXPECT_LE(stats.read_faults.Get() - read_faults, 8u);
-  EXPECT_EQ(stats.pages_gathered.Get(), *gathered);
+  EXPECT_EQ(stats.pages_gathered.Get(), *gathered + again);
 }
 
 TEST_P(EngineTest, StressHasNoStaleReads) {
