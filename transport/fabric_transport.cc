@@ -48,6 +48,11 @@ void ConfigureLibfabricEnvironment() {
     // manages), so it needs no cache: disable it, unless the user chose a monitor explicitly.
     // This must run before libfabric's first fi_getinfo, which reads the variable once.
     setenv("FI_MR_CACHE_MONITOR", "disabled", /*overwrite=*/0);
+    // ofi_rxm posts 4096 receive buffers of 16 KiB on its shared receive context by default,
+    // 64 MiB zeroed in every process (a fifth of a second of page faults at start). A node's
+    // endpoint has a window of 64 sends per peer in flight (TransportOptions); 1024, the pool's
+    // smallest allocation, holds 16 peers' windows, and beyond that TCP holds back the senders.
+    setenv("FI_OFI_RXM_MSG_RX_SIZE", "1024", /*overwrite=*/0);
   });
 }
 

@@ -49,7 +49,8 @@ absl::StatusOr<std::unique_ptr<Transport>> CreateFabricTransport(absl::string_vi
 
 // Sets libfabric's process-wide environment before its first use (CreateFabricTransport calls
 // it; a main() that calls fi_getinfo itself, e.g. `stretchd check`, should call it first).
-// Today: FI_MR_CACHE_MONITOR=disabled unless the user set it (see the .cc for why).
+// Today: FI_MR_CACHE_MONITOR=disabled and FI_OFI_RXM_MSG_RX_SIZE=1024 unless the user set them
+// (see the .cc for why).
 // Thread-safe and idempotent.
 void ConfigureLibfabricEnvironment();
 
