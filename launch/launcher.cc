@@ -241,25 +241,26 @@ absl::Status Launcher::RunToMigrationPoint() {
     AppendJsonString(choice.reason, &history_json_);
     absl::StrAppend(&history_json_, "}");
   }
-  // The run's directory server starts in the background while the program runs (libfabric
-  // loads then, transport/libfabric.h); it gets the checkpoint's pages once they are written.
-  // A transport that does not work leaves the program here. With --migrate_after=auto, the
-  // program runs on natively at its migration point until the server is up (stopped, it would
-  // wait for it: 0.2 s, 0.8-1 s on a busy machine); a wait the user chose (--migrate_after=D)
-  // ends with the stop, as asked, and the stopped program waits.
-  absl::Status transport_ready;
-  std::thread probe([this, &transport_ready] { transport_ready = StartServer(); });
-  if (!o_.migrate_after.has_value()) {
-    oo_.before_stop = [&probe] {
-      if (probe.joinable()) probe.join();
-    };
+  // The nodes' namespaces, their agents and the run's directory server are made in the
+  // background while the program runs (libfabric loads then, transport/libfabric.h): the
+  // program starts at once, and the server gets the checkpoint's pages once they are written.
+  // Nodes or a transport that do not work leave the program here. With --migrate_after=auto,
+  // the program runs on natively at its migration point until the server is up (stopped, it
+  // would wait for it: 0.2 s, 0.8-1 s on a busy machine); a wait the user chose
+  // (--migrate_after=D) ends with the stop, as asked, and the stopped program waits. A program
+  // that stays on node 0 (history) needs none of them.
+  if (!oo_.stay) {
+    nodes_thread_.Start([this]() -> absl::Status {
+      STRETCH_RETURN_IF_ERROR(SpawnLocalAgents());
+      return StartServer();
+    });
   }
-  oo_.before_checkpoint = [&probe, &transport_ready] {
-    if (probe.joinable()) probe.join();
-    return transport_ready;
-  };
+  if (!o_.migrate_after.has_value()) {
+    oo_.before_stop = [this] { (void)nodes_thread_.Wait(); };
+  }
+  oo_.before_checkpoint = [this] { return nodes_thread_.Wait(); };
   auto origin = RunOrigin(oo_);
-  if (probe.joinable()) probe.join();
+  (void)nodes_thread_.Wait();
   oo_.before_stop = nullptr;
   oo_.before_checkpoint = nullptr;
   if (!origin.ok()) return origin.status();
@@ -393,9 +394,9 @@ absl::Status Launcher::StartNodes() {
   return absl::OkStatus();
 }
 
-// The emulated nodes and their agents, while the program still runs natively: a `stretchd
-// node` process starts in a fifth of a second (libfabric's providers load and calibrate), so
-// they are made now, and wait (--await_start) for the line that says which server to join and
+// The emulated nodes and their agents, while the program runs natively: a `stretchd node`
+// process starts in a fifth of a second (libfabric's providers load and calibrate), so they
+// are made then, and wait (--await_start) for the line that says which server to join and
 // which threads to run (StartLocalAgent).
 absl::Status Launcher::SpawnLocalAgents() {
   // A network namespace each, joined by veth pairs; removed on the way out (after the agents

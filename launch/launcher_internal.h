@@ -11,14 +11,19 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <functional>
 #include <initializer_list>
 #include <memory>
 #include <optional>
 #include <string>
 #include <system_error>
+#include <thread>
+#include <utility>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/strings/string_view.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "core/unique_fd.h"
 #include "engine/server.h"
@@ -62,6 +67,42 @@ struct UnlinkOnExit {
   }
 };
 
+// Where the nodes are made while the program runs natively (RunToMigrationPoint): a thread
+// that stays until the run ends, because what it forks dies with it (PR_SET_PDEATHSIG), the
+// agents too.
+class NodesThread {
+ public:
+  NodesThread() = default;
+  NodesThread(const NodesThread&) = delete;
+  NodesThread& operator=(const NodesThread&) = delete;
+  // Lets the thread end (the agents it spawned with it) and joins it.
+  ~NodesThread() {
+    if (!thread_.joinable()) return;
+    release_.Notify();
+    thread_.join();
+  }
+
+  // Runs `make` on the thread (once).
+  void Start(std::function<absl::Status()> make) {
+    thread_ = std::thread([this, make = std::move(make)] {
+      status_ = make();
+      made_.Notify();
+      release_.WaitForNotification();
+    });
+  }
+  // Waits until `make` has returned; its status (OK if never started).
+  absl::Status Wait() {
+    if (!thread_.joinable()) return absl::OkStatus();
+    made_.WaitForNotification();
+    return status_;
+  }
+
+ private:
+  std::thread thread_;
+  absl::Notification made_, release_;
+  absl::Status status_;  // written before made_ is notified
+};
+
 // One run: nodes 1.. are emulated here, or the cluster nodes `remote` (with this machine, at
 // `local_ip`, as node 0). Run() goes through the phases in order; a phase that fails returns
 // the one line stretchd prints. Members are declared in the order they are made, so that they
@@ -75,7 +116,6 @@ class Launcher {
 
   int Run() {
     if (absl::Status s = Prepare(); !s.ok()) return Failed(s);
-    if (absl::Status s = SpawnLocalAgents(); !s.ok()) return Failed(s);
     if (absl::Status s = RunToMigrationPoint(); !s.ok()) return Failed(s);
     if (early_exit_) return *early_exit_;
     if (absl::Status s = StartNodes(); !s.ok()) return Failed(s);
@@ -102,6 +142,7 @@ class Launcher {
   // while the program runs natively, so that a working transport is known before its stop.
   absl::Status StartServer();
   absl::Status StartNodes();
+  // While the program runs natively (RunToMigrationPoint's background thread).
   absl::Status SpawnLocalAgents();
   absl::Status SpawnLocalAgent(int i);
   absl::Status StartLocalAgent(int i);
@@ -161,6 +202,7 @@ class Launcher {
   std::unique_ptr<launch::NetnsCluster> cluster_;
   std::unique_ptr<engine::DirectoryServer> server_;
   std::vector<Agent> agents_;
+  NodesThread nodes_thread_;  // made cluster_, server_ and agents_; goes before the agents
   std::unique_ptr<RemoteReplicas> remote_replicas_;
   UniqueFd control_listen_;
   UnlinkOnExit unlink_control_;
