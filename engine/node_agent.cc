@@ -234,9 +234,14 @@ void NodeAgent::Impl::SendCoherence(NodeId dst, const wire::CoherenceMsg& msg) {
   if (dst == wire::kServerEndpoint) {
     absl::Status s = SendMessage(server_, msg);
     if (!s.ok() && !stopping_) {
-      Fail(absl::UnavailableError(absl::StrCat("cannot send ", wire::Name(msg.op), " for page ",
-                                               msg.page.ToString(),
-                                               " to the server: ", s.message())));
+      // Unavailable: the transport has given the server up, which a fault can notice before
+      // the disconnection event arrives. Reported the same way as that event.
+      const bool lost = absl::IsUnavailable(s);
+      Fail(absl::Status(s.code(), absl::StrCat(lost ? "lost the server: " : "", "cannot send ",
+                                               wire::Name(msg.op), " for page ",
+                                               msg.page.ToString(), " to the server: ",
+                                               s.message())),
+           /*tell_server=*/!lost);
     }
     return;
   }
