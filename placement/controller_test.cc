@@ -169,6 +169,24 @@ TEST(PlacementControllerTest, TwoDsmBoundWindowsInARowConsolidateOnNodeZero) {
   EXPECT_THAT(cluster.said.back(), HasSubstr("moving every thread to node 0"));
 }
 
+// Threads that hardly compute at all spread (0.2 cores busy of 2, where node 0 alone would keep
+// its core busy): one window decides, as each one spread loses most of a window's work.
+TEST(PlacementControllerTest, OneWindowDecidesWhenNodeZeroAloneDoesTwiceTheWork) {
+  const std::vector<Activity> stalled = {{0.01, 0.19, 2000, 300}, {0.01, 0.09, 900, 300}};
+  FakeCluster cluster({{1, 2}, {3}});
+  PlacementController c(Adaptive(), &cluster);
+  cluster.Window(c, kComputeBound);  // start-up: decides nothing
+  cluster.Window(c, stalled);
+  EXPECT_THAT(cluster.moves, ElementsAre("3:1->0"));
+  EXPECT_TRUE(c.consolidated());
+  // Half that gain still waits for a second window (TwoDsmBoundWindowsInARow...).
+  FakeCluster milder({{1, 2}, {3}});
+  PlacementController m(Adaptive(), &milder);
+  milder.Window(m, kComputeBound);
+  milder.Window(m, kDsmBound);
+  EXPECT_THAT(milder.moves, IsEmpty());
+}
+
 // A thread in the middle of a call when the threads are consolidated cannot move then; it moves
 // in a later window, and only then does node 0 serve the futexes (minimap2 ran the rest of its
 // work distributed, 9.2 s against 4.3 s).
