@@ -477,6 +477,7 @@ uint8_t ControlFields(ControlOp op) {
     case ControlOp::kMigrate:
       return kHasThread | kHasValue;
     case ControlOp::kFailed:
+    case ControlOp::kJoin:
       return kHasText;
     case ControlOp::kCpuReport:
       return kHasCpu;
@@ -540,8 +541,10 @@ absl::Status Validate(const Control& m) {
       most = 1;
       break;
     case ControlOp::kStart:
+    case ControlOp::kJoin:
       if (m.text.empty() || m.text.size() > 256) {
-        return Invalid("Control", "start without a server address of at most 256 bytes");
+        return Invalid("Control",
+                       absl::StrCat(op, " without a server address of at most 256 bytes"));
       }
       break;
     default:

@@ -423,6 +423,9 @@ enum class ControlOp : uint8_t {
   kWhere = 10,       // answered kHere
   kMigrateOut = 11,  // `thread`; answered kMigratedOut, kNotMine or kMigrateFailed
   kMigrateIn = 12,   // `thread`, its state in `text`; answered kMigratedIn or kMigrateFailed
+  kJoin = 13,        // to an agent started before the migration point: join the directory
+                     // server at `text` now, while the program still runs natively (kStart,
+                     // with the same address, follows at the migration point)
   // `stretchd migrate` -> launcher (one request per connection), answered kAnswer
   kListThreads = 20,  // which node runs which thread
   kMigrate = 21,      // move `thread` to node `value`

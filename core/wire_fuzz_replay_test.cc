@@ -72,6 +72,7 @@ std::vector<std::vector<uint8_t>> Seeds() {
       FileOffsetReply{1, 16},
       ThreadCreated{ThreadId(7), NodeId(1), 0x10000},
       Control{ControlOp::kStart, 0, 0, "10.0.0.1:7000", {7, 8}},
+      Control{ControlOp::kJoin, 0, 0, "10.0.0.1:7000"},
       Control{ControlOp::kMigratedOut, 0, 7, std::string("\0st", 3)},
       cores,
       sharing,

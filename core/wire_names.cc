@@ -80,6 +80,8 @@ const char* Name(ControlOp op) {
   switch (op) {
     case ControlOp::kStart:
       return "start";
+    case ControlOp::kJoin:
+      return "join";
     case ControlOp::kGo:
       return "go";
     case ControlOp::kStop:

@@ -434,6 +434,11 @@ TEST(WireTest, ControlRoundTrip) {
   ASSERT_TRUE(out.ok()) << out.status();
   EXPECT_EQ(std::get<Control>(*out).thread, 12u);
   EXPECT_EQ(std::get<Control>(*out).text, std::string("\0\xff", 2));
+
+  out = Decode(Encode(Control{ControlOp::kJoin, 0, 0, "10.77.0.1:7000"}));
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ(std::get<Control>(*out).op, ControlOp::kJoin);
+  EXPECT_EQ(std::get<Control>(*out).text, "10.77.0.1:7000");
 }
 
 // Each op carries only its own fields, in their ranges: one encoding means one thing. (Encode
@@ -469,8 +474,8 @@ TEST(WireTest, ControlRejectsWhatItsOpDoesNotCarry) {
   EXPECT_THAT(DecodeStatus(frame).message(), HasSubstr("lists thread 0"));
   // An op the format does not have.
   frame = Encode(Control{ControlOp::kGo});
-  frame[kHeaderSize] = 13;
-  EXPECT_THAT(DecodeStatus(frame).message(), HasSubstr("unknown value 13"));
+  frame[kHeaderSize] = 19;
+  EXPECT_THAT(DecodeStatus(frame).message(), HasSubstr("unknown value 19"));
 }
 
 TEST(WireTest, FileOffsetRoundTripAndLimits) {

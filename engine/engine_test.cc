@@ -119,9 +119,10 @@ class EngineTest : public ::testing::TestWithParam<std::string> {
   std::vector<std::unique_ptr<NodeAgent>> agents_;
 };
 
-// A launcher starts its server while the program still runs natively and gives it the
-// checkpoint's pages once they are written: once, and before any node connects.
-TEST_P(EngineTest, InitialMemoryIsGivenOnceBeforeAnyNodeConnects) {
+// A launcher starts its server, and its nodes join, while the program still runs natively; it
+// gives the server the checkpoint's pages once they are written: once, and before any node
+// announces memory.
+TEST_P(EngineTest, InitialMemoryIsGivenOnceBeforeAnyNodeAnnouncesMemory) {
   const std::string file = dir_.path() + "/mapped";
   {
     UniqueFd fd(open(file.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600));
@@ -143,10 +144,12 @@ TEST_P(EngineTest, InitialMemoryIsGivenOnceBeforeAnyNodeConnects) {
   EXPECT_FALSE(missing.ok());
   (*early)->Stop();
 
-  StartCluster(1);
+  ASSERT_NO_FATAL_FAILURE(StartCluster(1));
+  EXPECT_TRUE(server_->LoadInitialMemory("", 1, {}).ok()) << "a node joined, announced nothing";
+  RunAll("counter", {"--iters=10"});
   absl::Status late = server_->LoadInitialMemory("", 1, backing);
   EXPECT_EQ(late.code(), absl::StatusCode::kFailedPrecondition) << late;
-  EXPECT_THAT(std::string(late.message()), HasSubstr("after a node connected"));
+  EXPECT_THAT(std::string(late.message()), HasSubstr("after a node announced memory"));
 }
 
 TEST_P(EngineTest, AtomicCounterAcrossTwoNodes) {

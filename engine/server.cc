@@ -61,8 +61,9 @@ class DirectoryServer::Impl {
 
   absl::Status SetInitialMemory(HomeStore home) {
     absl::MutexLock l(&mu_);
-    if (!nodes_.empty()) {
-      return absl::FailedPreconditionError("server: initial memory given after a node connected");
+    if (memory_announced_) {
+      return absl::FailedPreconditionError(
+          "server: initial memory given after a node announced memory");
     }
     if (initial_memory_given_) {
       return absl::FailedPreconditionError("server: initial memory given twice");
@@ -421,6 +422,7 @@ class DirectoryServer::Impl {
     }
     regions_[r.region.value()] = Region{r.base, r.length};
     coherent_.Add({r.base, r.length});
+    memory_announced_ = true;
     LOG(INFO) << absl::StrFormat("server: region %d [0x%x, +0x%x) from node %d", r.region.value(),
                                  r.base, r.length, from.value());
   }
@@ -765,6 +767,9 @@ class DirectoryServer::Impl {
   absl::flat_hash_map<PageId, coherence::DirPage> pages_ ABSL_GUARDED_BY(mu_);
   HomeStore home_ ABSL_GUARDED_BY(mu_);
   bool initial_memory_given_ ABSL_GUARDED_BY(mu_) = false;
+  // A node announced a region: its pages may be asked for from now on, so the initial memory
+  // can no longer be given (nodes may connect before, while the program runs natively).
+  bool memory_announced_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<coherence::Action> actions_ ABSL_GUARDED_BY(mu_);
   uint64_t protocol_errors_ ABSL_GUARDED_BY(mu_) = 0;
   const uint64_t max_pages_;

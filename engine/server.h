@@ -69,9 +69,10 @@ class DirectoryServer {
   ~DirectoryServer();
 
   // Sets the pages' initial contents (ServerOptions::checkpoint_images and file_backings) of
-  // a server started without them, before any node connects: a launcher starts its server
-  // while the program still runs natively and gives it the checkpoint once written.
-  // FailedPrecondition if a node has connected or initial memory was already given.
+  // a server started without them, before any node announces memory: a launcher starts its
+  // server and lets its nodes join while the program still runs natively, and gives it the
+  // checkpoint once written. FailedPrecondition if a node has announced a region or initial
+  // memory was already given.
   absl::Status LoadInitialMemory(const std::string& checkpoint_images, int checkpoint_pid,
                                  const std::vector<FileBacking>& file_backings);
 

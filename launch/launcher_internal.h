@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <atomic>
 #include <functional>
 #include <initializer_list>
 #include <memory>
@@ -96,8 +97,12 @@ class NodesThread {
     made_.WaitForNotification();
     return status_;
   }
+  // Nothing will be migrated (the program ended): `make` may stop waiting for the nodes.
+  void Abandon() { abandoned_.store(true); }
+  bool abandoned() const { return abandoned_.load(); }
 
  private:
+  std::atomic<bool> abandoned_{false};
   std::thread thread_;
   absl::Notification made_, release_;
   absl::Status status_;  // written before made_ is notified
@@ -145,6 +150,8 @@ class Launcher {
   // While the program runs natively (RunToMigrationPoint's background thread).
   absl::Status SpawnLocalAgents();
   absl::Status SpawnLocalAgent(int i);
+  // The local agents join the server and connect to each other (kJoin).
+  absl::Status JoinLocalAgents();
   absl::Status StartLocalAgent(int i);
   absl::Status StartRemoteAgents();
   absl::Status OpenControlSocket();

@@ -5,8 +5,9 @@
 // The channel carries one wire::Control per datagram of a SOCK_SEQPACKET socket (across
 // machines, inside a wire::Launch kControl; the launch service relays the datagrams as they
 // are). wire.h's ControlOp lists every message and the fields each carries. In order:
-//   launcher -> node: kStart (only to an agent started before the migration point, `stretchd
-//     node --await_start`), then kGo, and at any time kStop and kKill;
+//   launcher -> node: kJoin while the program runs natively, then kStart at the migration point
+//     (both only to an agent started before it, `stretchd node --await_start`), then kGo,
+//     and at any time kStop and kKill;
 //   node -> launcher: kReady once restored, and at the end one of kExited, kSignaled, kFailed;
 //   in between, placement's requests (kCpu, kSharing, kCores, kExclusive, kHome: node 0 takes
 //     the program home, going_home.h, after which it serves only kKill and kStop) and

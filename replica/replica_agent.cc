@@ -218,6 +218,20 @@ int RunReplicaAgent(const ReplicaAgentOptions& options) {
   auto agent = engine::NodeAgent::Start(no);
   if (!started.ok() && absl::IsCancelled(started)) return 0;  // the program ended natively
   if (!agent.ok()) return report_error(std::string(agent.status().message()));
+  if (o.start_pending) {
+    // Joined early: the threads to run come at the migration point.
+    const std::string joined = o.server;
+    started = o.await_start(&o);
+    if (!started.ok()) {
+      (*agent)->Stop();
+      return absl::IsCancelled(started) ? 0 : report_error(std::string(started.message()));
+    }
+    if (o.start_pending || o.server != joined) {
+      (*agent)->Stop();
+      return report_error(absl::StrCat("start names the server ", o.server,
+                                       " after joining ", joined));
+    }
+  }
   ReplicaOptions ro;
   ro.images_dir = o.images_dir;
   ro.work_dir = o.work_dir;

@@ -20,9 +20,12 @@ struct ReplicaAgentOptions {
   int node = 0;
   std::string server;
   // If set: an agent started before the migration point. Called once the node agent listens,
-  // it waits for the launcher's word and fills in `server` and `run_threads`; an error (or
-  // the launcher gone) ends the agent.
+  // it waits for the launcher's word and fills in `server`, and `run_threads` unless
+  // `start_pending` comes back set: the launcher said to join the server first (while the
+  // program still runs natively), and it is called again, once joined, for the threads. An
+  // error (or the launcher gone) ends the agent.
   std::function<absl::Status(ReplicaAgentOptions*)> await_start;
+  bool start_pending = false;
   std::string listen;
   std::string transport = "tcp";
   std::string images_dir;

@@ -209,18 +209,22 @@ int RunServer(const std::vector<std::string>& args) {
 }
 
 // --await_start: the launcher's kStart on the control channel (fd 3) says what is known only
-// at the migration point. Cancelled if the channel closed first (the program ended natively:
-// nothing to do).
+// at the migration point; a kJoin before it says which server to join meanwhile. Cancelled if
+// the channel closed or the launcher said stop first (the program ended natively: nothing to
+// do).
 absl::Status AwaitStart(replica::ReplicaAgentOptions* r) {
   bool closed = false;
   auto c = replica::Receive(r->control_fd, -1, &closed);
-  if (!c) return absl::CancelledError("the launcher is gone");
-  if (c->op != wire::ControlOp::kStart) {
+  if (!c || c->op == wire::ControlOp::kStop) return absl::CancelledError("the launcher is gone");
+  const bool join = c->op == wire::ControlOp::kJoin && !r->start_pending;
+  if (c->op != wire::ControlOp::kStart && !join) {
     return absl::InvalidArgumentError(
-        absl::StrCat("expected start on the control channel, got ",
+        absl::StrCat("expected ", r->start_pending ? "start" : "join or start",
+                     " on the control channel, got ",
                      c->op == wire::ControlOp::kFailed ? c->text : wire::Name(c->op)));
   }
   r->server = c->text;
+  r->start_pending = join;
   r->run_threads.assign(c->threads.begin(), c->threads.end());
   return absl::OkStatus();
 }
