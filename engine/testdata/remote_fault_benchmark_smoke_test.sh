@@ -34,7 +34,7 @@ if ! grep -q '^STATS node_A .*"fault_latency"' "${out}"; then
   echo "FAIL: no statistics from node A"
   exit 1
 fi
-if ip netns list | grep -q "^stretch-${pid}-"; then
+if ip netns list | grep "^stretch-${pid}-" >/dev/null; then  # not -q: pipefail + SIGPIPE
   ip netns list
   echo "FAIL: namespaces of pid ${pid} left behind"
   exit 1
