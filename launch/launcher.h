@@ -56,6 +56,10 @@ struct LaunchOptions {
   // share one malloc arena. Off by default: per-thread arenas keep threads on different nodes
   // off each other's heap pages (word_count runs 3x faster on two nodes).
   bool one_malloc_arena = false;
+  // At the migration point, watch which threads write which pages for 100 ms (natively,
+  // launch/sharing_probe.h) and put what was seen in the statistics ("native_writes"), with
+  // the page moves the first placement would cost. Measures only; decides nothing.
+  bool sharing_probe = false;
   // Manual mode: only the program's MAP_SHARED anonymous mappings are coherent; the rest of
   // its memory is copied at migration and node-private after it.
   bool manual = false;
@@ -95,7 +99,7 @@ struct LaunchOptions {
   // Failure detection (transport::TransportOptions, engine::NodeOptions::fault_timeout) and,
   // for tests, faults injected into each node's coherence messages (transport::ParseFaultSpec).
   absl::Duration heartbeat_interval = absl::Milliseconds(100);
-  absl::Duration peer_timeout = absl::Seconds(1);
+  absl::Duration peer_timeout = absl::Seconds(2);
   absl::Duration fault_timeout = absl::Seconds(2);
   std::string inject_faults;
   // engine::ServerOptions::max_pages.

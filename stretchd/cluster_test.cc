@@ -210,7 +210,7 @@ TEST_F(ClusterTest, KilledAgentStopsEveryProcessWithAClearErrorAndNoHang) {
   EXPECT_TRUE(WIFEXITED(*st) && WEXITSTATUS(*st) == 1) << testing::DescribeWaitStatus(*st);
 }
 
-// The server killed: each agent loses it within --peer_timeout_ms (1 s by default: ofi_rxm
+// The server killed: each agent loses it within --peer_timeout_ms (2 s by default: ofi_rxm
 // does not report the closed connection, the heartbeats stop) and stops its processes, exiting
 // 1 with the reason. An agent faulting at that moment may learn it from a failed send first;
 // the reason reads the same.

@@ -121,11 +121,12 @@ DEFINE_uint64(max_pages, uint64_t{1} << 24,
 DEFINE_int32(heartbeat_ms, 100,
              "server, node, run: a heartbeat goes to every peer nothing else was sent to for "
              "this long");
-DEFINE_int32(peer_timeout_ms, 1000,
+DEFINE_int32(peer_timeout_ms, 2000,
              "server, node, run: a peer heard nothing from (not even a heartbeat) for this long "
              "is lost: the program stops with an error naming it (must exceed --heartbeat_ms); "
-             "a peer whose messages came far apart in the last 10-20 s (a busy machine) gets "
-             "twice its longest gap, up to 2 s");
+             "time this process itself was not scheduled does not count. Below 2000, a peer "
+             "whose messages came far apart in the last 10-20 s (a busy machine) gets twice "
+             "its longest gap, up to 2 s");
 DEFINE_int32(fault_timeout_ms, 2000,
              "node, run: a page fault still unanswered after this long while no other page came "
              "either (a lost message, a stuck peer) stops the program with an error; while other "
