@@ -189,6 +189,45 @@ void Launcher::RecordHistory(const placement::HistoryRun& run) {
   if (!s.ok()) std::fprintf(stderr, "stretchd run: not recorded: %s\n", s.ToString().c_str());
 }
 
+// The program's threads as the first placement would put them (StartNodes): main on node 0,
+// the others round-robin from node 1 (or the --migrate_threads, round-robin over 1..N-1).
+absl::flat_hash_map<int32_t, int> Launcher::FirstPlacement(std::vector<pid_t> tids) const {
+  std::sort(tids.begin(), tids.end());
+  absl::flat_hash_map<int32_t, int> node_of;
+  int next = o_.nodes > 1 ? 1 : 0;
+  for (pid_t tid : tids) {
+    if (tid == 1) continue;
+    const bool listed = std::find(o_.migrate_threads.begin(), o_.migrate_threads.end(), tid) !=
+                        o_.migrate_threads.end();
+    if (!o_.migrate_threads.empty() && !listed) continue;
+    node_of[tid] = next;
+    next = (next + 1) % o_.nodes;
+    if (!o_.migrate_threads.empty() && next == 0 && o_.nodes > 1) next = 1;
+  }
+  return node_of;
+}
+
+// --sharing_probe: watches the program's writes (launch/sharing_probe.h) and keeps what was
+// seen for the statistics. A watch that fails only costs the figures.
+void Launcher::WatchSharing(ThreadSupervisor& sup, pid_t pid) {
+  const launch::WatchOptions wo;
+  auto seen = launch::WatchWrites(sup, pid, wo, absl::Now() + absl::Seconds(10));
+  if (!seen.ok()) {
+    LOG(WARNING) << "stretchd run: watching the program's writes failed: " << seen.status();
+    return;
+  }
+  std::vector<pid_t> tids;
+  for (pid_t tid : sup.Threads()) {
+    if (auto inner = InnermostTid(tid); inner.ok()) tids.push_back(*inner);
+  }
+  const placement::WriteSharing s =
+      placement::SummarizeWrites(seen->intervals, wo.interval, FirstPlacement(tids));
+  native_writes_json_ = absl::StrCat(
+      R"({"watch_ms":)", absl::ToDoubleMilliseconds(seen->elapsed), R"(,"faults":)", seen->faults,
+      R"(,"protected_bytes":)", seen->protected_bytes, R"(,"first_placement":)", s.Json(), "}");
+  LOG(INFO) << "stretchd run: the program's writes at its migration point: " << native_writes_json_;
+}
+
 // Runs the program natively to its migration point (migrate/origin.h) and checkpoints it,
 // unless the history says to leave it on node 0; sets early_exit_ if it ended there.
 absl::Status Launcher::RunToMigrationPoint() {
@@ -268,6 +307,9 @@ absl::Status Launcher::RunToMigrationPoint() {
     oo_.before_stop = [this] { (void)nodes_thread_.Wait(); };
   }
   oo_.before_checkpoint = [this] { return nodes_thread_.Wait(); };
+  if (o_.sharing_probe) {
+    oo_.at_migration_point = [this](ThreadSupervisor& sup, pid_t pid) { WatchSharing(sup, pid); };
+  }
   auto origin = RunOrigin(oo_);
   if (!origin.ok() || origin->exited) nodes_thread_.Abandon();  // nothing to migrate
   (void)nodes_thread_.Wait();
@@ -330,6 +372,7 @@ absl::Status Launcher::WriteUndistributedStats() {
                     absl::ToDoubleMilliseconds(origin_->parallel_time), R"(,"migrate_after_ms":)",
                     absl::ToDoubleMilliseconds(origin_->migrate_after));
   }
+  if (!native_writes_json_.empty()) absl::StrAppend(&json, R"(,"native_writes":)", native_writes_json_);
   if (origin_->stayed) {
     absl::StrAppend(&json, R"(,"after_point_ms":)",
                     absl::ToDoubleMilliseconds(origin_->after_point), R"(,"placement":{"policy":")",

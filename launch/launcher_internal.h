@@ -22,6 +22,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/notification.h"
@@ -33,9 +34,11 @@
 #include "launch/launcher.h"
 #include "launch/netns_cluster.h"
 #include "launch/remote_replicas.h"
+#include "launch/sharing_probe.h"
 #include "migrate/origin.h"
 #include "placement/controller.h"
 #include "placement/placement_history.h"
+#include "placement/write_sharing.h"
 #include "replica/control.h"
 #include "replica/standard_input.h"
 #include "transport/cluster_secret.h"
@@ -142,6 +145,8 @@ class Launcher {
   // Where the checkpoint goes (the work directory is made by Prepare).
   std::string ImagesDir() const { return work_.path + "/images"; }
   absl::Status RunToMigrationPoint();
+  absl::flat_hash_map<int32_t, int> FirstPlacement(std::vector<pid_t> tids) const;
+  void WatchSharing(ThreadSupervisor& sup, pid_t pid);
   absl::Status WriteUndistributedStats();
   // The directory server (server_), in node 0's network namespace: started in the background
   // while the program runs natively, so that a working transport is known before its stop.
@@ -200,6 +205,8 @@ class Launcher {
   std::unique_ptr<uffd::Keeper> origin_keeper_;
   // Adaptive placement's history: distribute this run, or leave the program on node 0.
   std::string history_key_, history_json_;
+  // With LaunchOptions::sharing_probe: what the watch of its writes at the migration point saw.
+  std::string native_writes_json_;
   std::optional<OriginResult> origin_;
   std::optional<int> early_exit_;            // the program ended before (or instead of) migrating
   std::vector<std::vector<int>> placement_;  // node -> threads, at the migration

@@ -407,7 +407,8 @@ absl::Status Launcher::Finish() {
         ",\"checkpoint_ms\":", absl::ToDoubleMilliseconds(origin_->dump_time),
         ",\"image_bytes\":", image_bytes_,
         ",\"transfer_ms\":", absl::ToDoubleMilliseconds(transfer_time_),
-        ",\"restore_ms\":", absl::ToDoubleMilliseconds(restore_time_), "}",
+        ",\"restore_ms\":", absl::ToDoubleMilliseconds(restore_time_),
+        native_writes_json_.empty() ? "" : ",\"native_writes\":", native_writes_json_, "}",
         home_at_ ? absl::StrCat(",\"home_ms\":", absl::ToDoubleMilliseconds(*home_at_ - run_start_))
                  : "",
         ",\"placement\":{\"policy\":\"", o_.placement,

@@ -423,6 +423,11 @@ absl::StatusOr<OriginResult> RunOrigin(const OriginOptions& options) {
     absl::MutexLock l(&watch.mu);
     exited = watch.exited;
   }
+  if (!exited && options.at_migration_point) {
+    options.at_migration_point(*sup, app.pid());
+    absl::MutexLock l(&watch.mu);
+    exited = watch.exited;
+  }
   if (!exited && !options.stay && options.before_stop) {
     options.before_stop();
     absl::MutexLock l(&watch.mu);

@@ -23,6 +23,7 @@ DECLARE_string(migrate_after);
 DECLARE_string(migrate_threads);
 DECLARE_bool(netns);
 DECLARE_bool(one_malloc_arena);
+DECLARE_bool(sharing_probe);
 DECLARE_bool(go_home);
 DECLARE_bool(await_start);
 DECLARE_string(node_cpus);

@@ -98,6 +98,11 @@ DEFINE_bool(one_malloc_arena, false,
             "run: start the program with GLIBC_TUNABLES glibc.malloc.arena_max=1 (all threads "
             "share the main malloc arena; by default each thread gets its own, which keeps "
             "threads on different nodes off each other's heap pages)");
+DEFINE_bool(sharing_probe, false,
+            "run: at the migration point, watch for 100 ms which threads write which pages "
+            "(write protection of the native program) and put what was seen, with the page "
+            "moves the first placement would cost, in the statistics (\"native_writes\" in "
+            "--stats_json). Measures only: it decides nothing yet");
 DEFINE_string(node_cpus, "",
               "run: the CPUs of each emulated node, nodes separated by ';' and CPUs by ',' "
               "(e.g. '0;1': node 0 on CPU 0, node 1 on CPU 1); default: all CPUs for every node");
@@ -304,6 +309,7 @@ const std::vector<Subcommand>& Subcommands() {
         "work_dir",
         "netns",
         "one_malloc_arena",
+        "sharing_probe",
         "node_cpus",
         "criu",
         "control",

@@ -240,6 +240,7 @@ bool LaunchOptionsFromFlags(const std::vector<std::string>& args, launch::Launch
   o->work_dir = FLAGS_work_dir;
   o->netns = FLAGS_netns;
   o->one_malloc_arena = FLAGS_one_malloc_arena;
+  o->sharing_probe = FLAGS_sharing_probe;
   o->go_home = FLAGS_go_home && !FLAGS_manual;
   o->control_socket = FLAGS_control;
   o->manual = FLAGS_manual;

@@ -1,0 +1,82 @@
+#include "placement/write_sharing.h"
+
+#include <algorithm>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
+namespace stretch::placement {
+namespace {
+
+// Sorted, without repeats.
+template <typename T>
+void Normalize(std::vector<T>& v) {
+  std::sort(v.begin(), v.end());
+  v.erase(std::unique(v.begin(), v.end()), v.end());
+}
+
+bool Intersect(const std::vector<int>& a, const std::vector<int>& b) {
+  for (int x : a) {
+    if (std::binary_search(b.begin(), b.end(), x)) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+WriteSharing SummarizeWrites(const std::vector<WriteInterval>& intervals, absl::Duration interval,
+                             const absl::flat_hash_map<int32_t, int>& node_of) {
+  WriteSharing s;
+  s.intervals = static_cast<int>(intervals.size());
+  s.seconds = absl::ToDoubleSeconds(interval) * s.intervals;
+  auto node = [&node_of](int32_t tid) {
+    auto it = node_of.find(tid);
+    return it == node_of.end() ? 0 : it->second;
+  };
+  // The writers (tids, nodes) of each page in the last interval that wrote it.
+  struct Last {
+    std::vector<int32_t> tids;
+    std::vector<int> nodes;
+  };
+  absl::flat_hash_map<uintptr_t, Last> last;
+  absl::flat_hash_set<int32_t> writers;
+  for (const WriteInterval& in : intervals) {
+    absl::flat_hash_map<uintptr_t, Last> now;
+    for (const WriteInterval::Write& w : in.writes) {
+      Last& l = now[w.page];
+      l.tids.push_back(w.tid);
+      l.nodes.push_back(node(w.tid));
+      writers.insert(w.tid);
+    }
+    for (auto& [page, cur] : now) {
+      Normalize(cur.tids);
+      Normalize(cur.nodes);
+      ++s.page_writes;
+      if (cur.tids.size() > 1) ++s.shared_writes;
+      // Within the interval the writing node changed at least |nodes| - 1 times; before it,
+      // the page was last written from one of the previous writers' nodes.
+      s.node_moves += cur.nodes.size() - 1;
+      auto prev = last.find(page);
+      if (prev != last.end()) {
+        if (!Intersect(cur.nodes, prev->second.nodes)) ++s.node_moves;
+        const bool new_writer = std::any_of(cur.tids.begin(), cur.tids.end(), [&](int32_t t) {
+          return !std::binary_search(prev->second.tids.begin(), prev->second.tids.end(), t);
+        });
+        if (new_writer) ++s.handoffs;
+      }
+      last[page] = std::move(cur);
+    }
+  }
+  s.threads = static_cast<int>(writers.size());
+  return s;
+}
+
+std::string WriteSharing::Json() const {
+  return absl::StrFormat(
+      R"({"intervals":%d,"seconds":%.3f,"threads":%d,"page_writes":%u,"shared_writes":%u,)"
+      R"("handoffs":%u,"node_moves":%u})",
+      intervals, seconds, threads, page_writes, shared_writes, handoffs, node_moves);
+}
+
+}  // namespace stretch::placement

@@ -1,0 +1,60 @@
+// What a short watch of a running program's writes says about how its threads share memory,
+// before anything is migrated: the launcher write-protects the program's memory for a few
+// intervals at its migration point (launch/sharing_probe.h) and records, in each interval,
+// the first write of each thread to each page. A page written from two nodes costs the DSM an
+// ownership move (a remote write miss and an invalidation) each time the writing node
+// changes, so the summary counts those moves for a given placement of the threads.
+//
+// The counts are lower bounds: a thread's repeated writes to a page within one interval show
+// as one, and reads (a node reading what another wrote) are not seen at all.
+//
+//   std::vector<WriteInterval> seen = ...;               // from the probe
+//   WriteSharing s = SummarizeWrites(seen, absl::Milliseconds(20), {{2, 1}, {4, 1}});
+//   s.node_moves / s.seconds                             // moves per second, spread that way
+#ifndef STRETCH_PLACEMENT_WRITE_SHARING_H_
+#define STRETCH_PLACEMENT_WRITE_SHARING_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/time/time.h"
+
+namespace stretch::placement {
+
+// One interval of the watch: each (page, thread) pair at most once, in any order. Threads are
+// tids in the program's own PID namespace (main = 1).
+struct WriteInterval {
+  struct Write {
+    uintptr_t page = 0;
+    int32_t tid = 0;
+  };
+  std::vector<Write> writes;
+};
+
+struct WriteSharing {
+  int intervals = 0;
+  double seconds = 0;  // intervals x interval length
+  int threads = 0;     // distinct writers seen
+  // Distinct (page, interval) pairs written, and of those, written by two or more threads.
+  uint64_t page_writes = 0;
+  uint64_t shared_writes = 0;
+  // (page, interval) pairs with a writer that did not write the page in the page's previous
+  // interval with writes: the page changed hands.
+  uint64_t handoffs = 0;
+  // Under the placement given: how often a page's writing node must change at least (within
+  // an interval, and from the node that wrote it last before).
+  uint64_t node_moves = 0;
+
+  // {"intervals":..,"seconds":..,...} for the run's statistics.
+  std::string Json() const;
+};
+
+// `node_of` places threads (tid -> node); a thread it does not name is on node 0.
+WriteSharing SummarizeWrites(const std::vector<WriteInterval>& intervals, absl::Duration interval,
+                             const absl::flat_hash_map<int32_t, int>& node_of);
+
+}  // namespace stretch::placement
+
+#endif  // STRETCH_PLACEMENT_WRITE_SHARING_H_
