@@ -189,10 +189,10 @@ void Launcher::RecordHistory(const placement::HistoryRun& run) {
   if (!s.ok()) std::fprintf(stderr, "stretchd run: not recorded: %s\n", s.ToString().c_str());
 }
 
-// The program's threads as the first placement would put them (StartNodes): main on node 0,
-// the others round-robin from node 1 (or the --migrate_threads, round-robin over 1..N-1).
-absl::flat_hash_map<int32_t, int> Launcher::FirstPlacement(std::vector<pid_t> tids) const {
-  std::sort(tids.begin(), tids.end());
+// The first placement of `tids` (in creation order): main on node 0, the others round-robin
+// from node 1 (or only the --migrate_threads, round-robin over 1..N-1). Threads not named stay
+// on node 0.
+absl::flat_hash_map<int32_t, int> Launcher::FirstPlacement(const std::vector<pid_t>& tids) const {
   absl::flat_hash_map<int32_t, int> node_of;
   int next = o_.nodes > 1 ? 1 : 0;
   for (pid_t tid : tids) {
@@ -220,6 +220,7 @@ void Launcher::WatchSharing(ThreadSupervisor& sup, pid_t pid) {
   for (pid_t tid : sup.Threads()) {
     if (auto inner = InnermostTid(tid); inner.ok()) tids.push_back(*inner);
   }
+  std::sort(tids.begin(), tids.end());  // creation order, as the checkpoint lists them
   const placement::WriteSharing s =
       placement::SummarizeWrites(seen->intervals, wo.interval, FirstPlacement(tids));
   native_writes_json_ = absl::StrCat(
@@ -387,19 +388,10 @@ absl::Status Launcher::WriteUndistributedStats() {
 absl::Status Launcher::StartNodes() {
   // Placement: the main thread stays on node 0; the others spread round-robin.
   placement_.assign(o_.nodes, {});
-  int next = o_.nodes > 1 ? 1 : 0;
+  const absl::flat_hash_map<int32_t, int> node_of = FirstPlacement(origin_->threads);
   for (pid_t tid : origin_->threads) {
-    int node = 0;
-    if (tid != 1) {
-      bool listed = std::find(o_.migrate_threads.begin(), o_.migrate_threads.end(), tid) !=
-                    o_.migrate_threads.end();
-      if (o_.migrate_threads.empty() || listed) {
-        node = next;
-        next = (next + 1) % o_.nodes;
-        if (!o_.migrate_threads.empty() && next == 0 && o_.nodes > 1) next = 1;
-      }
-    }
-    placement_[node].push_back(tid);
+    auto it = node_of.find(tid);
+    placement_[it == node_of.end() ? 0 : it->second].push_back(tid);
   }
   for (int i = 0; i < o_.nodes; ++i) {
     LOG(INFO) << "stretchd run: node " << i << " runs threads "

@@ -145,7 +145,7 @@ class Launcher {
   // Where the checkpoint goes (the work directory is made by Prepare).
   std::string ImagesDir() const { return work_.path + "/images"; }
   absl::Status RunToMigrationPoint();
-  absl::flat_hash_map<int32_t, int> FirstPlacement(std::vector<pid_t> tids) const;
+  absl::flat_hash_map<int32_t, int> FirstPlacement(const std::vector<pid_t>& tids) const;
   void WatchSharing(ThreadSupervisor& sup, pid_t pid);
   absl::Status WriteUndistributedStats();
   // The directory server (server_), in node 0's network namespace: started in the background
