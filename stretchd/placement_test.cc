@@ -181,7 +181,7 @@ TEST_F(RunTest, PlacementHistoryLeavesOnNodeZeroWhatDistributionSlowedDown) {
 TEST_F(RunTest, AffinityPlacementPutsThreadsThatWriteTogetherOnOneNode) {
   auto [native, stretch] = Both({Runfile("experiments/workloads/pair_sharing"), "--threads=4",
                                  "--iterations=50000", "--work=5000"},
-                                {"--placement=affinity"});
+                                {"--placement=affinity", "--migrate_at_threads=5"});
   EXPECT_EQ(stretch.status.ToString(), "exit status 0") << stretch.err;
   EXPECT_EQ(stretch.out, native.out);
   EXPECT_THAT(stretch.err, HasSubstr("placement: regrouping threads that write-share pages"));
