@@ -497,7 +497,7 @@ struct StartRequest {
   int32_t busy_poll_us = 0;    // 0..10000
   int32_t heartbeat_ms = 100;  // 1..600000, as the next two
   int32_t peer_timeout_ms = 2000;
-  int32_t fault_timeout_ms = 2000;
+  int32_t fault_timeout_ms = 4000;
   std::string inject_faults;
   // The program's standard input is node 0's: reading it on this node stops the run with an
   // error (ReplicaOptions::stdin_elsewhere).

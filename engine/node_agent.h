@@ -86,7 +86,7 @@ struct NodeOptions {
   // A fault still unanswered after this long means a message was lost or a peer is stuck
   // (peers that die are detected by the transport's heartbeats): the agent fails and kills its
   // processes rather than leave them blocked forever.
-  absl::Duration fault_timeout = absl::Seconds(2);
+  absl::Duration fault_timeout = absl::Seconds(4);
   // After sending a request for a fault, the network thread polls for the answer for up to
   // this long instead of sleeping (Transport::BusyPollUntil): lower fault latency for a CPU
   // kept busy meanwhile. Zero (the default): never.

@@ -100,7 +100,7 @@ struct LaunchOptions {
   // for tests, faults injected into each node's coherence messages (transport::ParseFaultSpec).
   absl::Duration heartbeat_interval = absl::Milliseconds(100);
   absl::Duration peer_timeout = absl::Seconds(2);
-  absl::Duration fault_timeout = absl::Seconds(2);
+  absl::Duration fault_timeout = absl::Seconds(4);
   std::string inject_faults;
   // engine::ServerOptions::max_pages.
   uint64_t max_pages = uint64_t{1} << 24;

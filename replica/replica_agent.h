@@ -44,7 +44,7 @@ struct ReplicaAgentOptions {
   // As in launch::LaunchOptions.
   absl::Duration heartbeat_interval = absl::Milliseconds(100);
   absl::Duration peer_timeout = absl::Seconds(1);
-  absl::Duration fault_timeout = absl::Seconds(2);
+  absl::Duration fault_timeout = absl::Seconds(4);
   std::string inject_faults;
   // ReplicaOptions::stdin_key (the standard input is our fd 0) and stdin_elsewhere.
   std::string stdin_key;

@@ -132,7 +132,7 @@ DEFINE_int32(peer_timeout_ms, 2000,
              "time this process itself was not scheduled does not count. Below 2000, a peer "
              "whose messages came far apart in the last 10-20 s (a busy machine) gets twice "
              "its longest gap, up to 2 s");
-DEFINE_int32(fault_timeout_ms, 2000,
+DEFINE_int32(fault_timeout_ms, 4000,
              "node, run: a page fault still unanswered after this long while no other page came "
              "either (a lost message, a stuck peer) stops the program with an error; while other "
              "pages keep coming (a busy peer), after 5 times as long");
