@@ -4,10 +4,12 @@
 //
 // A userfaultfd is opened inside the program (uffd/takeover.h, through the thread supervisor
 // that already traces it), its private anonymous writable mappings are registered for
-// write-protection and protected. Each first write of a thread to a page then stops the thread
-// in a write-protect fault, which reports the page and the thread (UFFD_FEATURE_THREAD_ID);
-// the page is unprotected at once and the thread goes on. At each interval's end every range
-// is protected again. Afterwards everything is unprotected and unregistered and the uffd
+// write-protection and protected. The first write to a page in an interval then stops the
+// writing thread in a write-protect fault, which reports the page and the thread
+// (UFFD_FEATURE_THREAD_ID); the page is unprotected at once and the thread goes on. At each
+// interval's end every range is protected again. So each interval shows each written page's
+// first writer (more than one only when first writes race): a page several threads write
+// shows as its first writer changing from one interval to the next. Afterwards everything is unprotected and unregistered and the uffd
 // closed: the program is as before (no descriptor of ours left in it for CRIU to refuse).
 //
 // What it does not see: pages not yet present when protected (writing them is an ordinary

@@ -93,7 +93,7 @@ class SharingProbeTest : public ::testing::Test {
   testing::TempDir dir_;
 };
 
-TEST_F(SharingProbeTest, SeesTwoThreadsWritingOnePage) {
+TEST_F(SharingProbeTest, SeesWhichWorkerWritesTheSharedPage) {
   Watched w = Run("shared");
   ASSERT_TRUE(w.writes.ok()) << w.writes.status();
   EXPECT_FALSE(w.uffd_left);
@@ -103,17 +103,17 @@ TEST_F(SharingProbeTest, SeesTwoThreadsWritingOnePage) {
   ASSERT_NE(w.buffer, 0u) << w.out;
   ASSERT_EQ(w.writes->intervals.size(), 5u);
   EXPECT_GT(w.writes->protected_bytes, 0u);
-  // The workers are threads 2 and 3 of the program's namespace; both write the buffer's page
-  // (in an interval where both got a CPU: on a busy machine not in every one).
-  int both = 0;
+  // The workers are threads 2 and 3 of the program's namespace. Each interval shows the
+  // page's first writer (both only if their first writes raced): which one comes first
+  // depends on the scheduler, so only who may appear is asserted.
+  int seen = 0;
   for (const auto& tids : WritersOf(*w.writes, w.buffer)) {
     EXPECT_TRUE(tids.empty() || tids == std::vector<int32_t>{2} || tids == std::vector<int32_t>{3} ||
                 tids == (std::vector<int32_t>{2, 3}));
-    both += tids.size() == 2;
+    seen += !tids.empty();
   }
-  EXPECT_GE(both, 1);
-  // Spread over two nodes that page moves at least once per interval both wrote it; on one
-  // node, never.
+  EXPECT_GE(seen, 1);
+  // On one node nothing it saw moves a page.
   std::vector<placement::WriteInterval> buffer_writes;
   for (const auto& in : w.writes->intervals) {
     buffer_writes.emplace_back();
@@ -121,8 +121,6 @@ TEST_F(SharingProbeTest, SeesTwoThreadsWritingOnePage) {
       if (x.page == w.buffer) buffer_writes.back().writes.push_back(x);
     }
   }
-  EXPECT_GE(placement::SummarizeWrites(buffer_writes, absl::Milliseconds(20), {{2, 1}}).node_moves,
-            static_cast<uint64_t>(both));
   EXPECT_EQ(placement::SummarizeWrites(buffer_writes, absl::Milliseconds(20), {}).node_moves, 0u);
 }
 

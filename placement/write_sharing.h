@@ -5,8 +5,9 @@
 // ownership move (a remote write miss and an invalidation) each time the writing node
 // changes, so the summary counts those moves for a given placement of the threads.
 //
-// The counts are lower bounds: a thread's repeated writes to a page within one interval show
-// as one, and reads (a node reading what another wrote) are not seen at all.
+// The counts are lower bounds: the probe sees a page's first writer in each interval (others
+// only when their first writes race with it), and reads (a node reading what another wrote)
+// are not seen at all.
 //
 //   std::vector<WriteInterval> seen = ...;               // from the probe
 //   WriteSharing s = SummarizeWrites(seen, absl::Milliseconds(20), {{2, 1}, {4, 1}});
