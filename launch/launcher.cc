@@ -373,7 +373,9 @@ absl::Status Launcher::WriteUndistributedStats() {
                     absl::ToDoubleMilliseconds(origin_->parallel_time), R"(,"migrate_after_ms":)",
                     absl::ToDoubleMilliseconds(origin_->migrate_after));
   }
-  if (!native_writes_json_.empty()) absl::StrAppend(&json, R"(,"native_writes":)", native_writes_json_);
+  if (!native_writes_json_.empty()) {
+    absl::StrAppend(&json, R"(,"native_writes":)", native_writes_json_);
+  }
   if (origin_->stayed) {
     absl::StrAppend(&json, R"(,"after_point_ms":)",
                     absl::ToDoubleMilliseconds(origin_->after_point), R"(,"placement":{"policy":")",

@@ -57,7 +57,8 @@ bool Serve(uffd::Userfaultfd& uffd, absl::Time until, placement::WriteInterval& 
     const absl::Duration left = until - absl::Now();
     if (left <= absl::ZeroDuration()) return true;
     struct pollfd p = {uffd.fd(), POLLIN, 0};
-    const int ms = static_cast<int>(absl::ToInt64Milliseconds(absl::Ceil(left, absl::Milliseconds(1))));
+    const int ms =
+        static_cast<int>(absl::ToInt64Milliseconds(absl::Ceil(left, absl::Milliseconds(1))));
     if (poll(&p, 1, std::max(ms, 1)) <= 0) continue;
     if (p.revents & (POLLERR | POLLHUP)) return false;
     const ssize_t n = read(uffd.fd(), msgs, sizeof(msgs));

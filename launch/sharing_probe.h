@@ -9,8 +9,9 @@
 // (UFFD_FEATURE_THREAD_ID); the page is unprotected at once and the thread goes on. At each
 // interval's end every range is protected again. So each interval shows each written page's
 // first writer (more than one only when first writes race): a page several threads write
-// shows as its first writer changing from one interval to the next. Afterwards everything is unprotected and unregistered and the uffd
-// closed: the program is as before (no descriptor of ours left in it for CRIU to refuse).
+// shows as its first writer changing from one interval to the next. Afterwards everything is
+// unprotected and unregistered and the uffd closed: the program is as before (no descriptor of
+// ours left in it for CRIU to refuse).
 //
 // What it does not see: pages not yet present when protected (writing them is an ordinary
 // fault), private file mappings (.data and .bss: the kernel write-protects only anonymous
@@ -37,7 +38,7 @@ struct WatchOptions {
 
 struct WatchedWrites {
   std::vector<placement::WriteInterval> intervals;
-  uint64_t faults = 0;          // write-protect faults served
+  uint64_t faults = 0;           // write-protect faults served
   uint64_t protected_bytes = 0;  // registered and protected at the start
   absl::Duration elapsed;        // from the takeover to the last unregister
 };

@@ -27,7 +27,8 @@ std::string Program(const std::string& name) {
 // Whether process `pid` holds a userfaultfd.
 bool HoldsUserfaultfd(pid_t pid) {
   std::error_code ec;
-  for (const auto& e : std::filesystem::directory_iterator(absl::StrCat("/proc/", pid, "/fd"), ec)) {
+  for (const auto& e :
+       std::filesystem::directory_iterator(absl::StrCat("/proc/", pid, "/fd"), ec)) {
     std::filesystem::path target = std::filesystem::read_symlink(e.path(), ec);
     if (!ec && target.string() == "anon_inode:[userfaultfd]") return true;
   }
@@ -108,8 +109,8 @@ TEST_F(SharingProbeTest, SeesWhichWorkerWritesTheSharedPage) {
   // depends on the scheduler, so only who may appear is asserted.
   int seen = 0;
   for (const auto& tids : WritersOf(*w.writes, w.buffer)) {
-    EXPECT_TRUE(tids.empty() || tids == std::vector<int32_t>{2} || tids == std::vector<int32_t>{3} ||
-                tids == (std::vector<int32_t>{2, 3}));
+    EXPECT_TRUE(tids.empty() || tids == std::vector<int32_t>{2} ||
+                tids == std::vector<int32_t>{3} || tids == (std::vector<int32_t>{2, 3}));
     seen += !tids.empty();
   }
   EXPECT_GE(seen, 1);

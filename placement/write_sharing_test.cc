@@ -10,9 +10,8 @@ constexpr uintptr_t kA = 0x1000, kB = 0x2000;
 WriteInterval Writes(std::vector<WriteInterval::Write> w) { return WriteInterval{std::move(w)}; }
 
 TEST(WriteSharingTest, ThreadsWritingTheirOwnPagesMoveNothing) {
-  const WriteSharing s =
-      SummarizeWrites({Writes({{kA, 2}, {kB, 3}}), Writes({{kB, 3}, {kA, 2}})},
-                      absl::Milliseconds(10), {{2, 1}, {3, 0}});
+  const WriteSharing s = SummarizeWrites({Writes({{kA, 2}, {kB, 3}}), Writes({{kB, 3}, {kA, 2}})},
+                                         absl::Milliseconds(10), {{2, 1}, {3, 0}});
   EXPECT_EQ(s.intervals, 2);
   EXPECT_DOUBLE_EQ(s.seconds, 0.02);
   EXPECT_EQ(s.threads, 2);
