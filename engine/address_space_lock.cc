@@ -39,6 +39,9 @@ AddressSpaceLock::Outcome AddressSpaceLock::OnMessage(NodeId from, const wire::A
       if (holds && !committed_) {  // its call failed: nothing to replay
         holder_.reset();
         MaybeGrant(live, out);
+      } else if (auto owed = orphaned_.find(from); owed != orphaned_.end()) {
+        // The answer for a change whose holder is gone (older than any it replays now).
+        orphaned_.erase(owed);
       } else if (replaying_.erase(from) > 0) {
         if (a.flags != 0) {
           LOG(ERROR) << "server: node " << from.value() << " could not replay address-space "
@@ -74,7 +77,12 @@ AddressSpaceLock::Outcome AddressSpaceLock::OnMessage(NodeId from, const wire::A
 
 AddressSpaceLock::Outcome AddressSpaceLock::Forget(NodeId node, const std::vector<NodeId>& live) {
   Outcome out;
+  orphaned_.erase(node);  // a gone node answers nothing more
   if (holder_ && holder_->node == node) {
+    // Its change, if it sent one, stands: the nodes replaying it will still answer.
+    for (NodeId n : replaying_) {
+      if (n != node) orphaned_.insert(n);
+    }
     holder_.reset();
     committed_ = false;
     replaying_.clear();

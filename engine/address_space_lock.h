@@ -3,7 +3,8 @@
 // is granted it when it is first in line, makes its change and sends it; every other live node
 // replays it and answers kDone; once all have, the holder hears kDone and the next in line
 // gets the lock. A holder whose call failed sends kDone instead of a change. A node that is
-// gone neither holds the lock nor replays.
+// gone neither holds the lock nor replays; if it held the lock and had sent its change, the
+// others' answers for that change are still expected (and ignored), not refused.
 //
 // Pure: no I/O, no clock. Each input returns what to send to whom, whether the change must be
 // applied to the directory's own state, or why the message is refused.
@@ -64,6 +65,10 @@ class AddressSpaceLock {
   bool committed_ = false;  // the holder sent its change
   std::deque<Request> waiting_;
   std::set<NodeId> replaying_;
+  // Nodes that still owe a kDone for a change whose holder went away after sending it (the
+  // change stands: the directory applied it and the others replay it). Each node replays in
+  // order, so its next kDone answers the oldest such change.
+  std::multiset<NodeId> orphaned_;
   uint64_t changes_ = 0;
 };
 

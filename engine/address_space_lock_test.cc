@@ -90,5 +90,42 @@ TEST(AddressSpaceLockTest, AGoneNodeNeitherHoldsNorReplays) {
   EXPECT_THAT(Sent(lock.Forget(NodeId(1), {NodeId(0)})), ElementsAre("0:lock:5"));
 }
 
+// A program's exit can end the node that made a change while the others still replay it
+// (a 9-node run saw its server refuse node 7's answer and stop the run): their answers are
+// expected, also when they come after a newer change began, and only theirs are.
+TEST(AddressSpaceLockTest, AnswersForTheChangeOfAGoneHolderAreNotRefused) {
+  AddressSpaceLock lock;
+  lock.OnMessage(NodeId(1), Msg(Op::kLock, 1), kAll);
+  lock.OnMessage(NodeId(1), Msg(Op::kMunmap, 1), kAll);  // replayed by 0 and 2
+  const std::vector<NodeId> left = {NodeId(0), NodeId(2)};
+  EXPECT_THAT(Sent(lock.Forget(NodeId(1), left)), IsEmpty());
+  EXPECT_EQ(lock.holder(), std::nullopt);
+  EXPECT_THAT(lock.OnMessage(NodeId(0), Msg(Op::kDone, 1), left).refused, IsEmpty());
+  // Node 2 takes the lock and changes (node 0 replays) before its answer to the gone
+  // holder's change comes: that answer is still the old change's.
+  EXPECT_THAT(Sent(lock.OnMessage(NodeId(2), Msg(Op::kLock, 5), left)), ElementsAre("2:lock:5"));
+  EXPECT_THAT(Sent(lock.OnMessage(NodeId(2), Msg(Op::kMmap, 5), left)), ElementsAre("0:mmap:5"));
+  AddressSpaceLock::Outcome late = lock.OnMessage(NodeId(2), Msg(Op::kDone, 1), left);
+  EXPECT_THAT(late.refused, IsEmpty());
+  EXPECT_THAT(Sent(late), IsEmpty());
+  EXPECT_THAT(Sent(lock.OnMessage(NodeId(0), Msg(Op::kDone, 5), left)), ElementsAre("2:done:5"));
+  // Everything owed has been answered: one more is a protocol break again.
+  EXPECT_THAT(lock.OnMessage(NodeId(0), Msg(Op::kDone, 5), left).refused,
+              HasSubstr("unexpected address-space done"));
+  EXPECT_THAT(lock.OnMessage(NodeId(2), Msg(Op::kDone, 1), left).refused,
+              HasSubstr("unexpected address-space done"));
+}
+
+TEST(AddressSpaceLockTest, AGoneNodeOwesNothing) {
+  AddressSpaceLock lock;
+  lock.OnMessage(NodeId(1), Msg(Op::kLock, 1), kAll);
+  lock.OnMessage(NodeId(1), Msg(Op::kMunmap, 1), kAll);
+  lock.Forget(NodeId(1), {NodeId(0), NodeId(2)});
+  lock.Forget(NodeId(2), {NodeId(0)});
+  // Node 2 connecting again later does not inherit what it owed before.
+  EXPECT_THAT(lock.OnMessage(NodeId(2), Msg(Op::kDone, 1), kAll).refused,
+              HasSubstr("unexpected address-space done"));
+}
+
 }  // namespace
 }  // namespace stretch::engine
