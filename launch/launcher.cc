@@ -509,7 +509,9 @@ absl::Status Launcher::SpawnLocalAgent(int i) {
   }
   a.control_fd = sv[1];
   if (cluster_) a.netns = cluster_->path(i);
-  if (i < static_cast<int>(o_.node_cpus.size())) a.cpus = o_.node_cpus[i];
+  // Not yet on the node's CPUs (StartLocalAgent moves it there): while the program runs
+  // natively, the agent's start-up (a fifth of a second of CPU, libfabric and its buffers) runs
+  // wherever a CPU is free rather than beside the program on node 0's.
   auto p = Subprocess::Start(a);
   close(sv[1]);
   if (!p.ok()) {
@@ -558,6 +560,12 @@ absl::Status Launcher::StartLocalAgent(int i) {
   }
   Control start{ControlOp::kStart, 0, 0, server_->address()};
   start.threads.assign(placement_[i].begin(), placement_[i].end());
+  // From here on the agent, and what it starts (CRIU, the replica), run on the node's CPUs.
+  if (i < static_cast<int>(o_.node_cpus.size()) && agents_[i].process) {
+    absl::Status moved = MoveToCpus(agents_[i].process->pid(), o_.node_cpus[i]);
+    if (absl::IsNotFound(moved)) moved = absl::UnavailableError("its agent exited");
+    if (!moved.ok()) return Annotate(moved, absl::StrCat("node ", i, ": onto its CPUs"));
+  }
   if (!Send(agents_[i].control.get(), start)) {
     return absl::UnavailableError(absl::StrCat("node ", i, ": its agent exited before it started"));
   }

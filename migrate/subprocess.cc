@@ -11,9 +11,11 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <utility>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
@@ -289,6 +291,39 @@ absl::StatusOr<ExitStatus> Subprocess::Wait(absl::Time deadline) {
 absl::StatusOr<ExitStatus> RunToCompletion(const SubprocessOptions& options, absl::Time deadline) {
   STRETCH_ASSIGN_OR_RETURN(Subprocess p, Subprocess::Start(options));
   return p.Wait(deadline);
+}
+
+absl::Status MoveToCpus(pid_t pid, const std::vector<int>& cpus) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  for (int c : cpus) {
+    if (c < 0 || c >= CPU_SETSIZE) return absl::InvalidArgumentError(absl::StrCat("no CPU ", c));
+    CPU_SET(c, &set);
+  }
+  const std::string tasks = absl::StrCat("/proc/", pid, "/task");
+  std::vector<pid_t> moved;
+  for (bool found_new = true; found_new;) {
+    found_new = false;
+    DIR* dir = opendir(tasks.c_str());
+    if (dir == nullptr) return ErrnoStatus(errno, absl::StrCat("open ", tasks));
+    while (struct dirent* e = readdir(dir)) {
+      pid_t tid = 0;
+      if (!absl::SimpleAtoi(e->d_name, &tid) ||
+          std::find(moved.begin(), moved.end(), tid) != moved.end()) {
+        continue;
+      }
+      // ESRCH: the thread has just exited.
+      if (sched_setaffinity(tid, sizeof(set), &set) != 0 && errno != ESRCH) {
+        const int err = errno;
+        closedir(dir);
+        return ErrnoStatus(err, absl::StrCat("sched_setaffinity of thread ", tid, " of ", pid));
+      }
+      moved.push_back(tid);
+      found_new = true;
+    }
+    closedir(dir);
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace stretch

@@ -102,6 +102,12 @@ class Subprocess {
 // Runs to completion and returns the exit status, killing the child at the deadline.
 absl::StatusOr<ExitStatus> RunToCompletion(const SubprocessOptions& options, absl::Time deadline);
 
+// Moves every thread of the running process `pid` onto `cpus` (what SubprocessOptions::cpus
+// does at the start); threads created afterwards inherit their creator's CPUs. Passes over
+// /proc/<pid>/task until one finds no thread it had not moved (a thread being created
+// meanwhile). NotFound if the process is gone.
+absl::Status MoveToCpus(pid_t pid, const std::vector<int>& cpus);
+
 }  // namespace stretch
 
 #endif  // STRETCH_MIGRATE_SUBPROCESS_H_

@@ -1,13 +1,19 @@
 #include "migrate/subprocess.h"
 
+#include <sched.h>
 #include <signal.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdio>
 #include <string>
+#include <thread>
 #include <utility>
+#include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "migrate/testing_criu.h"
@@ -57,6 +63,51 @@ TEST(SubprocessTest, DeadlineThenKillOnDestruction) {
   }
   // Destroyed: killed and reaped, so the pid no longer names our child.
   EXPECT_EQ(kill(pid, 0), -1);
+}
+
+// Every thread of a running process moves, here this test's own (main and one it started).
+TEST(SubprocessTest, MoveToCpusMovesEveryThread) {
+  cpu_set_t before;
+  ASSERT_EQ(sched_getaffinity(0, sizeof(before), &before), 0);
+  std::vector<int> all;
+  for (int c = 0; c < CPU_SETSIZE; ++c) {
+    if (CPU_ISSET(c, &before)) all.push_back(c);
+  }
+  std::atomic<bool> stop{false};
+  std::atomic<pid_t> other{0};
+  std::thread t([&] {
+    other = static_cast<pid_t>(syscall(SYS_gettid));
+    while (!stop) usleep(1000);
+  });
+  while (other == 0) usleep(1000);
+  ASSERT_TRUE(MoveToCpus(getpid(), {all.front()}).ok());
+  const std::string want = absl::StrCat("Cpus_allowed_list:\t", all.front(), "\n");
+  for (pid_t tid : {getpid(), other.load()}) {
+    EXPECT_THAT(testing::ReadFileOrEmpty(absl::StrCat("/proc/self/task/", tid, "/status")),
+                HasSubstr(want));
+  }
+  EXPECT_TRUE(MoveToCpus(getpid(), all).ok());  // as before, for the other tests
+  stop = true;
+  t.join();
+}
+
+TEST(SubprocessTest, MoveToCpusOfAProcessAndItsErrors) {
+  SubprocessOptions o;
+  o.argv = {"/bin/sleep", "1000"};
+  auto p = Subprocess::Start(o);
+  ASSERT_TRUE(p.ok()) << p.status();
+  const std::string status = absl::StrCat("/proc/", p->pid(), "/status");
+  ASSERT_TRUE(MoveToCpus(p->pid(), {0}).ok());
+  EXPECT_THAT(testing::ReadFileOrEmpty(status), HasSubstr("Cpus_allowed_list:\t0\n"));
+  if (sysconf(_SC_NPROCESSORS_ONLN) >= 2) {
+    ASSERT_TRUE(MoveToCpus(p->pid(), {0, 1}).ok());
+    EXPECT_THAT(testing::ReadFileOrEmpty(status), HasSubstr("Cpus_allowed_list:\t0-1\n"));
+  }
+  EXPECT_EQ(MoveToCpus(p->pid(), {-1}).code(), absl::StatusCode::kInvalidArgument);
+  const pid_t gone = p->pid();
+  p->Kill(SIGKILL);
+  ASSERT_TRUE(p->Wait(absl::Now() + absl::Seconds(10)).ok());
+  EXPECT_EQ(MoveToCpus(gone, {0}).code(), absl::StatusCode::kNotFound);
 }
 
 TEST(SubprocessTest, StdioAndEnvironmentAndOtherFdsClosed) {

@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <optional>
@@ -125,6 +126,25 @@ TEST_F(RunTest, NodeCpusPinEachNodesReplica) {
   }
   std::sort(allowed.begin(), allowed.end());
   EXPECT_THAT(allowed, ::testing::ElementsAre("Cpus_allowed_list:\t0", "Cpus_allowed_list:\t1"));
+  // Every thread of node 1's agent too (it started on any CPU and moved at the migration).
+  // (A process the agent forks meanwhile, before it execs, matches too: and is on CPU 1.)
+  int agents = 0;
+  for (pid_t pid : testing::ProcessesNamed("stretchd")) {
+    const std::string cmdline = testing::ReadFileOrEmpty(absl::StrCat("/proc/", pid, "/cmdline"));
+    if (!absl::StrContains(cmdline, std::string("node\0", 5)) ||
+        !absl::StrContains(cmdline, std::string("--node=1\0", 9))) {
+      continue;
+    }
+    ++agents;
+    std::error_code ec;  // the process may end meanwhile
+    for (std::filesystem::directory_iterator task(absl::StrCat("/proc/", pid, "/task"), ec), end;
+         !ec && task != end; task.increment(ec)) {
+      const std::string status = testing::ReadFileOrEmpty(task->path().string() + "/status");
+      if (status.empty()) continue;  // the thread ended
+      EXPECT_THAT(status, HasSubstr("Cpus_allowed_list:\t1\n")) << task->path();
+    }
+  }
+  EXPECT_GE(agents, 1);
   p->Kill(SIGINT);
   auto st = p->Wait(absl::Now() + absl::Seconds(30));
   ASSERT_TRUE(st.ok()) << st.status();
@@ -182,8 +202,9 @@ TEST_F(RunTest, AKilledLauncherLeavesNoReplicaRunning) {
 // dies with the launcher (its keeper) instead of running on unseen.
 TEST_F(RunTest, AKilledLauncherLeavesNoProgramRunningNatively) {
   SubprocessOptions o;
-  o.argv = {Runfile("stretchd/stretchd"), "run", "--nodes=2", "--migrate_at_threads=3",
-            "--manual", "--", Runfile("stretchd/spin_prog"), "2", "100000000000"};
+  o.argv = {Runfile("stretchd/stretchd"),  "run",      "--nodes=2",
+            "--migrate_at_threads=3",      "--manual", "--",
+            Runfile("stretchd/spin_prog"), "2",        "100000000000"};
   o.stdout_path = dir_.path() + "/native.out";
   o.stderr_path = dir_.path() + "/native.err";
   auto p = Subprocess::Start(o);
