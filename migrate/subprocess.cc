@@ -40,6 +40,19 @@ void CloseOtherFds(int first, int keep) {
   syscall(SYS_close_range, keep < first ? first : keep + 1, ~0u, 0);
 }
 
+// The set of `cpus`; InvalidArgument for a number no cpu_set_t holds.
+absl::StatusOr<cpu_set_t> CpuSet(const std::vector<int>& cpus) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  for (int cpu : cpus) {
+    if (cpu < 0 || cpu >= CPU_SETSIZE) {
+      return absl::InvalidArgumentError(absl::StrCat("CPU ", cpu, " out of range"));
+    }
+    CPU_SET(cpu, &set);
+  }
+  return set;
+}
+
 }  // namespace
 
 ExitStatus ExitStatus::FromWaitStatus(int status) {
@@ -94,15 +107,8 @@ absl::StatusOr<Subprocess> Subprocess::Start(const SubprocessOptions& o) {
     netns.reset(open(o.netns.c_str(), O_RDONLY | O_CLOEXEC));
     if (!netns.valid()) return ErrnoStatus(errno, absl::StrCat("open ", o.netns));
   }
-  cpu_set_t cpu_set;
-  CPU_ZERO(&cpu_set);
+  STRETCH_ASSIGN_OR_RETURN(const cpu_set_t cpu_set, CpuSet(o.cpus));
   const std::vector<int>& cpus_set = o.cpus;
-  for (int cpu : o.cpus) {
-    if (cpu < 0 || cpu >= CPU_SETSIZE) {
-      return absl::InvalidArgumentError(absl::StrCat("CPU ", cpu, " out of range"));
-    }
-    CPU_SET(cpu, &cpu_set);
-  }
   int gate[2] = {-1, -1};
   if (o.gate_before_exec && pipe2(gate, O_CLOEXEC) != 0) return ErrnoStatus(errno, "pipe2");
   int errpipe[2];
@@ -294,12 +300,7 @@ absl::StatusOr<ExitStatus> RunToCompletion(const SubprocessOptions& options, abs
 }
 
 absl::Status MoveToCpus(pid_t pid, const std::vector<int>& cpus) {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  for (int c : cpus) {
-    if (c < 0 || c >= CPU_SETSIZE) return absl::InvalidArgumentError(absl::StrCat("no CPU ", c));
-    CPU_SET(c, &set);
-  }
+  STRETCH_ASSIGN_OR_RETURN(const cpu_set_t set, CpuSet(cpus));
   const std::string tasks = absl::StrCat("/proc/", pid, "/task");
   std::vector<pid_t> moved;
   for (bool found_new = true; found_new;) {

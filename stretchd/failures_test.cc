@@ -202,9 +202,8 @@ TEST_F(RunTest, AKilledLauncherLeavesNoReplicaRunning) {
 // dies with the launcher (its keeper) instead of running on unseen.
 TEST_F(RunTest, AKilledLauncherLeavesNoProgramRunningNatively) {
   SubprocessOptions o;
-  o.argv = {Runfile("stretchd/stretchd"),  "run",      "--nodes=2",
-            "--migrate_at_threads=3",      "--manual", "--",
-            Runfile("stretchd/spin_prog"), "2",        "100000000000"};
+  o.argv = {Runfile("stretchd/stretchd"), "run", "--nodes=2", "--migrate_at_threads=3",
+            "--manual", "--", Runfile("stretchd/spin_prog"), "2", "100000000000"};
   o.stdout_path = dir_.path() + "/native.out";
   o.stderr_path = dir_.path() + "/native.err";
   auto p = Subprocess::Start(o);
