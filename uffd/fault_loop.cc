@@ -86,15 +86,21 @@ absl::StatusOr<std::unique_ptr<FaultLoop>> FaultLoop::Start(Userfaultfd* uffd,
     return absl::InvalidArgumentError("FaultLoop needs a non-blocking userfaultfd");
   }
   UniqueFd stop(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
-  if (!stop.valid()) return ErrnoStatus(errno, "eventfd for the fault loop");
-  std::unique_ptr<FaultLoop> loop(new FaultLoop(uffd, handler, options, std::move(stop)));
+  UniqueFd sync(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+  if (!stop.valid() || !sync.valid()) return ErrnoStatus(errno, "eventfd for the fault loop");
+  std::unique_ptr<FaultLoop> loop(
+      new FaultLoop(uffd, handler, options, std::move(stop), std::move(sync)));
   loop->thread_ = std::thread([l = loop.get()] { l->Run(); });
   return loop;
 }
 
 FaultLoop::FaultLoop(Userfaultfd* uffd, FaultHandler* handler, const Options& options,
-                     UniqueFd stop_fd)
-    : uffd_(uffd), handler_(handler), options_(options), stop_fd_(std::move(stop_fd)) {
+                     UniqueFd stop_fd, UniqueFd sync_fd)
+    : uffd_(uffd),
+      handler_(handler),
+      options_(options),
+      stop_fd_(std::move(stop_fd)),
+      sync_fd_(std::move(sync_fd)) {
   const int deferred = options.max_batch * kDeferredPerBatch;
   batch_.resize(options.max_batch);
   deferred_.resize(deferred);
@@ -113,6 +119,20 @@ void FaultLoop::Stop() {
   ssize_t n = write(stop_fd_.get(), &one, sizeof(one));
   (void)n;  // A full eventfd (EAGAIN) is already readable: the loop wakes either way.
   if (thread_.joinable()) thread_.join();
+}
+
+bool FaultLoop::Sync(absl::Time deadline) {
+  CHECK(!OnLoopThread()) << "FaultLoop::Sync from its own callback would wait for itself";
+  const uint64_t ticket = sync_requested_.fetch_add(1, std::memory_order_acq_rel) + 1;
+  uint64_t one = 1;
+  ssize_t n = write(sync_fd_.get(), &one, sizeof(one));
+  (void)n;  // A full eventfd is already readable.
+  absl::MutexLock l(&mu_);
+  auto answered = [this, ticket]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return sync_done_ >= ticket || !running_.load(std::memory_order_acquire);
+  };
+  mu_.AwaitWithDeadline(absl::Condition(&answered), deadline);
+  return sync_done_ >= ticket;
 }
 
 absl::Status FaultLoop::status() const {
@@ -136,10 +156,11 @@ void FaultLoop::End(absl::Status status) {
     absl::MutexLock l(&mu_);
     status_ = std::move(status);
     pending_.clear();
+    // The thread ends now; its pthread_t may be reused by a thread that is not the loop.
+    // Under mu_, so that a Sync() waiting on it sees the change.
+    running_thread_.store(false, std::memory_order_release);
+    running_.store(false, std::memory_order_release);
   }
-  // The thread ends now; its pthread_t may be reused by a thread that is not the loop.
-  running_thread_.store(false, std::memory_order_release);
-  running_.store(false, std::memory_order_release);
 }
 
 void FaultLoop::Run() {
@@ -153,10 +174,13 @@ void FaultLoop::Run() {
     int err = pthread_setaffinity_np(pthread_self(), sizeof(set), &set);
     if (err != 0) LOG(WARNING) << ErrnoStatus(err, "pinning the fault loop");
   }
-  struct pollfd fds[3] = {
-      {uffd_->fd(), POLLIN, 0}, {stop_fd_.get(), POLLIN, 0}, {options_.target_pidfd, POLLIN, 0}};
-  const int nfds = options_.target_pidfd >= 0 ? 3 : 2;
+  struct pollfd fds[4] = {{uffd_->fd(), POLLIN, 0},
+                          {stop_fd_.get(), POLLIN, 0},
+                          {sync_fd_.get(), POLLIN, 0},
+                          {options_.target_pidfd, POLLIN, 0}};
+  const int nfds = options_.target_pidfd >= 0 ? 4 : 3;
   bool read_first = false;
+  uint64_t synced = 0;  // the Sync() requests answered
   for (;;) {
     if (deferred_n_ > 0) {
       // Messages read while a callback waited out an EAGAIN: dispatch them first, in order.
@@ -169,6 +193,22 @@ void FaultLoop::Run() {
     if (stopping_.load(std::memory_order_acquire)) break;
     // Everything read so far is dispatched: drop announcements whose events never came.
     if (has_forgets_.load(std::memory_order_acquire)) ApplyForgottenRemoves();
+    if (const uint64_t want = sync_requested_.load(std::memory_order_acquire); want != synced) {
+      // Empty the uffd (dispatching what it held, parked messages first), then answer every
+      // request made before the read that found it empty.
+      uint64_t count;
+      ssize_t cleared = read(sync_fd_.get(), &count, sizeof(count));
+      (void)cleared;
+      int n = ReadBatch(batch_.data(), options_.max_batch);
+      if (n < 0) return;
+      if (n > 0) {
+        Dispatch(batch_.data(), n);
+        continue;
+      }
+      synced = want;
+      absl::MutexLock l(&mu_);
+      sync_done_ = want;
+    }
     if (read_first) {
       // After dispatching, read once more before sleeping in poll(): under load the next
       // fault is usually there already, and this saves a poll() per fault on the hot path.
@@ -195,7 +235,7 @@ void FaultLoop::Run() {
           absl::StrFormat("userfaultfd %d: poll revents 0x%x", uffd_->fd(), fds[0].revents)));
       return;
     }
-    if (nfds == 3 && fds[2].revents != 0) {
+    if (nfds == 4 && fds[3].revents != 0) {
       // The target exited. Nothing more can fault; read what is left and end.
       for (int n; (n = ReadBatch(batch_.data(), options_.max_batch)) > 0;) {
         Dispatch(batch_.data(), n);

@@ -165,6 +165,13 @@ class FaultLoop {
   void ExpectRemoves(absl::Span<const std::pair<uintptr_t, size_t>> ranges);
   void ForgetExpectedRemoves(absl::Span<const std::pair<uintptr_t, size_t>> ranges);
 
+  // Returns once the loop has read every message queued in the uffd when it was called and
+  // dispatched it (OnFault/OnEvent returned): a barrier for a caller that stopped the target's
+  // threads and must see every event they caused applied before it goes on. False if the
+  // deadline passed or the loop ended first. Not from the loop thread, nor while holding a
+  // lock that OnFault/OnEvent take.
+  bool Sync(absl::Time deadline);
+
   // Pages with a fault delivered and not yet resolved.
   size_t pending_count() const;
   Userfaultfd& uffd() const { return *uffd_; }
@@ -172,7 +179,8 @@ class FaultLoop {
   bool OnLoopThread() const;
 
  private:
-  FaultLoop(Userfaultfd* uffd, FaultHandler* handler, const Options& options, UniqueFd stop_fd);
+  FaultLoop(Userfaultfd* uffd, FaultHandler* handler, const Options& options, UniqueFd stop_fd,
+            UniqueFd sync_fd);
   // The loop thread's body and its helpers; all run on the loop thread only.
   void Run();
   // Reads up to capacity messages without blocking into `out`; returns how many, or -1 on a
@@ -196,12 +204,14 @@ class FaultLoop {
   FaultHandler* const handler_;
   const Options options_;
   UniqueFd stop_fd_;  // eventfd
+  UniqueFd sync_fd_;  // eventfd: a Sync() waits
   std::thread thread_;
   std::atomic<pthread_t> loop_thread_{};
   std::atomic<bool> running_thread_{false};  // loop_thread_ is set
   std::atomic<bool> running_{true};
   std::atomic<bool> stopping_{false};
-  std::atomic<bool> has_forgets_{false};  // forget_removes_ is not empty
+  std::atomic<bool> has_forgets_{false};     // forget_removes_ is not empty
+  std::atomic<uint64_t> sync_requested_{0};  // Sync() calls so far
 
   // Loop thread only (DCHECKed through OnLoopThread() where it matters): the read buffer;
   // messages read while a callback waits out an EAGAIN, to be dispatched after it returns;
@@ -220,6 +230,8 @@ class FaultLoop {
   absl::flat_hash_map<std::pair<uintptr_t, uintptr_t>, int> expected_removes_ ABSL_GUARDED_BY(mu_);
   // Announcements to drop, applied by the loop thread before it reads again.
   std::vector<std::pair<uintptr_t, uintptr_t>> forget_removes_ ABSL_GUARDED_BY(mu_);
+  // The Sync() requests the loop has answered: it had emptied the uffd after they came.
+  uint64_t sync_done_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Status status_ ABSL_GUARDED_BY(mu_);
 };
 

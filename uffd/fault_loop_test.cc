@@ -346,6 +346,40 @@ TEST(FaultLoopTest, FollowsRemapRemoveUnmapAndForkEvents) {
   EXPECT_EQ(st.events_remap + st.events_remove + st.events_unmap + st.events_fork, 5u);
 }
 
+// Sync() returns only once every message queued when it was called has been dispatched: an
+// event the loop has read (the child's madvise has returned) whose OnEvent has not returned
+// yet keeps it waiting.
+TEST(FaultLoopTest, SyncWaitsUntilWhatWasQueuedIsDispatched) {
+  ServedChild s =
+      StartServedChild(2, UFFD_FEATURE_EVENT_REMOVE, kRegisterMissing, [](Channel& ch, char* base) {
+        if (madvise(base, kPageSize, MADV_DONTNEED) != 0) return 1;
+        ch.Send(1);
+        return ch.Receive() == 2 ? 0 : 2;
+      });
+  class Handler : public FaultHandler {
+   public:
+    void OnFault(FaultLoop&, const Fault&) override {}
+    void OnEvent(FaultLoop&, UffdEvent& e) override {
+      release.WaitForNotification();
+      if (e.kind == UffdEvent::kRemove) removes.fetch_add(1);
+    }
+    absl::Notification release;
+    std::atomic<int> removes{0};
+  } handler;
+  auto loop = FaultLoop::Start(s.uffd.get(), &handler, {});
+  ASSERT_TRUE(loop.ok());
+  ASSERT_EQ(s.child.channel().Receive(), 1u);  // the loop has read the event
+  EXPECT_FALSE((*loop)->Sync(absl::Now() + absl::Milliseconds(50)));
+  EXPECT_EQ(handler.removes.load(), 0);
+  handler.release.Notify();
+  EXPECT_TRUE((*loop)->Sync(absl::Now() + kTimeout));
+  EXPECT_EQ(handler.removes.load(), 1);
+  s.child.channel().Send(2);
+  EXPECT_EQ(s.child.WaitExitCode(), 0);
+  (*loop)->Stop();
+  EXPECT_FALSE((*loop)->Sync(absl::Now() + kTimeout));  // an ended loop answers nothing
+}
+
 // A resolution on the loop thread while an unmap event waits to be read gets EAGAIN from the
 // kernel (the mm is changing). The loop reads the event (which lets the unmap finish),
 // retries, resolves the fault, and delivers the event after the callback.

@@ -313,24 +313,6 @@ long Futex(void* addr, int op, uint32_t val, const struct timespec* timeout) {
   return syscall(SYS_futex, addr, op, val, timeout, nullptr, 0);
 }
 
-// Sorted, merged [start, len) runs of the page addresses.
-void ToRanges(absl::Span<const uintptr_t> pages, std::vector<std::pair<uintptr_t, size_t>>* out) {
-  out->clear();
-  for (uintptr_t p : pages) out->emplace_back(PageDown(p), kPageSize);
-  std::sort(out->begin(), out->end());
-  size_t w = 0;
-  for (size_t r = 0; r < out->size(); ++r) {
-    if (w > 0 && (*out)[w - 1].first + (*out)[w - 1].second >= (*out)[r].first) {
-      uintptr_t end =
-          std::max((*out)[w - 1].first + (*out)[w - 1].second, (*out)[r].first + (*out)[r].second);
-      (*out)[w - 1].second = end - (*out)[w - 1].first;
-    } else {
-      (*out)[w++] = (*out)[r];
-    }
-  }
-  out->resize(w);
-}
-
 }  // namespace
 
 InvalidationHelper::ScratchArea InvalidationHelper::Scratch() const {
@@ -583,7 +565,7 @@ absl::Status InvalidationHelper::Invalidate(absl::Span<const uintptr_t> pages) {
   if (pages.empty()) return absl::OkStatus();
   absl::MutexLock l(&mu_);
   if (control_ == nullptr) return absl::FailedPreconditionError("no invalidation helper");
-  ToRanges(pages, &scratch_);
+  scratch_ = PagesToRanges(pages);
   return SendRanges(scratch_);
 }
 
@@ -635,9 +617,30 @@ absl::Status InvalidationHelper::Remove(RemoteThread& thread, absl::Time deadlin
   return absl::OkStatus();
 }
 
+std::vector<std::pair<uintptr_t, size_t>> PagesToRanges(absl::Span<const uintptr_t> pages) {
+  std::vector<std::pair<uintptr_t, size_t>> runs;
+  for (uintptr_t p : pages) runs.emplace_back(PageDown(p), kPageSize);
+  std::sort(runs.begin(), runs.end());
+  size_t w = 0;
+  for (size_t r = 0; r < runs.size(); ++r) {
+    if (w > 0 && runs[w - 1].first + runs[w - 1].second >= runs[r].first) {
+      const uintptr_t end =
+          std::max(runs[w - 1].first + runs[w - 1].second, runs[r].first + runs[r].second);
+      runs[w - 1].second = end - runs[w - 1].first;
+    } else {
+      runs[w++] = runs[r];
+    }
+  }
+  runs.resize(w);
+  return runs;
+}
+
 absl::Status InvalidateByInjection(RemoteThread& thread, absl::Span<const uintptr_t> pages) {
-  std::vector<std::pair<uintptr_t, size_t>> ranges;
-  ToRanges(pages, &ranges);
+  return InvalidateRangesByInjection(thread, PagesToRanges(pages));
+}
+
+absl::Status InvalidateRangesByInjection(RemoteThread& thread,
+                                         absl::Span<const std::pair<uintptr_t, size_t>> ranges) {
   if (ranges.size() > 1) {
     // One injected process_madvise(PIDFD_SELF) with the iovecs written below the thread's
     // stack pointer (past the red zone; the thread is stopped, nothing else uses it there).

@@ -176,6 +176,13 @@ class InvalidationHelper {
 // of adjacent pages where that is not possible. Slower than the helper (a ptrace round trip
 // and a stop of the thread) but needs nothing in the target.
 absl::Status InvalidateByInjection(RemoteThread& thread, absl::Span<const uintptr_t> pages);
+// The same for [start, start+len) ranges as they are: each range that lies in one mapping raises
+// exactly one REMOVE event in a uffd with EVENT_REMOVE (what FaultLoop::ExpectRemoves matches).
+absl::Status InvalidateRangesByInjection(RemoteThread& thread,
+                                         absl::Span<const std::pair<uintptr_t, size_t>> ranges);
+
+// Sorted, merged [start, len) runs of the page addresses (any order, repeats allowed).
+std::vector<std::pair<uintptr_t, size_t>> PagesToRanges(absl::Span<const uintptr_t> pages);
 
 // Drops [offset, offset+len) of a shmem file (a memfd the agent holds a descriptor of) with
 // fallocate(PUNCH_HOLE): every process mapping it MAP_SHARED loses those pages and faults on
