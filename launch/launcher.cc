@@ -211,7 +211,7 @@ absl::flat_hash_map<int32_t, int> Launcher::FirstPlacement(const std::vector<pid
 // seen for the statistics. A watch that fails only costs the figures.
 void Launcher::WatchSharing(ThreadSupervisor& sup, pid_t pid) {
   const launch::WatchOptions wo;
-  auto seen = launch::WatchWrites(sup, pid, wo, absl::Now() + absl::Seconds(10));
+  auto seen = launch::WatchAccesses(sup, pid, wo, absl::Now() + absl::Seconds(10));
   if (!seen.ok()) {
     LOG(WARNING) << "stretchd run: watching the program's writes failed: " << seen.status();
     return;
@@ -225,7 +225,8 @@ void Launcher::WatchSharing(ThreadSupervisor& sup, pid_t pid) {
       placement::SummarizeWrites(seen->intervals, wo.interval, FirstPlacement(tids));
   native_writes_json_ = absl::StrCat(
       R"({"watch_ms":)", absl::ToDoubleMilliseconds(seen->elapsed), R"(,"faults":)", seen->faults,
-      R"(,"protected_bytes":)", seen->protected_bytes, R"(,"first_placement":)", s.Json(), "}");
+      R"(,"protected_bytes":)", seen->protected_bytes, R"(,"sampled_pages":)", seen->sampled_pages,
+      R"(,"events":)", seen->events, R"(,"first_placement":)", s.Json(), "}");
   LOG(INFO) << "stretchd run: the program's writes at its migration point: " << native_writes_json_;
 }
 

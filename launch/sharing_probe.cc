@@ -1,43 +1,56 @@
 #include "launch/sharing_probe.h"
 
 #include <linux/userfaultfd.h>
-#include <poll.h>
-#include <unistd.h>
+#include <signal.h>
 
 #include <algorithm>
-#include <cerrno>
+#include <array>
 #include <fstream>
+#include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/synchronization/mutex.h"
+#include "core/page.h"
 #include "core/status.h"
+#include "glog/logging.h"
+#include "uffd/fault_loop.h"
 #include "uffd/inject.h"
+#include "uffd/invalidate.h"
+#include "uffd/process.h"
 #include "uffd/takeover.h"
 #include "uffd/userfaultfd.h"
 
 namespace stretch::launch {
 namespace {
 
-constexpr uintptr_t kPage = 4096;
+using Ranges = std::vector<std::pair<uintptr_t, size_t>>;
 
 struct Range {
   uintptr_t start = 0, end = 0;
 };
 
-// The private anonymous writable mappings of `pid` (heap, stacks, anonymous mmaps), from
-// /proc/<pid>/maps: "start-end perms offset dev inode [name]".
-absl::StatusOr<std::vector<Range>> AnonymousWritable(pid_t pid) {
+// The mappings of `pid` from /proc/<pid>/maps ("start-end perms offset dev inode [name]"):
+// all of them, or only the private anonymous writable ones (heap, stacks, anonymous mmaps).
+absl::StatusOr<std::vector<Range>> Mappings(pid_t pid, bool anonymous_writable_only) {
   const std::string path = absl::StrCat("/proc/", pid, "/maps");
   std::ifstream in(path);
   if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", path));
   std::vector<Range> out;
   for (std::string line; std::getline(in, line);) {
     std::vector<absl::string_view> f = absl::StrSplit(line, ' ', absl::SkipEmpty());
-    if (f.size() < 5 || f[1] != "rw-p" || f[4] != "0") continue;
-    if (f.size() >= 6 && !absl::StartsWith(f[5], "[")) continue;
+    if (f.size() < 5) continue;
+    if (anonymous_writable_only) {
+      if (f[1] != "rw-p" || f[4] != "0") continue;
+      if (f.size() >= 6 && !absl::StartsWith(f[5], "[")) continue;
+    }
     std::pair<absl::string_view, absl::string_view> se = absl::StrSplit(f[0], '-');
     Range r;
     if (!absl::SimpleHexAtoi(se.first, &r.start) || !absl::SimpleHexAtoi(se.second, &r.end)) {
@@ -48,38 +61,313 @@ absl::StatusOr<std::vector<Range>> AnonymousWritable(pid_t pid) {
   return out;
 }
 
-// Serves the write-protect faults of `uffd` until `until`, recording each in `into`.
-// False once the program is gone.
-bool Serve(uffd::Userfaultfd& uffd, absl::Time until, placement::WriteInterval& into,
-           uint64_t& faults) {
-  struct uffd_msg msgs[64];
-  for (;;) {
-    const absl::Duration left = until - absl::Now();
-    if (left <= absl::ZeroDuration()) return true;
-    struct pollfd p = {uffd.fd(), POLLIN, 0};
-    const int ms =
-        static_cast<int>(absl::ToInt64Milliseconds(absl::Ceil(left, absl::Milliseconds(1))));
-    if (poll(&p, 1, std::max(ms, 1)) <= 0) continue;
-    if (p.revents & (POLLERR | POLLHUP)) return false;
-    const ssize_t n = read(uffd.fd(), msgs, sizeof(msgs));
-    if (n < 0 && (errno == EAGAIN || errno == EINTR)) continue;
-    if (n <= 0) return false;
-    for (size_t i = 0; i < static_cast<size_t>(n) / sizeof(msgs[0]); ++i) {
-      if (msgs[i].event != UFFD_EVENT_PAGEFAULT) continue;
-      const uintptr_t page = msgs[i].arg.pagefault.address & ~(kPage - 1);
-      into.writes.push_back({page, static_cast<int32_t>(msgs[i].arg.pagefault.feat.ptid)});
-      ++faults;
-      if (uffd.WriteProtect(page, kPage, /*protect=*/false).code == uffd::UffdResult::kGone) {
-        return false;
+// Runs of the sorted, merged `runs` cut where one mapping ends and the next begins: madvise
+// reports one REMOVE event per mapping a range touches, and FaultLoop::ExpectRemoves matches
+// whole events.
+Ranges SplitAtMappings(const Ranges& runs, const std::vector<Range>& maps) {
+  Ranges out;
+  for (auto [start, len] : runs) {
+    const uintptr_t end = start + len;
+    while (start < end) {
+      uintptr_t cut = end;
+      for (const Range& m : maps) {
+        if (m.start <= start && start < m.end) cut = std::min(cut, m.end);
+      }
+      out.emplace_back(start, cut - start);
+      start = cut;
+    }
+  }
+  return out;
+}
+
+// Runs `fn(via)` with every thread of the program stopped: all its running threads but one
+// parked (again while any of them created more), that one, `via` (a worker rather than main,
+// which the tracer may have stopped at a call), stopped by RunStopped, where calls can be
+// injected into it. With no thread running at all, fn(0). The parked threads run again
+// afterwards. A thread that exits meanwhile is no error; `via` exiting is.
+absl::Status WithProgramStopped(ThreadSupervisor& supervisor, pid_t pid,
+                                const std::function<absl::Status(pid_t)>& fn, absl::Time deadline) {
+  std::vector<pid_t> parked;
+  absl::Status status;
+  pid_t via = 0;
+  for (bool more = true; more && status.ok();) {
+    more = false;
+    const std::vector<pid_t> running = supervisor.RunningThreads();
+    via = 0;
+    for (pid_t tid : running) {
+      if (via == 0 || tid != pid) via = tid;
+    }
+    for (pid_t tid : running) {
+      if (tid == via) continue;
+      more = true;
+      absl::Status parking = supervisor.Park(tid, deadline);
+      if (parking.ok()) {
+        parked.push_back(tid);
+      } else if (const std::vector<pid_t> all = supervisor.Threads();
+                 std::find(all.begin(), all.end(), tid) != all.end()) {
+        status = parking;
+        break;
       }
     }
   }
+  if (status.ok()) status = via == 0 ? fn(0) : supervisor.RunStopped(via, fn, deadline);
+  for (pid_t tid : parked) {
+    absl::Status resumed = supervisor.Resume(tid, deadline);
+    if (!resumed.ok()) {
+      LOG(ERROR) << "sharing probe: thread " << tid << " could not run again: " << resumed;
+      if (status.ok()) status = resumed;
+    }
+  }
+  return status;
+}
+
+// Serves the program's faults during the watch and records them, and keeps the contents of
+// the pages made missing for the sample until each is touched or given back. OnFault/OnEvent
+// run on the fault loop's thread; Sample and GiveBack on the supervisor's tracer thread with
+// the whole program stopped (WithProgramStopped) and the loop caught up (FaultLoop::Sync), so
+// that no event of the program can fall between reading a page and making it missing.
+class Watcher final : public uffd::FaultHandler {
+ public:
+  using Contents = std::array<uint8_t, kPageSize>;
+
+  Watcher(pid_t pid, std::vector<Range> registered) : pid_(pid), ranges_(std::move(registered)) {}
+
+  // Where faults are recorded from now on (nullptr: nowhere).
+  void RecordInto(placement::AccessInterval* interval) {
+    absl::MutexLock l(&mu_);
+    current_ = interval;
+  }
+
+  uint64_t faults() const {
+    absl::MutexLock l(&mu_);
+    return faults_;
+  }
+  // The program's discards, unmaps, moves and forks followed.
+  uint64_t events() const {
+    absl::MutexLock l(&mu_);
+    return events_;
+  }
+  // Pages made missing that are still missing.
+  size_t missing() const {
+    absl::MutexLock l(&mu_);
+    return std::count_if(kept_.begin(), kept_.end(),
+                         [](const auto& k) { return k.second.missing; });
+  }
+
+  void OnFault(uffd::FaultLoop& loop, const uffd::Fault& f) override {
+    absl::MutexLock l(&mu_);
+    ++faults_;
+    auto kept = kept_.find(f.page);
+    const bool sampled = kept != kept_.end() && kept->second.missing;
+    if (current_ != nullptr) {
+      if (f.write || f.kind == uffd::FaultKind::kWriteProtect) {
+        current_->writes.push_back({f.page, f.tid});
+      } else if (sampled) {
+        current_->reads.push_back({f.page, f.tid});
+      }
+    }
+    if (f.kind == uffd::FaultKind::kWriteProtect) {
+      (void)loop.ResolveUnprotect(f.page);
+    } else if (sampled) {
+      // After a read the page stays write-protected: its first writer is seen too.
+      (void)loop.ResolveCopy(f.page, kept->second.contents->data(), /*write_protect=*/!f.write);
+      // The contents stay: a child forked before this copy (its FORK event not handled yet)
+      // still misses the page.
+      kept->second.missing = false;
+    } else if (f.write) {
+      // Never touched yet, or discarded by the program: zeros, as natively.
+      (void)loop.ResolveCopy(f.page, kZeros.data());
+    } else {
+      (void)loop.ResolveZero(f.page);
+    }
+  }
+
+  void OnEvent(uffd::FaultLoop& loop, uffd::UffdEvent& e) override {
+    absl::MutexLock l(&mu_);
+    if (e.kind != uffd::UffdEvent::kTargetExited) ++events_;
+    switch (e.kind) {
+      case uffd::UffdEvent::kRemove:  // the program's own discard: zeros from now on
+      case uffd::UffdEvent::kUnmap:
+        for (auto it = kept_.begin(); it != kept_.end();) {
+          if (it->first >= e.start && it->first < e.end) {
+            kept_.erase(it++);
+          } else {
+            ++it;
+          }
+        }
+        if (e.kind == uffd::UffdEvent::kUnmap) {
+          // Whatever is mapped there later is not registered: never to be made missing.
+          std::vector<Range> left;
+          for (const Range& r : ranges_) {
+            if (r.start < e.start) left.push_back({r.start, std::min(r.end, e.start)});
+            if (r.end > e.end) left.push_back({std::max(r.start, e.end), r.end});
+          }
+          ranges_ = std::move(left);
+        }
+        break;
+      case uffd::UffdEvent::kRemap: {
+        absl::flat_hash_map<uintptr_t, Kept> moved;
+        for (auto it = kept_.begin(); it != kept_.end();) {
+          if (it->first >= e.start && it->first < e.end) {
+            moved[it->first - e.start + e.new_start] = std::move(it->second);
+            kept_.erase(it++);
+          } else {
+            ++it;
+          }
+        }
+        for (auto& [page, kept] : moved) kept_[page] = std::move(kept);
+        ranges_.push_back({e.new_start, e.new_start + (e.end - e.start)});
+        break;
+      }
+      case uffd::UffdEvent::kFork:
+        MakeChildWhole(std::move(e.child_uffd));
+        break;
+      case uffd::UffdEvent::kTargetExited:
+        break;
+    }
+  }
+
+  // Makes up to `count` of the pages written in `last` missing, keeping their contents
+  // (pages already missing are left out). On the tracer thread, `via` stopped there and every
+  // other thread of the program parked.
+  absl::Status Sample(uffd::FaultLoop& loop, pid_t via, const placement::AccessInterval& last,
+                      int count, absl::Time deadline, uint64_t* sampled) {
+    if (via == 0) return absl::FailedPreconditionError("no thread of the program runs");
+    if (!loop.Sync(deadline)) {
+      return absl::DeadlineExceededError("the watch's fault loop did not catch up");
+    }
+    std::vector<uintptr_t> pages;
+    {
+      absl::MutexLock l(&mu_);
+      for (const auto& w : last.writes) {
+        // Only what is still registered here: a page made missing elsewhere would read as
+        // zeros.
+        const bool registered = std::any_of(ranges_.begin(), ranges_.end(), [&w](const Range& r) {
+          return r.start <= w.page && w.page < r.end;
+        });
+        auto kept = kept_.find(w.page);
+        if (registered && (kept == kept_.end() || !kept->second.missing)) {
+          pages.push_back(w.page);
+        }
+      }
+    }
+    std::sort(pages.begin(), pages.end());
+    pages.erase(std::unique(pages.begin(), pages.end()), pages.end());
+    if (pages.size() > static_cast<size_t>(count)) {
+      // Spread over the written pages, not the lowest addresses.
+      std::vector<uintptr_t> every;
+      for (int i = 0; i < count; ++i) every.push_back(pages[pages.size() * i / count]);
+      pages = std::move(every);
+    }
+    if (pages.empty()) return absl::OkStatus();
+    // The program is stopped: nothing changes these pages until they are missing.
+    std::vector<uint8_t> contents(pages.size() * kPageSize);
+    STRETCH_RETURN_IF_ERROR(uffd::RemoteMemory(pid_).ReadPages(pages, contents.data()));
+    STRETCH_ASSIGN_OR_RETURN(std::vector<Range> maps, Mappings(pid_, false));
+    const Ranges runs = SplitAtMappings(uffd::PagesToRanges(pages), maps);
+    {
+      absl::MutexLock l(&mu_);
+      for (size_t i = 0; i < pages.size(); ++i) {
+        Kept& k = kept_[pages[i]];
+        if (k.contents == nullptr) k.contents = std::make_unique<Contents>();
+        std::copy_n(contents.data() + i * kPageSize, kPageSize, k.contents->data());
+        k.missing = true;
+      }
+    }
+    loop.ExpectRemoves(runs);
+    STRETCH_ASSIGN_OR_RETURN(auto thread, uffd::RemoteThread::Adopt(via));
+    absl::Status zapped = uffd::InvalidateRangesByInjection(*thread, runs);
+    if (!zapped.ok()) {
+      // Some pages may be missing now: their kept contents stay (a page still present never
+      // asks for them, and giving one back to it is refused).
+      loop.ForgetExpectedRemoves(runs);
+      return zapped;
+    }
+    *sampled += pages.size();
+    return absl::OkStatus();
+  }
+
+  // Gives every page still missing its contents back, then unprotects and unregisters the
+  // ranges. With the program stopped as for Sample.
+  absl::Status GiveBack(uffd::FaultLoop& loop, absl::Time deadline) {
+    if (!loop.Sync(deadline)) {
+      return absl::DeadlineExceededError("the watch's fault loop did not catch up");
+    }
+    absl::MutexLock l(&mu_);
+    current_ = nullptr;
+    absl::Status status;
+    for (auto& [page, kept] : kept_) {
+      if (!kept.missing) continue;
+      const uffd::UffdResult r = loop.ResolveCopy(page, kept.contents->data());
+      if (r.code != uffd::UffdResult::kOk && r.code != uffd::UffdResult::kExists &&
+          r.code != uffd::UffdResult::kGone && status.ok()) {
+        status = r.ToStatus("giving a sampled page back to the program", page);
+      }
+    }
+    kept_.clear();
+    for (const Range& r : ranges_) {
+      (void)loop.uffd().WriteProtect(r.start, r.end - r.start, false);
+      (void)loop.uffd().Unregister(r.start, r.end - r.start);
+    }
+    return status;
+  }
+
+ private:
+  // A child forked during the watch has the parent's registered ranges on `fd`, with the kept
+  // pages missing: it gets them all now, and the ranges are released, so it runs on as an
+  // ordinary process.
+  void MakeChildWhole(UniqueFd fd) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    auto child = uffd::Userfaultfd::Adopt(std::move(fd), uffd::Userfaultfd::Options());
+    if (!child.ok()) {
+      LOG(ERROR) << "sharing probe: cannot take the forked child's userfaultfd: " << child.status();
+      return;
+    }
+    // Every page made missing, also the ones given back here since: the child's copy of a
+    // page present at the fork refuses it (kExists).
+    for (const auto& [page, kept] : kept_) {
+      (void)(*child)->Copy(page, kept.contents->data(), kPageSize);
+    }
+    for (const Range& r : ranges_) {
+      (void)(*child)->WriteProtect(r.start, r.end - r.start, false);
+      (void)(*child)->Unregister(r.start, r.end - r.start);
+    }
+  }
+
+  static constexpr std::array<uint8_t, kPageSize> kZeros{};
+
+  const pid_t pid_;
+  mutable absl::Mutex mu_;
+  std::vector<Range> ranges_ ABSL_GUARDED_BY(mu_);  // registered, and where mremap moved them
+  placement::AccessInterval* current_ ABSL_GUARDED_BY(mu_) = nullptr;
+  // The pages made missing, with their contents then: until the program discards or unmaps
+  // them, also after they were given back (`missing` false), for children forked meanwhile.
+  struct Kept {
+    std::unique_ptr<Contents> contents;
+    bool missing = true;
+  };
+  absl::flat_hash_map<uintptr_t, Kept> kept_ ABSL_GUARDED_BY(mu_);
+  uint64_t faults_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t events_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+// Write-protects every range, retrying while the program's address space is changing (an
+// event the loop has still to read). False once the program is gone.
+bool ProtectAll(uffd::Userfaultfd& uffd, const std::vector<Range>& ranges, absl::Time deadline) {
+  for (const Range& r : ranges) {
+    for (;;) {
+      const uffd::UffdResult res = uffd.WriteProtect(r.start, r.end - r.start, true);
+      if (res.code == uffd::UffdResult::kGone) return false;
+      if (res.code != uffd::UffdResult::kAgain || absl::Now() > deadline) break;
+      absl::SleepFor(absl::Microseconds(100));
+    }
+  }
+  return true;
 }
 
 }  // namespace
 
-absl::StatusOr<WatchedWrites> WatchWrites(ThreadSupervisor& supervisor, pid_t pid,
-                                          const WatchOptions& options, absl::Time deadline) {
+absl::StatusOr<WatchedAccesses> WatchAccesses(ThreadSupervisor& supervisor, pid_t pid,
+                                              const WatchOptions& options, absl::Time deadline) {
   const absl::Time start = absl::Now();
   // The uffd is made by a thread that runs: a parked one may be stopped at the entry of its own
   // call (main parked at its join), which an injected call would take the place of.
@@ -89,45 +377,88 @@ absl::StatusOr<WatchedWrites> WatchWrites(ThreadSupervisor& supervisor, pid_t pi
   for (pid_t t : running) {
     if (t != pid) via = t;  // a worker rather than main, which the tracer may stop at calls
   }
+  const bool reads = options.read_sample > 0;
   std::unique_ptr<uffd::Userfaultfd> uffd;
   STRETCH_RETURN_IF_ERROR(supervisor.RunStopped(
       via,
-      [&uffd](pid_t tid) -> absl::Status {
+      [&uffd, reads](pid_t tid) -> absl::Status {
         STRETCH_ASSIGN_OR_RETURN(auto thread, uffd::RemoteThread::Adopt(tid));
         uffd::Userfaultfd::Options o;
         o.required_features = UFFD_FEATURE_PAGEFAULT_FLAG_WP | UFFD_FEATURE_THREAD_ID;
+        // Pages made missing must follow the program's own discards, moves and forks.
+        if (reads) {
+          o.required_features |= UFFD_FEATURE_EVENT_FORK | UFFD_FEATURE_EVENT_REMAP |
+                                 UFFD_FEATURE_EVENT_REMOVE | UFFD_FEATURE_EVENT_UNMAP;
+        }
         STRETCH_ASSIGN_OR_RETURN(uffd, uffd::OpenUffdInTarget(*thread, o));
         return absl::OkStatus();
       },
       deadline));
-  STRETCH_ASSIGN_OR_RETURN(std::vector<Range> maps, AnonymousWritable(pid));
-  WatchedWrites w;
+  STRETCH_ASSIGN_OR_RETURN(std::vector<Range> maps, Mappings(pid, true));
+  WatchedAccesses w;
   std::vector<Range> ranges;
+  const uint64_t modes = uffd::kRegisterWriteProtect | (reads ? uffd::kRegisterMissing : 0);
   for (const Range& r : maps) {
-    // A mapping the kernel will not write-protect (or one gone since) is left out.
-    if (uffd->Register(r.start, r.end - r.start, uffd::kRegisterWriteProtect).ok()) {
+    // A mapping the kernel will not watch (or one gone since) is left out.
+    if (uffd->Register(r.start, r.end - r.start, modes).ok()) {
       ranges.push_back(r);
       w.protected_bytes += r.end - r.start;
     }
   }
-  bool alive = true;
-  for (int i = 0; i < options.intervals && alive; ++i) {
-    for (const Range& r : ranges) {
-      if (uffd->WriteProtect(r.start, r.end - r.start, true).code == uffd::UffdResult::kGone) {
-        alive = false;
+  STRETCH_ASSIGN_OR_RETURN(uffd::Pidfd program, uffd::Pidfd::Open(pid));
+  Watcher watcher(pid, ranges);
+  uffd::FaultLoop::Options lo;
+  lo.target_pidfd = program.fd();
+  lo.name = "sharing-probe";
+  STRETCH_ASSIGN_OR_RETURN(auto loop, uffd::FaultLoop::Start(uffd.get(), &watcher, lo));
+
+  w.intervals.reserve(options.intervals);  // the watcher records into them in place
+  bool sampling = reads;
+  for (int i = 0; i < options.intervals && loop->running(); ++i) {
+    placement::AccessInterval& in = w.intervals.emplace_back();
+    watcher.RecordInto(&in);
+    if (!ProtectAll(*uffd, ranges, deadline)) break;
+    if (sampling && i > 0) {
+      const placement::AccessInterval& last = w.intervals[i - 1];
+      absl::Status s = WithProgramStopped(
+          supervisor, pid,
+          [&](pid_t thread) {
+            return watcher.Sample(*loop, thread, last, options.read_sample, deadline,
+                                  &w.sampled_pages);
+          },
+          deadline);
+      if (!s.ok()) {
+        LOG(WARNING) << "sharing probe: no more reads watched: " << s;
+        sampling = false;
       }
     }
-    w.intervals.emplace_back();
-    if (alive) alive = Serve(*uffd, absl::Now() + options.interval, w.intervals.back(), w.faults);
+    absl::SleepFor(options.interval);
   }
-  // Unprotecting wakes every thread still waiting on a fault; unregistering and closing leave
-  // the program as it was.
-  for (const Range& r : ranges) {
-    (void)uffd->WriteProtect(r.start, r.end - r.start, false);
-    (void)uffd->Unregister(r.start, r.end - r.start);
+  watcher.RecordInto(nullptr);
+  // Everything given back, unprotected (which wakes every thread still waiting on a fault)
+  // and unregistered; closing the uffd then leaves the program as it was. A thread that exits
+  // just then can make a stop fail: tried again.
+  absl::Status given_back = absl::OkStatus();
+  for (int attempt = 0; attempt < 3 && loop->running(); ++attempt) {
+    given_back = WithProgramStopped(
+        supervisor, pid, [&](pid_t) { return watcher.GiveBack(*loop, deadline); }, deadline);
+    if (given_back.ok()) break;
   }
+  if (!given_back.ok() && watcher.missing() == 0) {
+    // Nothing is missing: the program need not be stopped to release the ranges.
+    given_back = watcher.GiveBack(*loop, deadline);
+  }
+  w.faults = watcher.faults();
+  w.events = watcher.events();
+  loop->Stop();
   uffd.reset();
   w.elapsed = absl::Now() - start;
+  if (!given_back.ok() && reads && !program.Exited()) {
+    (void)program.Signal(SIGKILL);
+    return absl::InternalError(absl::StrCat(
+        "the program was killed: the pages its reads were watched on could not be given back (",
+        given_back.message(), ")"));
+  }
   return w;
 }
 

@@ -1,12 +1,14 @@
-// WatchWrites on a real program at its migration point (RunOrigin, staying native): it sees
-// which thread writes which page, and the program runs on to its native end with nothing of
-// the watch left in it.
+// WatchAccesses on real programs at their migration point (RunOrigin, staying native): it sees
+// which thread writes, and reads, which page, and the program runs on to its native end with
+// its memory intact and nothing of the watch left in it.
 #include "launch/sharing_probe.h"
 
 #include <sys/prctl.h>
 
 #include <cstdio>
 #include <filesystem>
+#include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
@@ -36,7 +38,7 @@ bool HoldsUserfaultfd(pid_t pid) {
 }
 
 struct Watched {
-  absl::StatusOr<WatchedWrites> writes = absl::UnknownError("not watched");
+  absl::StatusOr<WatchedAccesses> writes = absl::UnknownError("not watched");
   bool uffd_left = true;
   ExitStatus status;
   std::string out;
@@ -50,19 +52,19 @@ class SharingProbeTest : public ::testing::Test {
     ASSERT_EQ(prctl(PR_SET_CHILD_SUBREAPER, 1), 0);
   }
 
-  // Runs write_sharing `mode` natively; at its migration point (main joining its two workers)
-  // watches its writes, then lets it finish.
-  Watched Run(const std::string& mode) {
+  // Runs `argv` natively; at its migration point (main joining its threads) watches its
+  // accesses, then lets it finish. The first number it prints is kept in `buffer`.
+  Watched Run(std::vector<std::string> argv, const WatchOptions& options = {}) {
     Watched w;
     OriginOptions o;
-    o.program.argv = {Program("write_sharing"), mode, "3"};
+    o.program.argv = std::move(argv);
     o.program.stdout_path = dir_.path() + "/out";
     o.program.stderr_path = dir_.path() + "/err";
     o.images_dir = dir_.path() + "/images";
     o.timeout = absl::Seconds(60);
     o.stay = true;
-    o.at_migration_point = [&w](ThreadSupervisor& sup, pid_t pid) {
-      w.writes = WatchWrites(sup, pid, WatchOptions{}, absl::Now() + absl::Seconds(10));
+    o.at_migration_point = [&w, options](ThreadSupervisor& sup, pid_t pid) {
+      w.writes = WatchAccesses(sup, pid, options, absl::Now() + absl::Seconds(20));
       w.uffd_left = HoldsUserfaultfd(pid);
     };
     auto r = RunOrigin(o);
@@ -72,14 +74,17 @@ class SharingProbeTest : public ::testing::Test {
       w.status = r->status;
     }
     w.out = testing::ReadFileOrEmpty(o.program.stdout_path);
-    std::sscanf(w.out.c_str(), "buffer %lx", &w.buffer);
+    std::sscanf(w.out.c_str(), "%*s %lx", &w.buffer);
     return w;
   }
 
+  // Runs write_sharing `mode` (two workers writing for 3 s) as Run does.
+  Watched Run(const std::string& mode) { return Run({Program("write_sharing"), mode, "3"}); }
+
   // The writers of `page` in each interval.
-  static std::vector<std::vector<int32_t>> WritersOf(const WatchedWrites& w, uintptr_t page) {
+  static std::vector<std::vector<int32_t>> WritersOf(const WatchedAccesses& w, uintptr_t page) {
     std::vector<std::vector<int32_t>> out;
-    for (const placement::WriteInterval& in : w.intervals) {
+    for (const placement::AccessInterval& in : w.intervals) {
       std::vector<int32_t> tids;
       for (const auto& x : in.writes) {
         if (x.page == page) tids.push_back(x.tid);
@@ -115,7 +120,7 @@ TEST_F(SharingProbeTest, SeesWhichWorkerWritesTheSharedPage) {
   }
   EXPECT_GE(seen, 1);
   // On one node nothing it saw moves a page.
-  std::vector<placement::WriteInterval> buffer_writes;
+  std::vector<placement::AccessInterval> buffer_writes;
   for (const auto& in : w.writes->intervals) {
     buffer_writes.emplace_back();
     for (const auto& x : in.writes) {
@@ -144,6 +149,56 @@ TEST_F(SharingProbeTest, SeesEachThreadWritingItsOwnPage) {
   }
   EXPECT_GE(seen_first, 1);
   EXPECT_GE(seen_second, 1);
+}
+
+// The producer (thread 2) rewrites a page every millisecond, the consumer (thread 3) reads it
+// without pause: the sampled page's first toucher after it was made missing is the consumer,
+// reading, in some interval; spread over two nodes that is a page fetched across them.
+TEST_F(SharingProbeTest, SeesTheConsumerReadingWhatTheProducerWrote) {
+  WatchOptions options;
+  options.intervals = 8;
+  Watched w = Run({Program("access_sharing"), "pipe", "3"}, options);
+  ASSERT_TRUE(w.writes.ok()) << w.writes.status();
+  EXPECT_FALSE(w.uffd_left);
+  EXPECT_EQ(w.status.code, 0);
+  EXPECT_NE(w.out.find("done 1"), std::string::npos) << w.out;
+  ASSERT_NE(w.buffer, 0u) << w.out;
+  EXPECT_GT(w.writes->sampled_pages, 0u);
+  int consumer_first = 0;
+  for (const auto& in : w.writes->intervals) {
+    for (const auto& r : in.reads) {
+      EXPECT_TRUE(r.page != w.buffer || r.tid == 3) << "thread " << r.tid << " read first";
+      consumer_first += r.page == w.buffer && r.tid == 3;
+    }
+  }
+  EXPECT_GE(consumer_first, 1);
+  std::vector<placement::AccessInterval> page;
+  for (const auto& in : w.writes->intervals) {
+    page.emplace_back();
+    for (const auto& x : in.writes) {
+      if (x.page == w.buffer) page.back().writes.push_back(x);
+    }
+    for (const auto& x : in.reads) {
+      if (x.page == w.buffer) page.back().reads.push_back(x);
+    }
+  }
+  EXPECT_GE(placement::SummarizeWrites(page, options.interval, {{3, 1}}).read_moves, 1u);
+  EXPECT_EQ(placement::SummarizeWrites(page, options.interval, {}).read_moves, 0u);
+}
+
+// Pages made missing for the watch while the program discards, moves, unmaps and remaps pages
+// and forks children that check what they inherited: every check of the program holds (a page
+// given stale contents, zeros where data was, or a child missing a page would fail one).
+TEST_F(SharingProbeTest, TheProgramKeepsItsMemoryThroughDiscardsMovesAndForks) {
+  WatchOptions options;
+  options.intervals = 10;
+  Watched w = Run({Program("access_sharing"), "churn", "3"}, options);
+  ASSERT_TRUE(w.writes.ok()) << w.writes.status();
+  EXPECT_FALSE(w.uffd_left);
+  EXPECT_EQ(w.status.code, 0);
+  EXPECT_NE(w.out.find("done 1"), std::string::npos) << w.out;
+  EXPECT_GT(w.writes->sampled_pages, 0u);
+  EXPECT_GT(w.writes->events, 0u);  // its changes happened during the watch
 }
 
 }  // namespace

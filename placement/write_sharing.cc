@@ -25,7 +25,7 @@ bool Intersect(const std::vector<int>& a, const std::vector<int>& b) {
 
 }  // namespace
 
-WriteSharing SummarizeWrites(const std::vector<WriteInterval>& intervals, absl::Duration interval,
+WriteSharing SummarizeWrites(const std::vector<AccessInterval>& intervals, absl::Duration interval,
                              const absl::flat_hash_map<int32_t, int>& node_of) {
   WriteSharing s;
   s.intervals = static_cast<int>(intervals.size());
@@ -41,13 +41,32 @@ WriteSharing SummarizeWrites(const std::vector<WriteInterval>& intervals, absl::
   };
   absl::flat_hash_map<uintptr_t, Last> last;
   absl::flat_hash_set<int32_t> writers;
-  for (const WriteInterval& in : intervals) {
+  for (const AccessInterval& in : intervals) {
     absl::flat_hash_map<uintptr_t, Last> now;
-    for (const WriteInterval::Write& w : in.writes) {
+    absl::flat_hash_map<uintptr_t, std::vector<int>> readers;
+    for (const AccessInterval::Access& r : in.reads) readers[r.page].push_back(node(r.tid));
+    for (const AccessInterval::Access& w : in.writes) {
       Last& l = now[w.page];
       l.tids.push_back(w.tid);
       l.nodes.push_back(node(w.tid));
       writers.insert(w.tid);
+    }
+    // Reads first: a write in the same interval or the last one before that wrote the page
+    // made it the writer's.
+    for (auto& [page, nodes] : readers) {
+      Normalize(nodes);
+      ++s.page_reads;
+      std::vector<int> writing;  // nodes
+      if (auto it = now.find(page); it != now.end()) writing = it->second.nodes;
+      if (auto it = last.find(page); it != last.end()) {
+        writing.insert(writing.end(), it->second.nodes.begin(), it->second.nodes.end());
+      }
+      Normalize(writing);
+      for (int n : nodes) {
+        if (std::any_of(writing.begin(), writing.end(), [n](int w) { return w != n; })) {
+          ++s.read_moves;
+        }
+      }
     }
     for (auto& [page, cur] : now) {
       Normalize(cur.tids);
@@ -75,8 +94,9 @@ WriteSharing SummarizeWrites(const std::vector<WriteInterval>& intervals, absl::
 std::string WriteSharing::Json() const {
   return absl::StrFormat(
       R"({"intervals":%d,"seconds":%.3f,"threads":%d,"page_writes":%u,"shared_writes":%u,)"
-      R"("handoffs":%u,"node_moves":%u})",
-      intervals, seconds, threads, page_writes, shared_writes, handoffs, node_moves);
+      R"("handoffs":%u,"node_moves":%u,"page_reads":%u,"read_moves":%u})",
+      intervals, seconds, threads, page_writes, shared_writes, handoffs, node_moves, page_reads,
+      read_moves);
 }
 
 }  // namespace stretch::placement
