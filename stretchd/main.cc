@@ -100,8 +100,9 @@ DEFINE_bool(one_malloc_arena, false,
             "threads on different nodes off each other's heap pages)");
 DEFINE_bool(sharing_probe, false,
             "run: at the migration point, watch for 100 ms which threads write which pages "
-            "(write protection of the native program) and put what was seen, with the page "
-            "moves the first placement would cost, in the statistics (\"native_writes\" in "
+            "(write protection of the native program) and which read a sample of the written "
+            "ones (made missing for a moment), and put what was seen, with the page moves the "
+            "first placement would cost, in the statistics (\"native_writes\" in "
             "--stats_json). Measures only: it decides nothing yet");
 DEFINE_string(node_cpus, "",
               "run: the CPUs of each emulated node, nodes separated by ';' and CPUs by ',' "
