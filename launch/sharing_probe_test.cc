@@ -81,6 +81,16 @@ class SharingProbeTest : public ::testing::Test {
   // Runs write_sharing `mode` (two workers writing for 3 s) as Run does.
   Watched Run(const std::string& mode) { return Run({Program("write_sharing"), mode, "3"}); }
 
+  // The watch worked, left nothing in the program, and the program ended as natively, every
+  // check of its own holding ("done 1").
+  static void ExpectWatchedAndIntact(const Watched& w) {
+    ASSERT_TRUE(w.writes.ok()) << w.writes.status();
+    EXPECT_FALSE(w.uffd_left);
+    EXPECT_FALSE(w.status.signaled);
+    EXPECT_EQ(w.status.code, 0);
+    EXPECT_NE(w.out.find("done 1"), std::string::npos) << w.out;
+  }
+
   // The writers of `page` in each interval.
   static std::vector<std::vector<int32_t>> WritersOf(const WatchedAccesses& w, uintptr_t page) {
     std::vector<std::vector<int32_t>> out;
@@ -101,11 +111,7 @@ class SharingProbeTest : public ::testing::Test {
 
 TEST_F(SharingProbeTest, SeesWhichWorkerWritesTheSharedPage) {
   Watched w = Run("shared");
-  ASSERT_TRUE(w.writes.ok()) << w.writes.status();
-  EXPECT_FALSE(w.uffd_left);
-  EXPECT_FALSE(w.status.signaled);
-  EXPECT_EQ(w.status.code, 0);
-  EXPECT_NE(w.out.find("done 1"), std::string::npos) << w.out;
+  ASSERT_NO_FATAL_FAILURE(ExpectWatchedAndIntact(w));
   ASSERT_NE(w.buffer, 0u) << w.out;
   ASSERT_EQ(w.writes->intervals.size(), 5u);
   EXPECT_GT(w.writes->protected_bytes, 0u);
@@ -132,10 +138,7 @@ TEST_F(SharingProbeTest, SeesWhichWorkerWritesTheSharedPage) {
 
 TEST_F(SharingProbeTest, SeesEachThreadWritingItsOwnPage) {
   Watched w = Run("private");
-  ASSERT_TRUE(w.writes.ok()) << w.writes.status();
-  EXPECT_FALSE(w.uffd_left);
-  EXPECT_EQ(w.status.code, 0);
-  EXPECT_NE(w.out.find("done 1"), std::string::npos) << w.out;
+  ASSERT_NO_FATAL_FAILURE(ExpectWatchedAndIntact(w));
   ASSERT_NE(w.buffer, 0u) << w.out;
   // Each worker's page is written by that worker only, and seen at least once.
   const auto first = WritersOf(*w.writes, w.buffer);
@@ -158,10 +161,7 @@ TEST_F(SharingProbeTest, SeesTheConsumerReadingWhatTheProducerWrote) {
   WatchOptions options;
   options.intervals = 8;
   Watched w = Run({Program("access_sharing"), "pipe", "3"}, options);
-  ASSERT_TRUE(w.writes.ok()) << w.writes.status();
-  EXPECT_FALSE(w.uffd_left);
-  EXPECT_EQ(w.status.code, 0);
-  EXPECT_NE(w.out.find("done 1"), std::string::npos) << w.out;
+  ASSERT_NO_FATAL_FAILURE(ExpectWatchedAndIntact(w));
   ASSERT_NE(w.buffer, 0u) << w.out;
   EXPECT_GT(w.writes->sampled_pages, 0u);
   int consumer_first = 0;
@@ -193,10 +193,7 @@ TEST_F(SharingProbeTest, TheProgramKeepsItsMemoryThroughDiscardsMovesAndForks) {
   WatchOptions options;
   options.intervals = 10;
   Watched w = Run({Program("access_sharing"), "churn", "3"}, options);
-  ASSERT_TRUE(w.writes.ok()) << w.writes.status();
-  EXPECT_FALSE(w.uffd_left);
-  EXPECT_EQ(w.status.code, 0);
-  EXPECT_NE(w.out.find("done 1"), std::string::npos) << w.out;
+  ASSERT_NO_FATAL_FAILURE(ExpectWatchedAndIntact(w));
   EXPECT_GT(w.writes->sampled_pages, 0u);
   EXPECT_GT(w.writes->events, 0u);  // its changes happened during the watch
 }
