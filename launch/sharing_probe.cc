@@ -90,7 +90,14 @@ absl::Status WithProgramStopped(ThreadSupervisor& supervisor, pid_t pid,
   std::vector<pid_t> parked;
   absl::Status status;
   pid_t via = 0;
-  for (bool more = true; more && status.ok();) {
+  // Threads can appear while parking (a running one creating them): rounds until none runs
+  // but `via`, a bounded number of them.
+  bool more = true;
+  for (int round = 0; more && status.ok(); ++round) {
+    if (round == 100) {
+      status = absl::DeadlineExceededError("the program's threads kept running");
+      break;
+    }
     more = false;
     const std::vector<pid_t> running = supervisor.RunningThreads();
     via = 0;
