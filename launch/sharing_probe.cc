@@ -154,6 +154,12 @@ class Watcher final : public uffd::FaultHandler {
     absl::MutexLock l(&mu_);
     return events_;
   }
+  // The registered ranges as they are now (the program's unmaps and moves followed).
+  std::vector<Range> ranges() const {
+    absl::MutexLock l(&mu_);
+    return ranges_;
+  }
+
   // Pages made missing that are still missing.
   size_t missing() const {
     absl::MutexLock l(&mu_);
@@ -413,7 +419,7 @@ absl::StatusOr<WatchedAccesses> WatchAccesses(ThreadSupervisor& supervisor, pid_
     }
   }
   STRETCH_ASSIGN_OR_RETURN(uffd::Pidfd program, uffd::Pidfd::Open(pid));
-  Watcher watcher(pid, ranges);
+  Watcher watcher(pid, std::move(ranges));
   uffd::FaultLoop::Options lo;
   lo.target_pidfd = program.fd();
   lo.name = "sharing-probe";
@@ -424,7 +430,7 @@ absl::StatusOr<WatchedAccesses> WatchAccesses(ThreadSupervisor& supervisor, pid_
   for (int i = 0; i < options.intervals && loop->running(); ++i) {
     placement::AccessInterval& in = w.intervals.emplace_back();
     watcher.RecordInto(&in);
-    if (!ProtectAll(*uffd, ranges, deadline)) break;
+    if (!ProtectAll(*uffd, watcher.ranges(), deadline)) break;
     if (sampling && i > 0) {
       const placement::AccessInterval& last = w.intervals[i - 1];
       absl::Status s = WithProgramStopped(
