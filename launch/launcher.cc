@@ -246,6 +246,12 @@ absl::Status Launcher::RunToMigrationPoint() {
   }
   oo_.program.stdout_path = out_;
   oo_.program.stderr_path = err_;
+  // Emulated nodes with CPUs of their own: the program starts where it would on a cluster, on
+  // the launcher's machine (node 0) and its CPUs only. It then sees the CPUs it will have when
+  // it runs on node 0 alone again (a runtime sizing its spin-waits from them, as libgomp does,
+  // does not spin against its own threads there), and it does not get a second node's CPU
+  // for free before it is migrated.
+  if (!o_.node_cpus.empty()) oo_.program.cpus = o_.node_cpus[0];
   oo_.images_dir = ImagesDir();
   oo_.criu = o_.criu;
   oo_.migrate_at_threads = o_.migrate_at_threads;
@@ -280,8 +286,6 @@ absl::Status Launcher::RunToMigrationPoint() {
     std::fprintf(stderr, "stretchd run: placement: %s: %s\n",
                  choice.distribute ? "distributing" : "staying on node 0", choice.reason.c_str());
     oo_.stay = !choice.distribute;
-    // Node 0 alone: on its CPUs only, as its replica would be.
-    if (oo_.stay && !o_.node_cpus.empty()) oo_.program.cpus = o_.node_cpus[0];
     history_json_ = absl::StrCat(R"("history":{"file":)");
     AppendJsonString(o_.placement_history, &history_json_);
     absl::StrAppend(&history_json_, R"(,"key":")", history_key_, R"(","earlier_runs":)",

@@ -151,6 +151,18 @@ TEST_F(RunTest, NodeCpusPinEachNodesReplica) {
   ExpectNothingLeftOf(p->pid());
 }
 
+// --node_cpus also starts the program on node 0's CPUs, where it would start on a cluster (the
+// launcher's machine): what it sees of them before it is migrated is what node 0 has.
+TEST_F(RunTest, NodeCpusStartTheProgramOnNodeZerosCpus) {
+  if (sysconf(_SC_NPROCESSORS_ONLN) < 2) GTEST_SKIP() << "needs 2 CPUs";
+  auto [native, one] = Both({"nproc"}, {"--node_cpus=0;1"});
+  EXPECT_EQ(native.out, absl::StrCat(sysconf(_SC_NPROCESSORS_ONLN), "\n"));
+  EXPECT_EQ(one.status.ToString(), "exit status 0") << one.err;
+  EXPECT_EQ(one.out, "1\n") << one.err;
+  auto [native2, two] = Both({"nproc"}, {"--node_cpus=0,1;1"});
+  EXPECT_EQ(two.out, "2\n") << two.err;
+}
+
 // A node's agent killed (with its keeper): the pages it held are gone, so the program stops
 // everywhere with a message naming the node, stretchd fails, and nothing hangs or stays.
 TEST_F(RunTest, AKilledNodeStopsTheProgramWithAClearError) {
@@ -202,8 +214,9 @@ TEST_F(RunTest, AKilledLauncherLeavesNoReplicaRunning) {
 // dies with the launcher (its keeper) instead of running on unseen.
 TEST_F(RunTest, AKilledLauncherLeavesNoProgramRunningNatively) {
   SubprocessOptions o;
-  o.argv = {Runfile("stretchd/stretchd"), "run", "--nodes=2", "--migrate_at_threads=3",
-            "--manual", "--", Runfile("stretchd/spin_prog"), "2", "100000000000"};
+  o.argv = {Runfile("stretchd/stretchd"),  "run",      "--nodes=2",
+            "--migrate_at_threads=3",      "--manual", "--",
+            Runfile("stretchd/spin_prog"), "2",        "100000000000"};
   o.stdout_path = dir_.path() + "/native.out";
   o.stderr_path = dir_.path() + "/native.err";
   auto p = Subprocess::Start(o);

@@ -104,9 +104,11 @@ DEFINE_bool(sharing_probe, false,
             "ones (made missing for a moment), and put what was seen, with the page moves the "
             "first placement would cost, in the statistics (\"native_writes\" in "
             "--stats_json). Measures only: it decides nothing yet");
-DEFINE_string(node_cpus, "",
-              "run: the CPUs of each emulated node, nodes separated by ';' and CPUs by ',' "
-              "(e.g. '0;1': node 0 on CPU 0, node 1 on CPU 1); default: all CPUs for every node");
+DEFINE_string(
+    node_cpus, "",
+    "run: the CPUs of each emulated node, nodes separated by ';' and CPUs by ',' "
+    "(e.g. '0;1': node 0 on CPU 0, node 1 on CPU 1); the program starts on node 0's, as it "
+    "would on the launcher's machine of a cluster; default: all CPUs for every node");
 DEFINE_string(work_dir, "", "run: keep the checkpoint, logs and output files in this directory");
 DEFINE_string(control, "",
               "run: where `stretchd migrate` reaches this run (Unix socket; default "
