@@ -504,12 +504,13 @@ bool IsThreadId(uint32_t t) { return t != 0 && t <= static_cast<uint32_t>(INT32_
 absl::Status Validate(const Control& m) {
   const char* op = Name(m.op);
   const ControlCpu& c = m.cpu;
-  const uint8_t set =
-      (m.value != 0 ? kHasValue : 0) | (m.thread != 0 ? kHasThread : 0) |
-      (!m.text.empty() ? kHasText : 0) | (!m.threads.empty() ? kHasThreads : 0) |
-      (c.run_ns | c.threads | c.stall_ns | c.faults | c.invalidations | c.cpus | c.wait_ns ? kHasCpu
-                                                                                           : 0) |
-      (!m.cores.empty() ? kHasCores : 0) | (!m.sharing.empty() ? kHasSharing : 0);
+  const uint8_t set = (m.value != 0 ? kHasValue : 0) | (m.thread != 0 ? kHasThread : 0) |
+                      (!m.text.empty() ? kHasText : 0) | (!m.threads.empty() ? kHasThreads : 0) |
+                      (c.run_ns | c.threads | c.stall_ns | c.faults | c.invalidations | c.cpus |
+                               c.wait_ns | c.own_ns | c.busy_ns
+                           ? kHasCpu
+                           : 0) |
+                      (!m.cores.empty() ? kHasCores : 0) | (!m.sharing.empty() ? kHasSharing : 0);
   if (set & ~ControlFields(m.op)) {
     return Invalid("Control", absl::StrFormat("%s sets fields it has none of (0x%x)", op,
                                               set & ~ControlFields(m.op)));

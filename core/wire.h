@@ -39,7 +39,8 @@ inline constexpr uint32_t kMagic = 0x57525453;  // "STRW" as little-endian bytes
 // 2: Hello lost its unused `nonce` and AuthProof (type 3) is gone: peers authenticate in the
 // transport's handshake (TransportOptions::cluster_secret), before any wire message.
 // 4: LaunchOp kCheck and kCheckReply (`stretchd check --cluster`).
-inline constexpr uint8_t kVersion = 4;
+// 5: ControlCpu carries own_ns and busy_ns (the agent's CPU time, its CPUs' busy time).
+inline constexpr uint8_t kVersion = 5;
 inline constexpr size_t kHeaderSize = 12;
 // Largest payload a peer may send; larger frames are rejected before anything is allocated.
 inline constexpr uint32_t kMaxPayload = 16u << 20;
@@ -459,6 +460,8 @@ struct ControlCpu {
   uint64_t invalidations = 0;  // invalidations received
   uint32_t cpus = 0;           // CPUs it may use
   uint64_t wait_ns = 0;        // time its threads waited for a CPU while runnable
+  uint64_t own_ns = 0;         // CPU time of the node's agent itself (Stretch's own work there)
+  uint64_t busy_ns = 0;        // time the node's CPUs were busy, whatever ran (0: unknown)
 };
 // Most CPUs a node has (CPU indexes are below it).
 inline constexpr uint32_t kMaxCpus = 4096;

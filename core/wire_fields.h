@@ -203,6 +203,8 @@ void Fields(V& v, M& m) requires std::is_same_v<std::remove_const_t<M>, ControlC
   v(m.invalidations, "invalidations");
   v(m.cpus, "cpus");
   v(m.wait_ns, "wait_ns");
+  v(m.own_ns, "own_ns");
+  v(m.busy_ns, "busy_ns");
 }
 template <typename V, typename M>
 void Fields(V& v, M& m) requires std::is_same_v<std::remove_const_t<M>, ControlCores> {

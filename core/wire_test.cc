@@ -417,7 +417,7 @@ TEST(WireTest, ControlRoundTrip) {
 
   Control cpu;
   cpu.op = ControlOp::kCpuReport;
-  cpu.cpu = {1000, 2, 30, 4, 5, 2, 6};
+  cpu.cpu = {1000, 2, 30, 4, 5, 2, 6, 7, 8};
   out = Decode(Encode(cpu));
   ASSERT_TRUE(out.ok()) << out.status();
   const ControlCpu& r = std::get<Control>(*out).cpu;
@@ -428,6 +428,8 @@ TEST(WireTest, ControlRoundTrip) {
   EXPECT_EQ(r.invalidations, 5u);
   EXPECT_EQ(r.cpus, 2u);
   EXPECT_EQ(r.wait_ns, 6u);
+  EXPECT_EQ(r.own_ns, 7u);
+  EXPECT_EQ(r.busy_ns, 8u);
 
   Control state{ControlOp::kMigrateIn, 0, 12, std::string("\0\xff", 2)};
   out = Decode(Encode(state));
@@ -464,8 +466,8 @@ TEST(WireTest, ControlRejectsWhatItsOpDoesNotCarry) {
   Control here{ControlOp::kHere};
   here.threads = {7};
   std::vector<uint8_t> frame = Encode(here);
-  // threads[0]: before cpu (48 bytes) and the counts of cores and sharing
-  const size_t first_thread = 4 + 48 + 4 + 4;
+  // threads[0]: before cpu (64 bytes) and the counts of cores and sharing
+  const size_t first_thread = 4 + 64 + 4 + 4;
   std::memset(&frame[frame.size() - first_thread], 0, 4);
   EXPECT_THAT(DecodeStatus(frame).message(), HasSubstr("lists thread 0"));
   Control start{ControlOp::kStart, 0, 0, "s:1", {7}};

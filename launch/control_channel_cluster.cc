@@ -31,6 +31,8 @@ bool ControlChannelCluster::ReadCounters(std::vector<placement::NodeCounters>* c
     c[i].invalidations = r->cpu.invalidations;
     c[i].cpus = static_cast<int>(r->cpu.cpus);
     c[i].cpu_wait_ns = r->cpu.wait_ns;
+    c[i].own_ns = r->cpu.own_ns;
+    c[i].busy_ns = r->cpu.busy_ns;
   }
   return true;
 }

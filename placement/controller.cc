@@ -376,6 +376,8 @@ void PlacementController::Sample() {
     n.seconds = secs;
     n.cpu = delta(c[i].cpu_ns, was.cpu_ns) / 1e9;
     n.cpu_wait = delta(c[i].cpu_wait_ns, was.cpu_wait_ns) / 1e9;
+    n.own = delta(c[i].own_ns, was.own_ns) / 1e9;
+    n.busy = delta(c[i].busy_ns, was.busy_ns) / 1e9;
     n.stall = delta(c[i].stall_ns, was.stall_ns) / 1e9;
     n.faults = delta(c[i].faults, was.faults);
     n.invalidations = delta(c[i].invalidations, was.invalidations);

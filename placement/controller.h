@@ -33,8 +33,11 @@ namespace placement {
 // running there (CPU time of its running threads, time its faults took to resolve, faults,
 // invalidations), and now: threads running there and the CPUs it may use.
 struct NodeCounters {
-  // cpu_wait_ns: the time the running threads were runnable but waited for a CPU.
-  uint64_t cpu_ns = 0, cpu_wait_ns = 0, stall_ns = 0, faults = 0, invalidations = 0;
+  // cpu_wait_ns: the time the running threads were runnable but waited for a CPU; own_ns: the
+  // CPU time of the node's agent (work that ends when the program runs on one node again);
+  // busy_ns: the time the node's CPUs were busy, whatever ran there (0: unknown).
+  uint64_t cpu_ns = 0, cpu_wait_ns = 0, stall_ns = 0, faults = 0, invalidations = 0, own_ns = 0,
+           busy_ns = 0;
   int threads = 0, cpus = 1;
 };
 

@@ -69,6 +69,14 @@ double ThroughputModel::OtherWork(const NodeWindow& w) {
   return std::max(0.0, w.cores / share - runnable / w.seconds);
 }
 
+double ThroughputModel::UnrelatedWork(const NodeWindow& w) {
+  const double other = OtherWork(w);
+  if (other <= 0 || w.busy <= 0) return other;
+  const double others_cpu = w.busy - w.cpu;  // the agent's and everything else's
+  if (others_cpu <= 0) return 0;
+  return other * std::clamp((others_cpu - w.own) / others_cpu, 0.0, 1.0);
+}
+
 double ThroughputModel::CoresFor(double demand, double cores, double other) {
   if (demand <= 0) return 0;
   return demand + other > cores ? cores * demand / (demand + other) : demand;
@@ -100,7 +108,7 @@ double ThroughputModel::PredictOneNode(const std::vector<NodeWindow>& windows) c
     demand += (w.cpu + w.cpu_wait + std::min(stall, w.threads * w.seconds)) / w.seconds;
     threads += w.threads;
   }
-  return std::min(CoresFor(demand, windows[0].cores, OtherWork(windows[0])),
+  return std::min(CoresFor(demand, windows[0].cores, UnrelatedWork(windows[0])),
                   static_cast<double>(threads));
 }
 

@@ -20,7 +20,10 @@
 // c / (r + F) of a core when r + F > c, which gives F (OtherWork). Threads waiting behind each
 // other give F = 0: a node crowded by the program itself is not a loaded node. Predictions give
 // the program its fair share of a node's cores beside that other work (CoresFor), so that a
-// loaded machine, which slows every placement alike, is not mistaken for remote faults.
+// loaded machine, which slows every placement alike, is not mistaken for remote faults. The
+// agents' part of F is not other work for the prediction on one node (UnrelatedWork): node 0
+// alone runs the program natively, without them (on the corpus, node 0's agent and the server
+// beside it made up to 0.4 other tasks on node 0's one CPU: one node looked slower than it is).
 //
 // The cores kept busy are the program's useful work per second (it makes progress only while
 // its threads compute), so the prediction for the placement in use can be checked against the
@@ -42,6 +45,8 @@ struct NodeWindow {
   double seconds = 0;        // the window's length
   double cpu = 0;            // CPU-seconds used by the threads running there
   double cpu_wait = 0;       // thread-seconds they were runnable but waited for a CPU
+  double own = 0;            // CPU-seconds used by Stretch's own work there (its agent)
+  double busy = 0;           // CPU-seconds its CPUs were busy, whatever ran (0: unknown)
   double stall = 0;          // thread-seconds its faults took to resolve
   double faults = 0;         // faults resolved there
   double invalidations = 0;  // invalidations it received
@@ -76,6 +81,11 @@ class ThroughputModel {
 
   // Runnable tasks besides the program's threads on the node of `w`, on average over the window.
   static double OtherWork(const NodeWindow& w);
+  // The part of OtherWork that is not Stretch's own: what would still share the node with the
+  // program on one node alone. OtherWork is shared out by CPU time between the node's agent
+  // and whatever else ran on its CPUs (their busy time less the program's and the agent's);
+  // with the busy time unknown, all of it is kept.
+  static double UnrelatedWork(const NodeWindow& w);
   // The cores `demand` runnable threads get of a node's `cores` CPUs shared fairly with `other`
   // other runnable tasks.
   static double CoresFor(double demand, double cores, double other);

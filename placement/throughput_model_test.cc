@@ -115,6 +115,37 @@ TEST(ThroughputModelTest, OneNodeOnALoadedMachineGetsOnlyItsShare) {
   EXPECT_NEAR(m.PredictPlacement({Waiting(w, 0.058), Waiting(w, 0.058)}), measured, 0.02);
 }
 
+// The windows of a PCA whose rows' boundary pages both threads write: each thread on CPU about
+// 43% of the time, stalled on faults the rest, and on node 0 waiting for its CPU behind the
+// node's agent, the only other thing that ran there. Node 0 alone would run both threads
+// without the agent: a full core, more than the 0.86 cores measured spread. Counting the
+// agent's CPU as other work there (as before) predicted less than that, and the program stayed
+// spread at 0.6x of one CPU.
+TEST(ThroughputModelTest, TheAgentsOwnWorkIsNotOtherWorkOnOneNode) {
+  ThroughputModel m;
+  NodeWindow zero = Waiting(Window(0.042, 0.058, 50, 0, 1), 0.012);
+  zero.own = 0.03;
+  zero.busy = 0.072;
+  const NodeWindow one = Window(0.044, 0.056, 50, 36, 1);
+  m.Add(zero);
+  m.Add(one);
+  const double measured = (0.042 + 0.044) / 0.1;
+  EXPECT_GT(ThroughputModel::OtherWork(zero), 0.2);
+  EXPECT_EQ(ThroughputModel::UnrelatedWork(zero), 0);
+  EXPECT_NEAR(m.PredictOneNode({zero, one}), 1.0, 1e-9);
+  NodeWindow unknown = zero;
+  unknown.busy = 0;  // an agent that cannot read /proc/stat: all of it is other work
+  EXPECT_EQ(ThroughputModel::UnrelatedWork(unknown), ThroughputModel::OtherWork(zero));
+  EXPECT_LT(m.PredictOneNode({unknown, one}), measured);
+  // Another program on the CPU too: the agent's part of the other work only is taken off.
+  NodeWindow loaded = Waiting(Window(0.03, 0.0, 0, 0, 1), 0.1);
+  loaded.own = 0.01;
+  loaded.busy = 0.1;
+  EXPECT_NEAR(ThroughputModel::UnrelatedWork(loaded),
+              ThroughputModel::OtherWork(loaded) * 0.06 / 0.07, 1e-9);
+  EXPECT_GT(ThroughputModel::UnrelatedWork(loaded), 2);
+}
+
 TEST(ThroughputModelTest, BusyBesideOtherWorkSettlesAtTheFairShare) {
   // Nothing else on the node: as Busy().
   EXPECT_NEAR(ThroughputModel::BusyBeside(2, 1, 0, 0), 1.0, 1e-9);

@@ -5,6 +5,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <stdlib.h>
+#include <sys/resource.h>
 #include <sys/signalfd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -79,6 +80,38 @@ std::vector<std::pair<pid_t, std::vector<int>>> Cores(const Control& c) {
   return assignment;
 }
 
+// The CPU time this agent process has used (every thread of it; its program, a child, is not
+// in it), in ns.
+uint64_t OwnCpuNs() {
+  struct rusage ru;
+  if (getrusage(RUSAGE_SELF, &ru) != 0) return 0;
+  auto ns = [](const struct timeval& t) {
+    return static_cast<uint64_t>(t.tv_sec) * 1000000000u + static_cast<uint64_t>(t.tv_usec) * 1000u;
+  };
+  return ns(ru.ru_utime) + ns(ru.ru_stime);
+}
+
+// The time the CPUs in `set` have been busy (every state of /proc/stat but idle and iowait),
+// whatever ran on them, in ns; 0 if /proc/stat cannot be read.
+uint64_t CpusBusyNs(const cpu_set_t& set) {
+  std::ifstream in("/proc/stat");
+  const long tick = sysconf(_SC_CLK_TCK);
+  if (!in || tick <= 0) return 0;
+  uint64_t busy_ticks = 0;
+  std::string line;
+  while (std::getline(in, line)) {
+    unsigned cpu = 0;
+    unsigned long long user, nice, system, idle, iowait, irq, softirq, steal;
+    if (std::sscanf(line.c_str(), "cpu%u %llu %llu %llu %llu %llu %llu %llu %llu", &cpu, &user,
+                    &nice, &system, &idle, &iowait, &irq, &softirq, &steal) != 9 ||
+        cpu >= CPU_SETSIZE || !CPU_ISSET(cpu, &set)) {
+      continue;
+    }
+    busy_ticks += user + nice + system + irq + softirq + steal;
+  }
+  return busy_ticks * (1000000000u / static_cast<uint64_t>(tick));
+}
+
 // The answer to kCpu.
 Control CpuReport(engine::NodeAgent& agent, Replica& replica) {
   const auto latency = agent.stats().fault_latency.Snap();
@@ -94,6 +127,8 @@ Control CpuReport(engine::NodeAgent& agent, Replica& replica) {
   c.cpu.invalidations = agent.stats().invalidations_received.Get();
   c.cpu.cpus = static_cast<uint32_t>(cpus);
   c.cpu.wait_ns = cpu.wait_ns;
+  c.cpu.own_ns = OwnCpuNs();
+  c.cpu.busy_ns = CpusBusyNs(set);
   return c;
 }
 
@@ -228,8 +263,8 @@ int RunReplicaAgent(const ReplicaAgentOptions& options) {
     }
     if (o.start_pending || o.server != joined) {
       (*agent)->Stop();
-      return report_error(absl::StrCat("start names the server ", o.server,
-                                       " after joining ", joined));
+      return report_error(
+          absl::StrCat("start names the server ", o.server, " after joining ", joined));
     }
   }
   ReplicaOptions ro;
