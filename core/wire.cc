@@ -315,7 +315,8 @@ absl::Status Validate(const RegionAnnounce& m) {
   return CheckRegion("RegionAnnounce", m.base, m.length, m.flags);
 }
 absl::Status Validate(const ThreadControl& m) {
-  if (m.action == ThreadAction::kSignal && (m.status < 1 || m.status > 64)) {
+  if ((m.action == ThreadAction::kSignal || m.action == ThreadAction::kProcessSignal) &&
+      (m.status < 1 || m.status > 64)) {
     return Invalid("ThreadControl", absl::StrFormat("signal %d out of range", m.status));
   }
   return CheckEndpoint("ThreadControl", "node", m.node);

@@ -40,7 +40,8 @@ inline constexpr uint32_t kMagic = 0x57525453;  // "STRW" as little-endian bytes
 // transport's handshake (TransportOptions::cluster_secret), before any wire message.
 // 4: LaunchOp kCheck and kCheckReply (`stretchd check --cluster`).
 // 5: ControlCpu carries own_ns and busy_ns (the agent's CPU time, its CPUs' busy time).
-inline constexpr uint8_t kVersion = 5;
+// 6: ThreadAction kProcessSignal.
+inline constexpr uint8_t kVersion = 6;
 inline constexpr size_t kHeaderSize = 12;
 // Largest payload a peer may send; larger frames are rejected before anything is allocated.
 inline constexpr uint32_t kMaxPayload = 16u << 20;
@@ -177,6 +178,9 @@ enum class ThreadAction : uint8_t {
   kExited = 3,   // the thread exited on the node that ran it (mirror the exit)
   kMigrate = 4,  // move the thread to `node`
   kSignal = 5,   // deliver signal `status` to the thread, on the node that runs it
+  // Deliver signal `status` to the program as a whole (kill(2) of its pid), on the node that
+  // runs `thread` (its main thread, which the kernel offers such a signal first).
+  kProcessSignal = 6,
 };
 const char* Name(ThreadAction a);
 

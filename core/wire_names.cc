@@ -226,6 +226,8 @@ const char* Name(ThreadAction a) {
       return "migrate";
     case ThreadAction::kSignal:
       return "signal";
+    case ThreadAction::kProcessSignal:
+      return "process signal";
   }
   return nullptr;
 }

@@ -332,8 +332,10 @@ class DirectoryServer::Impl {
       }
     } else if (auto* tc = std::get_if<wire::ThreadControl>(&m);
                tc != nullptr && (tc->action == wire::ThreadAction::kSignal ||
+                                 tc->action == wire::ThreadAction::kProcessSignal ||
                                  tc->action == wire::ThreadAction::kExited)) {
-      // A signal for a thread the sender does not run: the node that runs it delivers it.
+      // A signal for a thread the sender does not run, or for the program from a node that does
+      // not run its main thread: the node that runs the thread delivers it.
       // A thread's exit (manual mode): every other node mirrors it in its replica.
       for (const auto& [other, n] : nodes_) {
         if (n.alive && other != *id) SendTo(n.peer, *tc);

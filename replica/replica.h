@@ -195,6 +195,8 @@ class Replica {
   // Tracer thread: `tid` is at the entry of a call on fd 0 on a node other than 0, whose
   // standard input is node 0's: a read stops the run (see ReplicaOptions::stdin_key).
   void OnStdinRead(pid_t tid, const struct user_regs_struct& regs);
+  // kill(2) of the program's own pid by thread `tid`, stopped at its entry (OnSeccomp).
+  void OnProcessSignal(pid_t tid, struct user_regs_struct& regs);
   // Kills the replica; failure() says why.
   void FailAndKill(absl::Status why);
   // The end of a restore, both modes: attaches `ranges` to the agent through `uffd`, sends

@@ -88,6 +88,7 @@ absl::StatusOr<UniqueFd> InstallFilter(uffd::RemoteThread& thread, const uffd::P
   traced.push_back(SYS_exit);
   traced.push_back(SYS_tgkill);
   traced.push_back(SYS_tkill);
+  traced.push_back(SYS_kill);
   traced.push_back(SYS_sched_setaffinity);
   std::vector<sock_filter> prog =
       BuildFilter({SYS_futex}, traced, helper_code, FileOffsetService::TracedCalls(), traced_fds);

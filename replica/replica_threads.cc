@@ -274,10 +274,20 @@ void Replica::OnThreadControl(const wire::ThreadControl& tc) {
     copy_work_.push_back(CopyWork{false, static_cast<pid_t>(tc.thread.value()), 0});
     return;
   }
-  if (tc.action != wire::ThreadAction::kSignal) return;
+  if (tc.action != wire::ThreadAction::kSignal && tc.action != wire::ThreadAction::kProcessSignal) {
+    return;
+  }
   absl::MutexLock l(&mu_);
   auto it = runs_here_.find(static_cast<pid_t>(tc.thread.value()));
   if (it == runs_here_.end()) return;
+  if (tc.action == wire::ThreadAction::kProcessSignal) {
+    // To the replica as a whole: the kernel picks a thread that does not block it among those
+    // running here (parked copies are traced, which it skips), main first.
+    if (kill(pid_, tc.status) != 0) {
+      VLOG(1) << "kill " << pid_ << " " << tc.status << ": " << ErrnoName(errno);
+    }
+    return;
+  }
   if (syscall(SYS_tgkill, pid_, it->second, tc.status) != 0) {
     VLOG(1) << "tgkill " << it->second << " " << tc.status << ": " << ErrnoName(errno);
   }
@@ -335,6 +345,10 @@ bool Replica::OnSeccomp(pid_t tid) {
     if (stdin_elsewhere_ && regs.rdi == STDIN_FILENO) OnStdinRead(tid, regs);
     return false;
   }
+  if (regs.orig_rax == SYS_kill) {
+    OnProcessSignal(tid, regs);
+    return false;
+  }
   if (regs.orig_rax == SYS_tgkill || regs.orig_rax == SYS_tkill) {
     // A thread-directed signal for a thread another node runs goes there (here that thread
     // is parked and would never see it, or does not exist).
@@ -360,6 +374,32 @@ bool Replica::OnSeccomp(pid_t tid) {
   // Under mu_: the destructor takes the service away under it too.
   absl::MutexLock l(&mu_);
   return address_space_ != nullptr && address_space_->OnSyscall(tid, regs);
+}
+
+// A signal to the whole program (kill of its own pid, 1 in its PID namespace) from a node that
+// does not run its main thread: here the kernel would offer it only to this replica's running
+// threads (the parked copies, traced, never take it), where natively it goes to main first and
+// then to any thread that does not block it. lbzip2's workers, which block its signals, end its
+// run with kill(getpid(), SIGUSR2) to a main thread waiting in sigsuspend: on another node that
+// signal stayed pending here and the run never ended. It goes to main's node, delivered there as
+// a process-directed signal; the call returns 0 here, as kill does. (Not forwarded: kill(0)
+// and negative pids, to process groups; rt_sigqueueinfo.)
+void Replica::OnProcessSignal(pid_t tid, struct user_regs_struct& regs) {
+  const int sig = static_cast<int>(regs.rsi);
+  if (static_cast<pid_t>(regs.rdi) != 1 || sig <= 0 || sig > 64) return;
+  {
+    absl::MutexLock l(&mu_);
+    if (!attached_ || runs_here_.contains(1)) return;
+  }
+  wire::ThreadControl tc;
+  tc.thread = ThreadId(1);
+  tc.node = agent_->node();
+  tc.action = wire::ThreadAction::kProcessSignal;
+  tc.status = sig;
+  if (!agent_->SendToServer(tc).ok()) return;
+  regs.orig_rax = static_cast<uint64_t>(-1);
+  regs.rax = 0;
+  ptrace(PTRACE_SETREGS, tid, 0, &regs);
 }
 
 void Replica::OnStdinRead(pid_t tid, const struct user_regs_struct& regs) {

@@ -47,6 +47,14 @@ TEST_F(ProgramShapesTest, AnOpenMpProgramWhoseMasterComputesMigrates) {
   EXPECT_NATIVE_AND_DISTRIBUTED(native, stretch);
 }
 
+// Workers that block the program's signals tell main, waiting in sigsuspend, with a signal to
+// the whole process (lbzip2's way to end its run): one from a node without main reaches it.
+TEST_F(ProgramShapesTest, ASignalToTheProcessFromAnotherNodeReachesMain) {
+  auto [native, stretch] =
+      Both({Program("signal_main"), "3", "300000000"}, {"--migrate_at_threads=4"});
+  EXPECT_NATIVE_AND_DISTRIBUTED(native, stretch);
+}
+
 TEST_F(ProgramShapesTest, WorkersComputingWhileMainSleepsMigrate) {
   auto [native, stretch] = Both({Program("main_sleeps"), "600000000"});
   EXPECT_NATIVE_AND_DISTRIBUTED(native, stretch);
