@@ -4,6 +4,9 @@
 set -u
 bin=${TEST_SRCDIR:-.}/${TEST_WORKSPACE:-stretch}/stretchd/stretchd
 [ -x "$bin" ] || bin=$(dirname "$0")/stretchd
+wire_h=${TEST_SRCDIR:-.}/${TEST_WORKSPACE:-stretch}/core/wire.h
+wire_version=$(sed -n 's/^inline constexpr uint8_t kVersion = \([0-9]*\);$/\1/p' "$wire_h")
+[ -n "$wire_version" ] || { echo "FAIL: no kVersion in $wire_h"; exit 1; }
 fail=0
 expect() {  # expect <want-exit> <want-substring> <stream: out|err> args...
   local want=$1 sub=$2 stream=$3; shift 3
@@ -28,7 +31,7 @@ expect 1 "cannot read /nonexistent/stats.json" err report /nonexistent/stats.jso
 expect 0 "STATS_JSON|WORK_DIR" out help report
 expect 2 "--report=/nonexistent/dir/r.html: cannot write in /nonexistent/dir" err run --report=/nonexistent/dir/r.html -- /bin/true
 expect 0 "usage: stretchd run" out help run
-expect 0 "wire protocol 4" out version
+expect 0 "wire protocol $wire_version)" out version
 expect 2 "--node must be 0..63" err node
 expect 2 "no program given" err run
 expect 2 "--nodes must be 1..64" err run --nodes=0 -- /bin/true
