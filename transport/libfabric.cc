@@ -5,6 +5,8 @@
 #include <sched.h>
 #include <signal.h>
 #include <sys/mount.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <cstdlib>
 #include <cstring>
@@ -29,6 +31,9 @@ struct Symbols {
 
 Symbols symbols;
 absl::Status* load_status;
+// Set while this thread loads the library (LoadOnce): sched_setaffinity() below then leaves
+// the thread where it is.
+thread_local bool loading = false;
 std::string* load_error;  // load_status's message, for StrError
 
 template <typename F>
@@ -74,7 +79,9 @@ absl::Status LoadOnce() {
   for (size_t i = 0; i < sizeof(kFatal) / sizeof(kFatal[0]); ++i) {
     sigaction(kFatal[i], nullptr, &saved[i]);
   }
+  loading = true;
   void* lib = dlopen("libfabric.so.1", RTLD_NOW | RTLD_LOCAL);
+  loading = false;
   for (size_t i = 0; i < sizeof(kFatal) / sizeof(kFatal[0]); ++i) {
     sigaction(kFatal[i], &saved[i], nullptr);
   }
@@ -131,4 +138,19 @@ const char* StrError(int errnum) {
   return symbols.strerror(errnum);
 }
 
+bool PinsIgnoredWhileLoading() { return loading; }
+
 }  // namespace stretch::transport::libfabric
+
+// The PSM constructors (libfabric.h) each pin their thread to CPU 0 for their calibration, a
+// loop of usleep(125) over 0.1 s: in `stretchd run`, 8000 wake-ups a second on CPU 0 from
+// every process that loads libfabric, preempting the program that runs natively there (15-20%
+// of that CPU for its first half second). This definition, exported from the executable
+// (linkopts), comes before libc's in the search order of the libraries libfabric loads: while
+// a thread loads libfabric, its own re-pinning (pid 0) is not carried out, and the calibration
+// runs where the thread runs. Every other call goes to the kernel as libc's would.
+extern "C" __attribute__((visibility("default"))) int sched_setaffinity(pid_t pid, size_t size,
+                                                                        const cpu_set_t* set) {
+  if (pid == 0 && stretch::transport::libfabric::PinsIgnoredWhileLoading()) return 0;
+  return static_cast<int>(syscall(SYS_sched_setaffinity, pid, size, set));
+}

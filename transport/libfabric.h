@@ -40,6 +40,10 @@ inline fi_info* AllocInfo() { return DupInfo(nullptr); }
 int OpenFabric(fi_fabric_attr* attr, fid_fabric** fabric, void* context);
 const char* StrError(int errnum);
 
+// True in a thread while it loads the library: the PSM constructors' pinning of the thread to
+// CPU 0 is then not carried out (libfabric.cc, sched_setaffinity).
+bool PinsIgnoredWhileLoading();
+
 }  // namespace stretch::transport::libfabric
 
 #endif  // STRETCH_TRANSPORT_LIBFABRIC_H_
