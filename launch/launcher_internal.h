@@ -10,8 +10,8 @@
 #include <poll.h>
 #include <unistd.h>
 
-#include <filesystem>
 #include <atomic>
+#include <filesystem>
 #include <functional>
 #include <initializer_list>
 #include <memory>
@@ -217,6 +217,9 @@ class Launcher {
   std::unique_ptr<engine::DirectoryServer> server_;
   std::vector<Agent> agents_;
   NodesThread nodes_thread_;  // made cluster_, server_ and agents_; goes before the agents
+  // With CPUs per node, the launcher's own CPUs: its threads (the server's among them) return
+  // to them at the migration point, after starting the nodes on the other nodes' CPUs.
+  std::vector<int> launcher_cpus_;
   std::unique_ptr<RemoteReplicas> remote_replicas_;
   UniqueFd control_listen_;
   UnlinkOnExit unlink_control_;

@@ -163,6 +163,83 @@ TEST_F(RunTest, NodeCpusStartTheProgramOnNodeZerosCpus) {
   EXPECT_EQ(two.out, "2\n") << two.err;
 }
 
+// Before the migration point, with CPUs per node, the agents start on the other nodes' CPUs:
+// not beside the program on node 0's, which they would preempt while it runs natively (also
+// not for libfabric's PSM constructors, which pin their thread to CPU 0 while they calibrate
+// the clock: transport/libfabric.cc). Every thread of both agents, sampled from the time
+// they exist until both have joined the server, loaded libfabric and wait.
+TEST_F(RunTest, NodeCpusKeepTheAgentsOffNodeZerosCpusUntilTheMigration) {
+  if (sysconf(_SC_NPROCESSORS_ONLN) < 2) GTEST_SKIP() << "needs 2 CPUs";
+  SubprocessOptions o;
+  // Two threads: never the migration point (three), so the program runs natively on CPU 0.
+  o.argv = {Runfile("stretchd/stretchd"),
+            "run",
+            "--nodes=2",
+            "--node_cpus=0;1",
+            "--migrate_at_threads=3",
+            "--",
+            Runfile("stretchd/spin_prog"),
+            "1",
+            "100000000000"};
+  o.stdout_path = dir_.path() + "/off.out";
+  o.stderr_path = dir_.path() + "/off.err";
+  auto p = Subprocess::Start(o);
+  ASSERT_TRUE(p.ok()) << p.status();
+  auto agents = [] {
+    std::vector<pid_t> out;
+    for (pid_t pid : TestProcesses("stretchd", "--replica_images")) {
+      const std::string cmdline = testing::ReadFileOrEmpty(absl::StrCat("/proc/", pid, "/cmdline"));
+      if (absl::StrContains(cmdline, std::string("--await_start\0", 14))) out.push_back(pid);
+    }
+    return out;
+  };
+  // Sampled until both have libfabric mapped, then for another second (its constructors run
+  // for about 0.2 s after the mapping).
+  auto loaded = [](pid_t pid) {
+    return absl::StrContains(testing::ReadFileOrEmpty(absl::StrCat("/proc/", pid, "/maps")),
+                             "libfabric.so");
+  };
+  std::set<std::string> seen;
+  int samples = 0;
+  const absl::Time end = absl::Now() + absl::Seconds(60);
+  absl::Time both_up = absl::InfiniteFuture();
+  while (absl::Now() < end && absl::Now() < both_up + absl::Seconds(1)) {
+    const std::vector<pid_t> now = agents();
+    for (pid_t pid : now) {
+      std::error_code ec;  // a thread may end meanwhile
+      for (std::filesystem::directory_iterator task(absl::StrCat("/proc/", pid, "/task"), ec), e;
+           !ec && task != e; task.increment(ec)) {
+        const std::string status = testing::ReadFileOrEmpty(task->path().string() + "/status");
+        for (absl::string_view line : absl::StrSplit(status, '\n')) {
+          if (absl::StartsWith(line, "Cpus_allowed_list:")) seen.emplace(line);
+        }
+        ++samples;
+      }
+    }
+    if (both_up == absl::InfiniteFuture() && now.size() == 2 && loaded(now[0]) && loaded(now[1])) {
+      both_up = absl::Now();
+    }
+    absl::SleepFor(absl::Milliseconds(2));
+  }
+  EXPECT_NE(both_up, absl::InfiniteFuture()) << "the agents did not start";
+  EXPECT_GT(samples, 0);
+  EXPECT_THAT(seen, ::testing::ElementsAre("Cpus_allowed_list:\t1"));
+  // The agents' malloc uses huge pages (launch/launcher.cc, AgentMallocTunables); the
+  // program's environment is its own.
+  for (pid_t pid : agents()) {
+    EXPECT_THAT(testing::ReadFileOrEmpty(absl::StrCat("/proc/", pid, "/environ")),
+                HasSubstr("GLIBC_TUNABLES=glibc.malloc.hugetlb=1"));
+  }
+  for (pid_t pid : testing::ProcessesNamed("spin_prog")) {
+    EXPECT_THAT(testing::ReadFileOrEmpty(absl::StrCat("/proc/", pid, "/environ")),
+                ::testing::Not(HasSubstr("hugetlb")));
+  }
+  p->Kill(SIGINT);
+  auto st = p->Wait(absl::Now() + absl::Seconds(30));
+  ASSERT_TRUE(st.ok()) << st.status();
+  ExpectNothingLeftOf(p->pid());
+}
+
 // A node's agent killed (with its keeper): the pages it held are gone, so the program stops
 // everywhere with a message naming the node, stretchd fails, and nothing hangs or stays.
 TEST_F(RunTest, AKilledNodeStopsTheProgramWithAClearError) {
