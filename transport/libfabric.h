@@ -1,7 +1,8 @@
 // libfabric, loaded on first use rather than when a process starts.
 //
 // Debian's libfabric links the PSM providers, and their libinfinipath calibrates the CPU clock
-// in a constructor: about 0.2 s of sleeping, pinned to CPU 0, in every process that loads it,
+// in a constructor: about 0.2 s of sleeping, pinned to CPU 0 (a pinning not carried out here:
+// the loading thread stays on its CPUs, libfabric.cc), in every process that loads it,
 // and it replaces the handlers of SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGABRT, SIGINT and SIGTERM
 // with one that writes a backtrace file into the current directory and calls exit(1) (a CHECK
 // failure then does not kill the process: exit() runs while the other threads go on, and can
