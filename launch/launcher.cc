@@ -2,7 +2,6 @@
 
 #include <fcntl.h>
 #include <poll.h>
-#include <sched.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <sys/signalfd.h>
@@ -91,29 +90,6 @@ std::vector<int> OtherNodesCpus(const std::vector<std::vector<int>>& node_cpus) 
   }
   std::sort(out.begin(), out.end());
   return out;
-}
-
-// The CPUs the calling thread may run on.
-std::vector<int> ThisThreadsCpus() {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  std::vector<int> out;
-  if (sched_getaffinity(0, sizeof(set), &set) != 0) return out;
-  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
-    if (CPU_ISSET(cpu, &set)) out.push_back(cpu);
-  }
-  return out;
-}
-
-// Keeps the calling thread, and the threads and processes it starts from now on, on `cpus`.
-absl::Status KeepThisThreadOn(const std::vector<int>& cpus) {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  for (int cpu : cpus) CPU_SET(cpu, &set);
-  if (sched_setaffinity(0, sizeof(set), &set) != 0) {
-    return ErrnoStatus(errno, absl::StrCat("sched_setaffinity to CPUs ", absl::StrJoin(cpus, ",")));
-  }
-  return absl::OkStatus();
 }
 
 }  // namespace
@@ -355,16 +331,17 @@ absl::Status Launcher::RunToMigrationPoint() {
   // (--migrate_after=D) ends with the stop, as asked, and the stopped program waits. A program
   // that stays on node 0 (history) needs none of them.
   if (!oo_.stay) {
-    launcher_cpus_ = ThisThreadsCpus();
-    nodes_thread_.Start([this]() -> absl::Status {
+    const std::vector<int> others = OtherNodesCpus(o_.node_cpus);
+    if (!others.empty()) launcher_cpus_ = ThisThreadsCpus();
+    nodes_thread_.Start([this, others]() -> absl::Status {
       // With CPUs per node, the namespaces, the agents and the server start on the other
       // nodes' CPUs, idle until the migration point, rather than beside the program on node
       // 0's: there their start-up (~0.5 s of CPU in all) took 15-20% of node 0's CPU while
       // the program ran natively, as a cluster's node daemons, started before the run, would
       // not. Each agent moves to its node's CPUs when it starts its replica (StartLocalAgent),
       // the launcher's threads back to the launcher's (StartNodes).
-      if (const std::vector<int> others = OtherNodesCpus(o_.node_cpus); !others.empty()) {
-        if (absl::Status s = KeepThisThreadOn(others); !s.ok()) {
+      if (!others.empty()) {
+        if (absl::Status s = MoveThisThreadToCpus(others); !s.ok()) {
           LOG(WARNING) << "stretchd run: starting the nodes on the other nodes' CPUs: " << s;
         }
       }
@@ -476,7 +453,7 @@ absl::Status Launcher::StartNodes() {
       if (e.is_regular_file(ec)) image_bytes_ += e.file_size(ec);
     }
   }
-  if (!OtherNodesCpus(o_.node_cpus).empty() && !launcher_cpus_.empty()) {
+  if (!launcher_cpus_.empty()) {
     // The server's threads among them (SpawnLocalAgents' thread started it on other CPUs).
     if (absl::Status s = MoveToCpus(getpid(), launcher_cpus_); !s.ok()) {
       LOG(WARNING) << "stretchd run: back onto the launcher's CPUs: " << s;

@@ -217,8 +217,8 @@ class Launcher {
   std::unique_ptr<engine::DirectoryServer> server_;
   std::vector<Agent> agents_;
   NodesThread nodes_thread_;  // made cluster_, server_ and agents_; goes before the agents
-  // With CPUs per node, the launcher's own CPUs: its threads (the server's among them) return
-  // to them at the migration point, after starting the nodes on the other nodes' CPUs.
+  // Set only if the nodes started on the other nodes' CPUs (--node_cpus): the launcher's own
+  // CPUs, which its threads (the server's among them) return to at the migration point.
   std::vector<int> launcher_cpus_;
   std::unique_ptr<RemoteReplicas> remote_replicas_;
   UniqueFd control_listen_;

@@ -327,4 +327,23 @@ absl::Status MoveToCpus(pid_t pid, const std::vector<int>& cpus) {
   return absl::OkStatus();
 }
 
+absl::Status MoveThisThreadToCpus(const std::vector<int>& cpus) {
+  STRETCH_ASSIGN_OR_RETURN(const cpu_set_t set, CpuSet(cpus));
+  if (sched_setaffinity(0, sizeof(set), &set) != 0) {
+    return ErrnoStatus(errno, absl::StrCat("sched_setaffinity to CPUs ", absl::StrJoin(cpus, ",")));
+  }
+  return absl::OkStatus();
+}
+
+std::vector<int> ThisThreadsCpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  std::vector<int> out;
+  if (sched_getaffinity(0, sizeof(set), &set) != 0) return out;
+  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
+    if (CPU_ISSET(cpu, &set)) out.push_back(cpu);
+  }
+  return out;
+}
+
 }  // namespace stretch

@@ -108,6 +108,13 @@ absl::StatusOr<ExitStatus> RunToCompletion(const SubprocessOptions& options, abs
 // meanwhile). NotFound if the process is gone.
 absl::Status MoveToCpus(pid_t pid, const std::vector<int>& cpus);
 
+// Moves the calling thread onto `cpus`; the threads and processes it starts from then on
+// inherit them.
+absl::Status MoveThisThreadToCpus(const std::vector<int>& cpus);
+
+// The CPUs the calling thread may run on (empty if they cannot be read).
+std::vector<int> ThisThreadsCpus();
+
 }  // namespace stretch
 
 #endif  // STRETCH_MIGRATE_SUBPROCESS_H_

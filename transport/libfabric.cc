@@ -31,10 +31,10 @@ struct Symbols {
 
 Symbols symbols;
 absl::Status* load_status;
+std::string* load_error;  // load_status's message, for StrError
 // Set while this thread loads the library (LoadOnce): sched_setaffinity() below then leaves
 // the thread where it is.
 thread_local bool loading = false;
-std::string* load_error;  // load_status's message, for StrError
 
 template <typename F>
 bool Bind(void* lib, const char* name, const char* version, F* out, std::string* missing) {
