@@ -17,6 +17,8 @@ namespace {
 // A window in which node 0 alone is predicted to keep this many times the cores busy that the
 // spread threads keep busy decides consolidation alone (see Sample()).
 constexpr double kDecisiveGain = 2.0;
+// The same for the start-up window alone (see Sample()).
+constexpr double kStartUpGain = 1.5;
 
 }  // namespace
 
@@ -356,6 +358,23 @@ bool PlacementController::PlaceNewThreads(const std::vector<NodeCounters>& c) {
   return moved > 0;
 }
 
+// The window in the run's stats (the first kMaxSamples).
+void PlacementController::RecordSample(absl::Time now, const Window& w, double one_node,
+                                       bool startup) {
+  if (samples_json_.size() >= kMaxSamples) return;
+  std::string nodes;
+  for (const NodeWindow& n : w.nodes) {
+    absl::StrAppendFormat(
+        &nodes, R"(%s{"cpu":%.3f,"stall":%.3f,"faults":%.0f,"invalidations":%.0f,"threads":%d})",
+        nodes.empty() ? "" : ",", n.cpu, n.stall, n.faults, n.invalidations, n.threads);
+  }
+  samples_json_.push_back(absl::StrFormat(
+      R"({"t_ms":%.0f,"seconds":%.3f,"cores":%.3f,"waiting":%.3f,"predicted":%.3f,)"
+      R"("predicted_one_node":%.3f,%s"nodes":[%s]})",
+      Ms(now), w.nodes.empty() ? 0.0 : w.nodes[0].seconds, w.cores, w.waiting,
+      model_.PredictPlacement(w.nodes), one_node, startup ? R"("startup":true,)" : "", nodes));
+}
+
 void PlacementController::Sample() {
   if (done_) return;
   std::vector<NodeCounters> c(o_.nodes);
@@ -394,50 +413,18 @@ void PlacementController::Sample() {
   w.cores = secs > 0 ? w.cores / secs : 0;
   w.waiting = secs > 0 ? w.waiting / secs : 0;
   w.away = secs > 0 ? w.away / secs : 0;
-  const bool first = windows_++ == 0;  // from the go to the first sample: start-up
+  // From the go to the first sample: start-up (the first touches of pages). It decides only
+  // a clear case (below).
+  const bool startup = windows_++ == 0;
   w.fewer_threads = w.threads < last_threads_;
   last_counters_ = c;
   last_threads_ = w.threads;
   last_sample_ = now;
-  if (first) return;
   // Every window with remote traffic teaches the model what a fault costs here.
   if (!w.fewer_threads) {
     for (const NodeWindow& n : w.nodes) model_.Add(n);
   }
   const double one_node = model_.PredictOneNode(w.nodes);
-  if (!regroup_done_ && Regroup(w.cores)) {
-    low_windows_ = 0;  // the next window measures the new placement
-    if (!o_.adaptive) done_ = true;
-    return;
-  }
-  if (!o_.adaptive) {
-    done_ = regroup_done_;
-    return;
-  }
-  if (samples_json_.size() < kMaxSamples) {
-    std::string nodes;
-    for (const NodeWindow& n : w.nodes) {
-      absl::StrAppendFormat(
-          &nodes, R"(%s{"cpu":%.3f,"stall":%.3f,"faults":%.0f,"invalidations":%.0f,"threads":%d})",
-          nodes.empty() ? "" : ",", n.cpu, n.stall, n.faults, n.invalidations, n.threads);
-    }
-    samples_json_.push_back(absl::StrFormat(
-        R"({"t_ms":%.0f,"seconds":%.3f,"cores":%.3f,"waiting":%.3f,"predicted":%.3f,)"
-        R"("predicted_one_node":%.3f,"nodes":[%s]})",
-        Ms(now), secs, w.cores, w.waiting, model_.PredictPlacement(w.nodes), one_node, nodes));
-  }
-  if (consolidated_) {
-    WatchConsolidated(now, w);
-    return;
-  }
-  if (!probing_ && PlaceNewThreads(c)) {
-    Rebaseline();
-    return;
-  }
-  if (probing_) {
-    JudgeProbe(now, w);
-    return;
-  }
   // Distribution costs more than it gives when the model predicts that the threads would keep
   // more cores busy all on node 0 (without their remote faults) than they keep on all nodes
   // now, while threads away from node 0 still run or wait for pages (a serial phase, threads
@@ -445,15 +432,44 @@ void PlacementController::Sample() {
   // threads would not move the data). Two windows in a row: one can be a transient (a burst of
   // first-touch faults as a program starts computing looks like heavy sharing for a window).
   // One window is enough when node 0 alone is predicted to do at least kDecisiveGain times the
-  // work: each window spread then costs more than half a window's work, and every corpus program
-  // that consolidated showed 1.6-4.4x in its first window while the programs that gain from
-  // spreading showed 0.5-0.7x (tools/corpus stats, 2026-12).
+  // work: each window spread then costs more than half a window's work. The start-up window
+  // decides alone from kStartUpGain: every corpus program that consolidated showed 1.8-6x in
+  // it, while the ones that gain from spreading showed 0.5-0.7x, bursts of first touches
+  // included (primesieve: 1.3 cores busy, a fault and an invalidation per page; tools/corpus
+  // stats, 2026-12); deciding then saves a window of a program that waits for pages.
   const double gain = w.cores > 0 ? one_node / w.cores : (one_node > 0 ? HUGE_VAL : 1.0);
-  const bool dsm_bound =
-      gain >= 1.1 && w.away > 0.05 && (o_.min_cores <= 0 || w.cores < o_.min_cores);
-  low_windows_ = dsm_bound && !w.fewer_threads ? low_windows_ + 1 : 0;
-  spread_cores_ = low_windows_ == 1 ? w.cores : (spread_cores_ + w.cores) / 2;
-  if (low_windows_ < 2 && !(low_windows_ == 1 && gain >= kDecisiveGain)) return;
+  const bool dsm_bound = gain >= 1.1 && w.away > 0.05 && !w.fewer_threads &&
+                         (o_.min_cores <= 0 || w.cores < o_.min_cores);
+  if (startup) {
+    RecordSample(now, w, one_node, /*startup=*/true);
+    if (!o_.adaptive || !dsm_bound || gain < kStartUpGain) return;
+  } else {
+    if (!regroup_done_ && Regroup(w.cores)) {
+      low_windows_ = 0;  // the next window measures the new placement
+      if (!o_.adaptive) done_ = true;
+      return;
+    }
+    if (!o_.adaptive) {
+      done_ = regroup_done_;
+      return;
+    }
+    RecordSample(now, w, one_node, /*startup=*/false);
+    if (consolidated_) {
+      WatchConsolidated(now, w);
+      return;
+    }
+    if (!probing_ && PlaceNewThreads(c)) {
+      Rebaseline();
+      return;
+    }
+    if (probing_) {
+      JudgeProbe(now, w);
+      return;
+    }
+    low_windows_ = dsm_bound ? low_windows_ + 1 : 0;
+    spread_cores_ = low_windows_ == 1 ? w.cores : (spread_cores_ + w.cores) / 2;
+    if (low_windows_ < 2 && !(low_windows_ == 1 && gain >= kDecisiveGain)) return;
+  }
   low_windows_ = 0;
   {
     double cpu = 0, stall = 0;
@@ -469,8 +485,8 @@ void PlacementController::Sample() {
           "over the last %.0f ms the program's threads kept %.2f cores busy on %d nodes "
           "and waited for pages %.2f cores' worth; the model (a fault costs %.0f us of "
           "stall, an invalidation %.0f us) predicts %.2f cores busy all on node 0%s",
-          absl::ToDoubleMilliseconds(o_.window), w.cores, o_.nodes, w.waiting,
-          model_.fit().per_fault_s * 1e6, model_.fit().per_invalidation_s * 1e6, one_node,
+          w.nodes[0].seconds * 1e3, w.cores, o_.nodes, w.waiting, model_.fit().per_fault_s * 1e6,
+          model_.fit().per_invalidation_s * 1e6, one_node,
           other > 0 ? absl::StrFormat(", beside the %.1f other tasks running there", other) : ""),
       w.cores, one_node);
   // Try spreading again after a while, doubling each time it does not pay (a phase that shares

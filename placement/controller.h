@@ -85,7 +85,8 @@ class PlacementController {
   PlacementController(const ControllerOptions& options, Cluster* cluster);
 
   // One window: reads every node's counters and decides. The first call ends the start-up
-  // window (nothing is decided from it).
+  // window, which decides only a clear case: node 0 alone predicted to do kStartUpGain
+  // (controller.cc) times the work the spread threads do.
   void Sample();
   // Whether there is nothing left to decide (static placement, or a node ended).
   bool done() const { return done_; }
@@ -113,6 +114,7 @@ class PlacementController {
     bool fewer_threads = false;  // threads ended: the window says nothing about placement
   };
 
+  void RecordSample(absl::Time now, const Window& w, double one_node, bool startup);
   bool Regroup(double cores);
   void AssignCores(const std::vector<std::vector<int>>& placement, const SharingGraph& graph);
   std::vector<std::vector<int>> WhereAll(bool* answered = nullptr);

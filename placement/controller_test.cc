@@ -187,6 +187,41 @@ TEST(PlacementControllerTest, OneWindowDecidesWhenNodeZeroAloneDoesTwiceTheWork)
   EXPECT_THAT(milder.moves, IsEmpty());
 }
 
+// A program that waits for pages from its first window on (xz spread: 0.1 cores busy, a fault
+// and an invalidation per page on both nodes) goes to node 0 at the end of the start-up window.
+TEST(PlacementControllerTest, AStartUpWindowOfClearSharingDecides) {
+  const std::vector<Activity> stalled = {{0.005, 0.095, 310, 306}, {0.005, 0.095, 305, 307}};
+  FakeCluster cluster({{1, 2}, {3}});
+  PlacementController c(Adaptive(), &cluster);
+  cluster.Window(c, stalled);
+  EXPECT_THAT(cluster.moves, ElementsAre("3:1->0"));
+  EXPECT_TRUE(c.consolidated());
+  EXPECT_THAT(c.SamplesJson(), HasSubstr(R"("startup":true)"));
+}
+
+// The start-up window decides nothing else: a milder gain there (pca: 0.8 cores busy, node 0
+// alone predicted 1.0) is not the first of two windows, and a burst of first touches that
+// keeps the cores busy (primesieve: 1.3 cores, a fault and an invalidation per page it touched
+// first) is no reason at all.
+TEST(PlacementControllerTest, AStartUpWindowDecidesOnlyAClearCase) {
+  const std::vector<Activity> milder = {{0.04, 0.06, 600, 100}, {0.035, 0.05, 500, 100}};
+  FakeCluster mild({{1, 2}, {3}});
+  PlacementController m(Adaptive(), &mild);
+  mild.Window(m, milder);
+  EXPECT_THAT(mild.moves, IsEmpty());
+  mild.Window(m, milder);
+  EXPECT_THAT(mild.moves, IsEmpty()) << "the start-up window is not the first of two";
+  mild.Window(m, milder);
+  EXPECT_THAT(mild.moves, ElementsAre("3:1->0"));
+
+  const std::vector<Activity> first_touches = {{0.065, 0.03, 111, 101}, {0.065, 0.03, 111, 99}};
+  FakeCluster busy({{1, 2}, {3}});
+  PlacementController b(Adaptive(), &busy);
+  busy.Window(b, first_touches);
+  for (int i = 0; i < 5; ++i) busy.Window(b, kComputeBound);
+  EXPECT_THAT(busy.moves, IsEmpty());
+}
+
 // A thread in the middle of a call when the threads are consolidated cannot move then; it moves
 // in a later window, and only then does node 0 serve the futexes (minimap2 ran the rest of its
 // work distributed, 9.2 s against 4.3 s).
