@@ -6,6 +6,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <filesystem>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -54,7 +55,38 @@ std::vector<std::string> CriuEnv(const CriuOptions& o) {
   return {"CRIU_FAULT=130"};
 }
 
+// Once per process: a failure costs CRIU's cache only, so it is said once and not again.
+void PrepareCriuRunDirOnce() {
+  static const bool prepared = [] {
+    absl::Status s = PrepareCriuRunDir();
+    if (!s.ok()) LOG(WARNING) << "CRIU's kernel feature cache is off: " << s;
+    return s.ok();
+  }();
+  (void)prepared;
+}
+
 }  // namespace
+
+absl::Status PrepareCriuRunDir(const std::string& dir) {
+  struct stat st;
+  if (lstat(dir.c_str(), &st) == 0) {
+    const bool ours = S_ISDIR(st.st_mode) && st.st_uid == 0 && (st.st_mode & 07777) == 0700;
+    if (ours) return absl::OkStatus();
+    std::error_code ec;
+    std::filesystem::remove_all(dir, ec);  // does not follow a link: removes the link
+    if (ec) return absl::InternalError(absl::StrCat("removing ", dir, ": ", ec.message()));
+  } else if (errno != ENOENT) {
+    return ErrnoStatus(errno, absl::StrCat("lstat ", dir));
+  }
+  if (mkdir(dir.c_str(), 0700) != 0) return ErrnoStatus(errno, absl::StrCat("mkdir ", dir));
+  // mkdir makes it the caller's: not root's when run by another user (CRIU then has no rights).
+  if (lstat(dir.c_str(), &st) != 0) return ErrnoStatus(errno, absl::StrCat("lstat ", dir));
+  if (st.st_uid != 0) {
+    return absl::PermissionDeniedError(absl::StrCat(dir, " is not root's (not run as root)"));
+  }
+  if (chmod(dir.c_str(), 0700) != 0) return ErrnoStatus(errno, absl::StrCat("chmod ", dir));
+  return absl::OkStatus();
+}
 
 std::string SummarizeCriuLog(const std::string& log_path, int max_lines) {
   std::ifstream in(log_path);
@@ -80,6 +112,7 @@ std::string SummarizeCriuLog(const std::string& log_path, int max_lines) {
 
 absl::Status Criu::Dump(pid_t pid, const std::string& images_dir, const DumpOptions& dump) {
   STRETCH_RETURN_IF_ERROR(MakeDir(images_dir));
+  PrepareCriuRunDirOnce();
   // Concurrent dumps on one machine collide in CRIU's parasite (it creates a fixed-name
   // directory: "Can't create a directory (-17)"); take a machine-wide lock.
   UniqueFd lock(open(options_.dump_lock.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600));
@@ -117,6 +150,7 @@ absl::StatusOr<PendingRestore> Criu::StartRestore(const RestoreOptions& r) {
   if (r.images_dir.empty() || r.work_dir.empty()) {
     return absl::InvalidArgumentError("criu restore needs images_dir and work_dir");
   }
+  PrepareCriuRunDirOnce();
   STRETCH_RETURN_IF_ERROR(MakeDir(r.work_dir));
   std::string log = absl::StrCat(r.work_dir, "/restore.log");
   std::string pidfile = r.pidfile.empty() ? absl::StrCat(r.work_dir, "/restore.pid") : r.pidfile;

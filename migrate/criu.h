@@ -13,6 +13,12 @@
 // CRIU use PTRACE_SYSCALL instead, which works everywhere. Restored trees are detached from
 // CRIU (`-d`): the caller should be a child subreaper (PR_SET_CHILD_SUBREAPER) to become the
 // restored root's parent. Thread-compatible (no shared state; one call at a time per object).
+//
+// CRIU probes the kernel's features at every start (~25 ms here: it makes and destroys a
+// network namespace, among others) unless it finds them cached in its run directory, which it
+// uses only on a tmpfs. tools/setup builds CRIU with kCriuRunDir as that directory (Debian's
+// /run is no tmpfs on machines without systemd); Dump and StartRestore make sure it is a
+// directory only root can write (/dev/shm is everyone's).
 #ifndef STRETCH_MIGRATE_CRIU_H_
 #define STRETCH_MIGRATE_CRIU_H_
 
@@ -26,6 +32,14 @@
 #include "migrate/subprocess.h"
 
 namespace stretch {
+
+// CRIU's run directory (RUNDIR of its build, tools/setup): where it caches the kernel's features.
+inline constexpr char kCriuRunDir[] = "/dev/shm/stretch-criu";
+
+// Makes `dir` a directory owned by root with mode 0700, removing whatever else was there (a
+// file, a link, another user's directory): CRIU would trust the features cached in it. Fails
+// (CRIU then probes the kernel each time) if that cannot be done.
+absl::Status PrepareCriuRunDir(const std::string& dir = kCriuRunDir);
 
 struct CriuOptions {
   // The CRIU binary: a name looked up in PATH, or a path. tools/setup installs 4.1.1.
