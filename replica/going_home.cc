@@ -208,8 +208,7 @@ absl::Status Replica::DumpWithoutFilter(const std::string& images_dir, HomeStats
     int status;
     (void)waitpid(pid_, &status, __WALL);  // CRIU ended it
     absl::MutexLock l(&mu_);
-    exited_ = true;
-    exit_status_ = SIGKILL;
+    MarkExited(SIGKILL);
     pid_ = 0;
   }
   STRETCH_RETURN_IF_ERROR(RemoveSeccompFilters(images_dir).status());
@@ -280,8 +279,7 @@ absl::Status Replica::Lost(absl::Status why) {
   }
   absl::MutexLock l(&mu_);
   if (failure_.ok()) failure_ = why;
-  exited_ = true;
-  exit_status_ = SIGKILL;  // a wait status: killed by SIGKILL
+  MarkExited(SIGKILL);  // a wait status: killed by SIGKILL
   pid_ = 0;
   return why;
 }

@@ -258,8 +258,7 @@ absl::Status Replica::Supervise(absl::Time deadline) {
   SupervisorCallbacks cb;
   cb.on_process_exit = [this](int status) {
     absl::MutexLock l(&mu_);
-    exited_ = true;
-    exit_status_ = status;
+    MarkExited(status);
   };
   cb.on_seccomp = [this](pid_t tid) { return OnSeccomp(tid); };
   cb.on_clone = [this](pid_t parent, pid_t child) { OnClone(parent, child); };
@@ -751,6 +750,13 @@ absl::Status Replica::Go() {
     STRETCH_RETURN_IF_ERROR(supervisor_->Resume(tid, absl::Now() + absl::Seconds(10)));
   }
   return absl::OkStatus();
+}
+
+void Replica::MarkExited(int wait_status) {
+  exited_ = true;
+  exit_status_ = wait_status;
+  const uint64_t one = 1;
+  (void)!write(exit_event_.get(), &one, sizeof(one));
 }
 
 absl::StatusOr<ExitStatus> Replica::Wait(absl::Time deadline) {

@@ -23,6 +23,7 @@
 #ifndef STRETCH_REPLICA_REPLICA_H_
 #define STRETCH_REPLICA_REPLICA_H_
 
+#include <sys/eventfd.h>
 #include <sys/types.h>
 #include <sys/user.h>
 
@@ -37,6 +38,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "core/unique_fd.h"
 #include "engine/node_agent.h"
 #include "migrate/criu.h"
 #include "migrate/criu_images.h"
@@ -108,6 +110,9 @@ class Replica {
   absl::Status Go();
   // Waits until the replica has exited; its status (SIGKILL if it was killed).
   absl::StatusOr<ExitStatus> Wait(absl::Time deadline);
+  // Readable from the replica's exit on (Wait then returns at once): for a loop that waits for
+  // other things too (the agent's control channel).
+  int exit_fd() const { return exit_event_.get(); }
   // Kills the replica (SIGKILL).
   void Kill();
 
@@ -174,6 +179,8 @@ class Replica {
   absl::Status DumpWithoutFilter(const std::string& images_dir, HomeStats* stats);
   absl::StatusOr<pid_t> RestoreAtHome(const std::string& images_dir, absl::Time deadline);
   absl::Status Lost(absl::Status why);
+  // The replica has exited with `wait_status`: Wait returns, exit_fd() is readable.
+  void MarkExited(int wait_status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status GuardRestoredRoot(const PendingRestore& pending, int uffd, pid_t* pid);
 
   // Restore()'s steps, in order (replica.cc).
@@ -245,6 +252,7 @@ class Replica {
   absl::Mutex mu_;
   bool exited_ ABSL_GUARDED_BY(mu_) = false;
   int exit_status_ ABSL_GUARDED_BY(mu_) = 0;
+  UniqueFd exit_event_{eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)};  // written by MarkExited
   // Per thread (our tid): its clear_child_tid address, whether its exit was published, and its
   // tid in the program's namespace.
   absl::flat_hash_map<pid_t, uint64_t> ctid_ ABSL_GUARDED_BY(mu_);

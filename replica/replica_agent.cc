@@ -320,8 +320,11 @@ int RunReplicaAgent(const ReplicaAgentOptions& options) {
   }
   if (early_signal != 0) kill((*replica)->pid(), early_signal);
   for (;;) {
-    // Requests (placement's kCpu, migrations) are answered within 10 ms.
-    auto st = (*replica)->Wait(absl::Now() + absl::Milliseconds(10));
+    // Requests (placement's kCpu, migrations, going home) are answered as they come (a
+    // consolidation is a dozen of them in a row); the agent's health is looked at every 10 ms.
+    struct pollfd ready[2] = {{ctl, POLLIN, 0}, {(*replica)->exit_fd(), POLLIN, 0}};
+    (void)poll(ready, 2, 10);
+    auto st = (*replica)->Wait(absl::Now());
     if (st.ok()) {
       // Killed by this agent because the cluster failed or the program did what Stretch
       // cannot carry out here: say why, not "signal 9".
