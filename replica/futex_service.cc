@@ -252,7 +252,8 @@ class FutexService::Impl {
     }
   }
 
-  absl::Time Deadline(int cmd, int op, uint64_t timeout_addr) {
+  // Reads the program's memory: never under mu_ (see Handle).
+  absl::Time Deadline(int cmd, int op, uint64_t timeout_addr) ABSL_LOCKS_EXCLUDED(mu_) {
     if (timeout_addr == 0) return absl::InfiniteFuture();
     struct timespec ts;
     uffd::RemoteIo io{timeout_addr, &ts, sizeof(ts)};
@@ -288,6 +289,13 @@ class FutexService::Impl {
       Answer(n.id, -EINVAL);
       return;
     }
+    // The timeout is read before mu_ is taken: it may be on a page this node lacks (the stack
+    // of a thread that just moved here), whose fault the agent's network thread serves, and
+    // that thread takes mu_ to deliver the server's futex answers (pbzip2 -d, consolidated
+    // into pthread_cond_timedwait: node 0 stopped for good).
+    const absl::Time deadline = cmd == FUTEX_WAIT || cmd == FUTEX_WAIT_BITSET
+                                    ? Deadline(cmd, op, n.args[3])
+                                    : absl::InfiniteFuture();
     absl::MutexLock l(&mu_);
     const uint64_t seq = ++next_seq_;
     f.seq = seq;
@@ -301,7 +309,7 @@ class FutexService::Impl {
         p.wait = true;
         p.address = uaddr;
         p.value = val;
-        p.deadline = Deadline(cmd, op, n.args[3]);
+        p.deadline = deadline;
         f.op = wire::FutexOp::kWait;
         f.value = val;
         f.bitset = cmd == FUTEX_WAIT ? kAnyBit : static_cast<uint32_t>(n.args[5]);
