@@ -434,8 +434,8 @@ void PlacementController::Sample() {
   // One window is enough when node 0 alone is predicted to do at least kDecisiveGain times the
   // work: each window spread then costs more than half a window's work. The start-up window
   // decides alone from kStartUpGain: every corpus program that consolidated showed 1.8-6x in
-  // it, while the ones that gain from spreading showed 0.5-0.7x, bursts of first touches
-  // included (primesieve: 1.3 cores busy, a fault and an invalidation per page; tools/corpus
+  // it, while the ones that gain from spreading showed 0.5-0.9x, bursts of first touches
+  // included (primesieve: 1.0-1.3 cores busy, a fault and an invalidation per page; tools/corpus
   // stats, 2026-12); deciding then saves a window of a program that waits for pages.
   const double gain = w.cores > 0 ? one_node / w.cores : (one_node > 0 ? HUGE_VAL : 1.0);
   const bool dsm_bound = gain >= 1.1 && w.away > 0.05 && !w.fewer_threads &&
