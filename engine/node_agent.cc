@@ -237,11 +237,11 @@ void NodeAgent::Impl::SendCoherence(NodeId dst, const wire::CoherenceMsg& msg) {
       // Unavailable: the transport has given the server up, which a fault can notice before
       // the disconnection event arrives. Reported the same way as that event.
       const bool lost = absl::IsUnavailable(s);
-      Fail(absl::Status(s.code(), absl::StrCat(lost ? "lost the server: " : "", "cannot send ",
-                                               wire::Name(msg.op), " for page ",
-                                               msg.page.ToString(), " to the server: ",
-                                               s.message())),
-           /*tell_server=*/!lost);
+      Fail(
+          absl::Status(s.code(), absl::StrCat(lost ? "lost the server: " : "", "cannot send ",
+                                              wire::Name(msg.op), " for page ", msg.page.ToString(),
+                                              " to the server: ", s.message())),
+          /*tell_server=*/!lost);
     }
     return;
   }
@@ -547,6 +547,10 @@ void NodeAgent::Impl::Fail(const absl::Status& why, bool tell_server) {
   {
     absl::ReaderMutexLock l(&attach_mu_);
     for (auto& [pid, t] : targets_) (void)t->pidfd.Signal(SIGKILL);
+  }
+  {
+    absl::MutexLock l(&groups_mu_);
+    for (pid_t pgid : groups_) kill(-pgid, SIGKILL);
   }
   if (tell_server && server_.value() != 0) {
     (void)SendMessage(

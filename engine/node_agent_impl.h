@@ -156,10 +156,20 @@ class NodeAgent::Impl {
 
   size_t unresolved_faults();
 
+  // Groups are also killed by Fail(): helpers working for a node that failed (a CRIU restore
+  // waiting for this agent's lazy pages) would otherwise wait for it forever once the keeper
+  // is gone too.
   absl::Status GuardGroup(pid_t pgid) {
-    return keeper_->GuardGroup(pgid, absl::Now() + absl::Seconds(2));
+    STRETCH_RETURN_IF_ERROR(keeper_->GuardGroup(pgid, absl::Now() + absl::Seconds(2)));
+    absl::MutexLock l(&groups_mu_);
+    groups_.insert(pgid);
+    return absl::OkStatus();
   }
   absl::Status ReleaseGroup(pid_t pgid) {
+    {
+      absl::MutexLock l(&groups_mu_);
+      groups_.erase(pgid);
+    }
     return keeper_->ReleaseGroup(pgid, absl::Now() + absl::Seconds(2));
   }
 
@@ -391,6 +401,10 @@ class NodeAgent::Impl {
   FaultTrace trace_;
   WriteSharing sharing_;
   FaultHeat heat_;
+
+  // The process groups guarded (GuardGroup) and not released.
+  absl::Mutex groups_mu_;
+  absl::flat_hash_set<pid_t> groups_ ABSL_GUARDED_BY(groups_mu_);
 
   mutable absl::Mutex health_mu_;
   absl::Status health_ ABSL_GUARDED_BY(health_mu_);
