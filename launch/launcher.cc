@@ -235,27 +235,82 @@ absl::flat_hash_map<int32_t, int> Launcher::FirstPlacement(const std::vector<pid
   return node_of;
 }
 
-// --sharing_probe: watches the program's writes (launch/sharing_probe.h) and keeps what was
-// seen for the statistics. A watch that fails only costs the figures.
-void Launcher::WatchSharing(ThreadSupervisor& sup, pid_t pid) {
-  const launch::WatchOptions wo;
+// --sharing_probe: watches the program's writes (launch/sharing_probe.h), keeps what was seen
+// for the statistics and, with adaptive placement, the default migration point and no history
+// that chose, keeps the program on node 0 when spreading it is forecast not to pay. A watch that
+// fails only costs the figures: the program is migrated.
+bool Launcher::WatchSharing(ThreadSupervisor& sup, pid_t pid) {
+  // With --migrate_at_threads the program is stopped at the clone that is its migration point:
+  // the watch sees it idle, and the user chose the moment.
+  const bool decides =
+      o_.placement == "adaptive" && history_json_.empty() && o_.migrate_at_threads == 0;
+  std::vector<pid_t> tids;
+  absl::flat_hash_map<pid_t, pid_t> inner_tid;
+  for (pid_t tid : sup.Threads()) {
+    auto inner = InnermostTid(tid);
+    if (!inner.ok()) continue;
+    tids.push_back(*inner);
+    inner_tid[tid] = *inner;
+  }
+  std::sort(tids.begin(), tids.end());  // creation order, as the checkpoint lists them
+  const absl::flat_hash_map<int32_t, int> node_of = FirstPlacement(tids);
+  launch::WatchOptions wo;
+  // What was seen, summed up for the first placement, and what spreading it would gain.
+  auto forecast = [&](const launch::WatchedAccesses& seen, placement::WriteSharing* s) {
+    *s = placement::SummarizeWrites(seen.intervals, wo.interval, node_of);
+    std::vector<placement::NodeDemand> nodes(std::max(o_.nodes, 1));
+    for (size_t i = 0; i < nodes.size() && i < o_.node_cpus.size(); ++i) {
+      nodes[i].cores = static_cast<double>(o_.node_cpus[i].size());
+    }
+    // The node of a thread (by its tid here); 0 for a thread not known (one made since).
+    auto node = [&](pid_t tid) -> placement::NodeDemand& {
+      auto inner = inner_tid.find(tid);
+      auto where = inner == inner_tid.end() ? node_of.end() : node_of.find(inner->second);
+      return nodes[where == node_of.end() ? 0 : where->second];
+    };
+    // The work done in the watch (what its page moves are per), the demand from just before.
+    for (const auto& [tid, t] : seen.threads) node(tid).ran += absl::ToDoubleSeconds(t.ran);
+    const double before = absl::ToDoubleSeconds(seen.before);
+    for (const auto& [tid, t] : seen.threads_before) {
+      if (before > 0) {
+        node(tid).demand += std::min(1.0, absl::ToDoubleSeconds(t.ran + t.waited) / before);
+      }
+    }
+    return placement::ForecastSpread(*s, nodes);
+  };
+  // The watch costs the program a fault per page and interval: a program clearly not worth
+  // spreading (half the gain that would do) after two intervals is not watched for longer.
+  if (decides) {
+    wo.enough = [&](const launch::WatchedAccesses& so_far) {
+      placement::WriteSharing s;
+      return so_far.intervals.size() >= 2 && forecast(so_far, &s).gain < placement::kSpreadPays / 2;
+    };
+  }
   auto seen = launch::WatchAccesses(sup, pid, wo, absl::Now() + absl::Seconds(10));
   if (!seen.ok()) {
     LOG(WARNING) << "stretchd run: watching the program's writes failed: " << seen.status();
-    return;
+    return true;
   }
-  std::vector<pid_t> tids;
-  for (pid_t tid : sup.Threads()) {
-    if (auto inner = InnermostTid(tid); inner.ok()) tids.push_back(*inner);
-  }
-  std::sort(tids.begin(), tids.end());  // creation order, as the checkpoint lists them
-  const placement::WriteSharing s =
-      placement::SummarizeWrites(seen->intervals, wo.interval, FirstPlacement(tids));
+  placement::WriteSharing s;
+  const placement::SpreadForecast f = forecast(*seen, &s);
+  const double watched = absl::ToDoubleSeconds(seen->watched);
+  const bool spread = !decides || f.gain >= placement::kSpreadPays;
   native_writes_json_ = absl::StrCat(
       R"({"watch_ms":)", absl::ToDoubleMilliseconds(seen->elapsed), R"(,"faults":)", seen->faults,
       R"(,"protected_bytes":)", seen->protected_bytes, R"(,"sampled_pages":)", seen->sampled_pages,
-      R"(,"events":)", seen->events, R"(,"first_placement":)", s.Json(), "}");
+      R"(,"events":)", seen->events, R"(,"watched_ms":)", watched * 1e3, R"(,"first_placement":)",
+      s.Json(), R"(,"forecast":)", f.Json(), R"(,"choice":")",
+      !decides ? "none" : (spread ? "distributed" : "node0"), R"("})");
   LOG(INFO) << "stretchd run: the program's writes at its migration point: " << native_writes_json_;
+  if (decides) {
+    std::fprintf(stderr,
+                 "stretchd run: placement: %s: spread over %d nodes, its threads would keep "
+                 "%.2fx the cores busy it keeps on one (%.0f page moves per CPU-second, "
+                 "watched natively for %.0f ms)\n",
+                 spread ? "distributing" : "staying on node 0", o_.nodes, f.gain,
+                 f.moves_per_cpu_second, watched * 1e3);
+  }
+  return spread;
 }
 
 // Runs the program natively to its migration point (migrate/origin.h) and checkpoints it,
@@ -355,7 +410,9 @@ absl::Status Launcher::RunToMigrationPoint() {
   }
   oo_.before_checkpoint = [this] { return nodes_thread_.Wait(); };
   if (o_.sharing_probe) {
-    oo_.at_migration_point = [this](ThreadSupervisor& sup, pid_t pid) { WatchSharing(sup, pid); };
+    oo_.at_migration_point = [this](ThreadSupervisor& sup, pid_t pid) {
+      return WatchSharing(sup, pid);
+    };
   }
   auto origin = RunOrigin(oo_);
   if (!origin.ok() || origin->exited) nodes_thread_.Abandon();  // nothing to migrate
@@ -425,7 +482,7 @@ absl::Status Launcher::WriteUndistributedStats() {
   if (origin_->stayed) {
     absl::StrAppend(&json, R"(,"after_point_ms":)",
                     absl::ToDoubleMilliseconds(origin_->after_point), R"(,"placement":{"policy":")",
-                    o_.placement, R"(",)", history_json_, "}");
+                    o_.placement, R"(")", history_json_.empty() ? "" : ",", history_json_, "}");
   }
   return WriteStats(json + "}");
 }

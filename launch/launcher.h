@@ -34,8 +34,8 @@ struct LaunchOptions {
   // Empty: `nodes` emulated nodes on this machine.
   std::string server;
   std::string transport = "tcp";
-  std::string stretchd;        // path of the stretchd binary (for the agents)
-  std::string work_dir;        // empty: a fresh directory under /tmp, removed afterwards
+  std::string stretchd;  // path of the stretchd binary (for the agents)
+  std::string work_dir;  // empty: a fresh directory under /tmp, removed afterwards
   // Where to write the statistics at exit ("" = nowhere but the work directory's stats.json).
   std::string stats_json;
   // Where to write the run's report at exit (report/run_report.h; "" = none).
@@ -58,8 +58,11 @@ struct LaunchOptions {
   bool one_malloc_arena = false;
   // At the migration point, watch which threads write which pages for 100 ms (natively,
   // launch/sharing_probe.h) and put what was seen in the statistics ("native_writes"), with
-  // the page moves the first placement would cost. Measures only; decides nothing.
-  bool sharing_probe = false;
+  // the page moves the first placement would cost and what spreading would gain
+  // (placement::ForecastSpread). With adaptive placement, the default migration point (no
+  // migrate_at_threads) and no history that chose, a forecast gain below
+  // placement::kSpreadPays keeps the program on node 0, natively, to its end.
+  bool sharing_probe = true;
   // Manual mode: only the program's MAP_SHARED anonymous mappings are coherent; the rest of
   // its memory is copied at migration and node-private after it.
   bool manual = false;

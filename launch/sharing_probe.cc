@@ -1,5 +1,6 @@
 #include "launch/sharing_probe.h"
 
+#include <dirent.h>
 #include <linux/userfaultfd.h>
 #include <signal.h>
 
@@ -59,6 +60,36 @@ absl::StatusOr<std::vector<Range>> Mappings(pid_t pid, bool anonymous_writable_o
     out.push_back(r);
   }
   return out;
+}
+
+// How long each of the program's threads has run and waited for a CPU, by tid.
+absl::flat_hash_map<pid_t, WatchedAccesses::ThreadTime> ThreadTimes(pid_t pid) {
+  absl::flat_hash_map<pid_t, WatchedAccesses::ThreadTime> out;
+  const std::string tasks = absl::StrCat("/proc/", pid, "/task");
+  DIR* dir = opendir(tasks.c_str());
+  if (dir == nullptr) return out;
+  while (const dirent* e = readdir(dir)) {
+    pid_t tid = 0;
+    if (!absl::SimpleAtoi(e->d_name, &tid)) continue;
+    std::ifstream in(absl::StrCat(tasks, "/", e->d_name, "/schedstat"));
+    int64_t ran = 0, waited = 0;
+    if (in >> ran >> waited) out[tid] = {absl::Nanoseconds(ran), absl::Nanoseconds(waited)};
+  }
+  closedir(dir);
+  return out;
+}
+
+// What each thread of `now` ran and waited since `then` (a thread new since: all of it).
+absl::flat_hash_map<pid_t, WatchedAccesses::ThreadTime> Since(
+    const absl::flat_hash_map<pid_t, WatchedAccesses::ThreadTime>& then,
+    absl::flat_hash_map<pid_t, WatchedAccesses::ThreadTime> now) {
+  for (auto& [tid, t] : now) {
+    if (auto was = then.find(tid); was != then.end()) {
+      t.ran -= was->second.ran;
+      t.waited -= was->second.waited;
+    }
+  }
+  return now;
 }
 
 // Runs of the sorted, merged `runs` cut where one mapping ends and the next begins: madvise
@@ -160,6 +191,25 @@ class Watcher final : public uffd::FaultHandler {
     return ranges_;
   }
 
+  // Registers the program's private anonymous writable mappings made since the watch began
+  // (a buffer mmapped for the next block), so that their first writes are seen too. Returns
+  // the bytes added.
+  uint64_t RegisterNewMappings(uffd::Userfaultfd& uffd, uint64_t modes) {
+    auto maps = Mappings(pid_, true);
+    if (!maps.ok()) return 0;
+    absl::MutexLock l(&mu_);
+    uint64_t added = 0;
+    for (const Range& m : *maps) {
+      const bool known = std::any_of(ranges_.begin(), ranges_.end(), [&m](const Range& r) {
+        return r.start <= m.start && m.end <= r.end;
+      });
+      if (known || !uffd.Register(m.start, m.end - m.start, modes).ok()) continue;
+      ranges_.push_back(m);
+      added += m.end - m.start;
+    }
+    return added;
+  }
+
   // Pages made missing that are still missing.
   size_t missing() const {
     absl::MutexLock l(&mu_);
@@ -174,7 +224,8 @@ class Watcher final : public uffd::FaultHandler {
     const bool sampled = kept != kept_.end() && kept->second.missing;
     if (current_ != nullptr) {
       if (f.write || f.kind == uffd::FaultKind::kWriteProtect) {
-        current_->writes.push_back({f.page, f.tid});
+        const bool fresh = f.kind == uffd::FaultKind::kMissing && !sampled;
+        current_->writes.push_back({f.page, f.tid, fresh});
       } else if (sampled) {
         current_->reads.push_back({f.page, f.tid});
       }
@@ -382,6 +433,11 @@ bool ProtectAll(uffd::Userfaultfd& uffd, const std::vector<Range>& ranges, absl:
 absl::StatusOr<WatchedAccesses> WatchAccesses(ThreadSupervisor& supervisor, pid_t pid,
                                               const WatchOptions& options, absl::Time deadline) {
   const absl::Time start = absl::Now();
+  WatchedAccesses w;
+  const auto times_before = ThreadTimes(pid);
+  absl::SleepFor(options.before);
+  w.before = absl::Now() - start;
+  w.threads_before = Since(times_before, ThreadTimes(pid));
   // The uffd is made by a thread that runs: a parked one may be stopped at the entry of its own
   // call (main parked at its join), which an injected call would take the place of.
   std::vector<pid_t> running = supervisor.RunningThreads();
@@ -408,7 +464,6 @@ absl::StatusOr<WatchedAccesses> WatchAccesses(ThreadSupervisor& supervisor, pid_
       },
       deadline));
   STRETCH_ASSIGN_OR_RETURN(std::vector<Range> maps, Mappings(pid, true));
-  WatchedAccesses w;
   std::vector<Range> ranges;
   const uint64_t modes = uffd::kRegisterWriteProtect | (reads ? uffd::kRegisterMissing : 0);
   for (const Range& r : maps) {
@@ -427,9 +482,12 @@ absl::StatusOr<WatchedAccesses> WatchAccesses(ThreadSupervisor& supervisor, pid_
 
   w.intervals.reserve(options.intervals);  // the watcher records into them in place
   bool sampling = reads;
+  const absl::Time watch_start = absl::Now();
+  const auto times_at_start = ThreadTimes(pid);
   for (int i = 0; i < options.intervals && loop->running(); ++i) {
     placement::AccessInterval& in = w.intervals.emplace_back();
     watcher.RecordInto(&in);
+    if (i > 0) w.protected_bytes += watcher.RegisterNewMappings(*uffd, modes);
     if (!ProtectAll(*uffd, watcher.ranges(), deadline)) break;
     if (sampling && i > 0) {
       const placement::AccessInterval& last = w.intervals[i - 1];
@@ -446,8 +504,16 @@ absl::StatusOr<WatchedAccesses> WatchAccesses(ThreadSupervisor& supervisor, pid_
       }
     }
     absl::SleepFor(options.interval);
+    if (options.enough) {
+      watcher.RecordInto(nullptr);  // the intervals are read, not written, from here
+      w.watched = absl::Now() - watch_start;
+      w.threads = Since(times_at_start, ThreadTimes(pid));
+      if (options.enough(w)) break;
+    }
   }
   watcher.RecordInto(nullptr);
+  w.watched = absl::Now() - watch_start;
+  w.threads = Since(times_at_start, ThreadTimes(pid));
   // Everything given back, unprotected (which wakes every thread still waiting on a fault)
   // and unregistered; closing the uffd then leaves the program as it was. A thread that exits
   // just then can make a stop fail: tried again.

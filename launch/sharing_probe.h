@@ -20,6 +20,8 @@
 // contents back; then everything is unprotected and unregistered and the uffd closed: the
 // program is as before (no descriptor of ours left in it for CRIU to refuse).
 //
+// Mappings the program makes during the watch are registered at the next interval's start:
+// their pages untouched by then show as fresh (placement::AccessInterval::Access::fresh).
 // What it does not see: private file mappings (.data and .bss: the kernel write-protects only
 // anonymous memory), reads of pages outside the sample, and any access after the first of its
 // kind per page and interval. The program runs meanwhile, slowed by one fault per first access
@@ -29,8 +31,10 @@
 
 #include <sys/types.h>
 
+#include <functional>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "migrate/thread_supervisor.h"
@@ -38,21 +42,39 @@
 
 namespace stretch::launch {
 
+struct WatchedAccesses;
+
 struct WatchOptions {
   int intervals = 5;
   absl::Duration interval = absl::Milliseconds(20);
   // Pages made missing at an interval's start to see their readers: at most this many of the
   // pages written in the interval before. 0: writes only.
   int read_sample = 256;
+  // Before the intervals, how long the threads' running and waiting for a CPU is measured
+  // undisturbed (WatchedAccesses::threads_before).
+  absl::Duration before = absl::Milliseconds(50);
+  // If set, asked after each interval with what was seen so far (intervals, thread times,
+  // `watched`; not yet the counts): true ends the watch there.
+  std::function<bool(const WatchedAccesses& so_far)> enough;
 };
 
 struct WatchedAccesses {
   std::vector<placement::AccessInterval> intervals;
   uint64_t faults = 0;           // faults served
-  uint64_t protected_bytes = 0;  // registered and protected at the start
+  uint64_t protected_bytes = 0;  // registered and protected (at the start, and made since)
   uint64_t sampled_pages = 0;    // pages made missing to see their readers, over all intervals
   uint64_t events = 0;           // the program's discards, unmaps, moves and forks followed
   absl::Duration elapsed;        // from the takeover to the last unregister
+  // How long each of the program's threads ran (user and kernel) and was runnable but waited
+  // for a CPU (/proc/PID/task/TID/schedstat), by its tid here (not the program's namespace);
+  // a thread that ended meanwhile is left out. In the intervals (`watched`: their wall time),
+  // and, undisturbed by the watch's faults (a thread waiting for one is neither), in
+  // WatchOptions::before just before them.
+  struct ThreadTime {
+    absl::Duration ran, waited;
+  };
+  absl::Duration watched, before;
+  absl::flat_hash_map<pid_t, ThreadTime> threads, threads_before;
 };
 
 // `pid` is the program (the thread group leader), traced by `supervisor`. A program that

@@ -66,6 +66,7 @@ class SharingProbeTest : public ::testing::Test {
     o.at_migration_point = [&w, options](ThreadSupervisor& sup, pid_t pid) {
       w.writes = WatchAccesses(sup, pid, options, absl::Now() + absl::Seconds(20));
       w.uffd_left = HoldsUserfaultfd(pid);
+      return false;
     };
     auto r = RunOrigin(o);
     EXPECT_TRUE(r.ok()) << r.status();
@@ -152,6 +153,30 @@ TEST_F(SharingProbeTest, SeesEachThreadWritingItsOwnPage) {
   }
   EXPECT_GE(seen_first, 1);
   EXPECT_GE(seen_second, 1);
+}
+
+// WatchOptions::enough ends the watch early, after the interval it says so, with the thread
+// times of what was watched; the program is left as intact as after a whole watch.
+TEST_F(SharingProbeTest, AWatchThatHasSeenEnoughEndsEarly) {
+  WatchOptions options;
+  options.intervals = 8;
+  int asked = 0;
+  options.enough = [&asked](const WatchedAccesses& so_far) {
+    ++asked;
+    EXPECT_EQ(so_far.intervals.size(), static_cast<size_t>(asked));
+    EXPECT_GT(so_far.watched, absl::ZeroDuration());
+    return so_far.intervals.size() == 2;
+  };
+  Watched w = Run({Program("write_sharing"), "private", "3"}, options);
+  ASSERT_NO_FATAL_FAILURE(ExpectWatchedAndIntact(w));
+  EXPECT_EQ(asked, 2);
+  EXPECT_EQ(w.writes->intervals.size(), 2u);
+  EXPECT_GE(w.writes->before, options.before);
+  // Both workers computed before and during the watch.
+  EXPECT_GE(w.writes->threads_before.size(), 2u);
+  absl::Duration ran;
+  for (const auto& [tid, t] : w.writes->threads) ran += t.ran;
+  EXPECT_GT(ran, absl::ZeroDuration());
 }
 
 // The producer (thread 2) rewrites a page every millisecond, the consumer (thread 3) reads it

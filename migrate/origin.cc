@@ -431,12 +431,13 @@ absl::StatusOr<OriginResult> RunOrigin(const OriginOptions& options) {
     absl::MutexLock l(&watch.mu);
     exited = watch.exited;
   }
+  bool stay = options.stay;
   if (!exited && options.at_migration_point) {
-    options.at_migration_point(*sup, app.pid());
+    stay = !options.at_migration_point(*sup, app.pid()) || stay;
     absl::MutexLock l(&watch.mu);
     exited = watch.exited;
   }
-  if (!exited && !options.stay && options.before_stop) {
+  if (!exited && !stay && options.before_stop) {
     options.before_stop();
     absl::MutexLock l(&watch.mu);
     exited = watch.exited;
@@ -472,7 +473,7 @@ absl::StatusOr<OriginResult> RunOrigin(const OriginOptions& options) {
     }
   }
   sup.reset();
-  if (options.stay) return FinishHere(app, forward, deadline, absl::OkStatus());
+  if (stay) return FinishHere(app, forward, deadline, absl::OkStatus());
   if (options.before_checkpoint) {
     if (absl::Status ready = options.before_checkpoint(); !ready.ok()) {
       return FinishHere(app, forward, deadline, std::move(ready));

@@ -66,8 +66,9 @@ struct OriginOptions {
   bool stay = false;
   // Called once at the migration point (also with `stay`; not if the program ended), the
   // program running natively, traced by `supervisor`: e.g. to watch how its threads share
-  // memory before deciding (launch/sharing_probe.h). Before before_stop.
-  std::function<void(ThreadSupervisor& supervisor, pid_t pid)> at_migration_point;
+  // memory before deciding (launch/sharing_probe.h). False: stay, as with `stay`. Before
+  // before_stop.
+  std::function<bool(ThreadSupervisor& supervisor, pid_t pid)> at_migration_point;
   // Called once at the migration point, before the program is stopped (not with `stay`, nor
   // if it ended): it runs on natively (traced) meanwhile, so waiting here costs it nothing,
   // where waiting in before_checkpoint keeps it stopped. E.g. for the transport to load. Its

@@ -98,12 +98,17 @@ DEFINE_bool(one_malloc_arena, false,
             "run: start the program with GLIBC_TUNABLES glibc.malloc.arena_max=1 (all threads "
             "share the main malloc arena; by default each thread gets its own, which keeps "
             "threads on different nodes off each other's heap pages)");
-DEFINE_bool(sharing_probe, false,
+DEFINE_bool(sharing_probe, true,
             "run: at the migration point, watch for 100 ms which threads write which pages "
             "(write protection of the native program) and which read a sample of the written "
             "ones (made missing for a moment), and put what was seen, with the page moves the "
             "first placement would cost, in the statistics (\"native_writes\" in "
-            "--stats_json). Measures only: it decides nothing yet");
+            "--stats_json). With --placement=adaptive (without --migrate_at_threads, and no "
+            "--placement_history that chose), "
+            "it also decides: a program whose threads would keep under 1.4x the cores busy "
+            "spread over the nodes as on node 0 alone (page moves stalling them) is not "
+            "migrated and runs on natively to its end. With another placement it runs only "
+            "when given explicitly");
 DEFINE_string(
     node_cpus, "",
     "run: the CPUs of each emulated node, nodes separated by ';' and CPUs by ',' "

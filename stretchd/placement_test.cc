@@ -42,13 +42,15 @@ using testing::RunCommand;
 using testing::Runfile;
 using RunTest = testing::RunFixture;
 
-// --placement=adaptive: K-means' write sharing keeps its threads waiting for pages, so the
+// --placement=adaptive, migrated whatever the watch at the migration point says
+// (--nosharing_probe): K-means' write sharing keeps its threads waiting for pages, so the
 // two nodes together keep fewer cores busy than one node would, and every thread moves to
 // node 0; matrix multiply keeps both nodes busy and stays spread (unless the machine's other
 // CPU is taken by other work, and the numbers say so). Outputs stay native.
 TEST_F(RunTest, AdaptivePlacementConsolidatesWhatDistributionSlowsDown) {
   const std::vector<std::string> flags = {"--migrate_at_threads=5", "--placement=adaptive",
-                                          "--placement_window_ms=50", "--node_cpus=0;1"};
+                                          "--placement_window_ms=50", "--node_cpus=0;1",
+                                          "--nosharing_probe"};
   {
     auto [native, stretch] =
         Both({Runfile("experiments/workloads/kmeans"), "--size=100000", "--threads=4"}, flags);
@@ -84,15 +86,17 @@ TEST_F(RunTest, AdaptivePlacementConsolidatesWhatDistributionSlowsDown) {
   }
 }
 
-// Without --placement, automatic mode places adaptively: K-means (all sharing) is moved to
-// node 0, with the reason in the stats; manual mode is static and refuses to move threads.
+// Without --placement, automatic mode places adaptively: K-means (all sharing), migrated
+// whatever the watch at its migration point says (--nosharing_probe), is moved to node 0,
+// with the reason in the stats; manual mode is static and refuses to move threads.
 // (--nogo_home: the program stays a replica on node 0, whose futex calls it then serves;
 // gone home, the program runs natively a few milliseconds after the move.)
 TEST_F(RunTest, DefaultPlacementIsAdaptive) {
   {
     auto [native, stretch] =
         Both({Runfile("experiments/workloads/kmeans"), "--size=100000", "--threads=4"},
-             {"--default_placement", "--migrate_at_threads=5", "--node_cpus=0;1", "--nogo_home"});
+             {"--default_placement", "--migrate_at_threads=5", "--node_cpus=0;1", "--nogo_home",
+              "--nosharing_probe"});
     ASSERT_EQ(stretch.status.ToString(), "exit status 0") << stretch.err;
     EXPECT_EQ(stretch.out, native.out);
     EXPECT_THAT(last_stats_, HasSubstr("\"policy\":\"adaptive\""));
@@ -106,6 +110,34 @@ TEST_F(RunTest, DefaultPlacementIsAdaptive) {
                                 {"--manual", "--placement=adaptive"});
   EXPECT_EQ(stretch.status.ToString(), "exit status 2");
   EXPECT_THAT(stretch.err, HasSubstr("--manual needs --placement=static"));
+}
+
+// By default the program is watched at its migration point before anything is migrated
+// (--sharing_probe): K-means, whose threads write what the others read, is forecast to gain
+// nothing spread and runs on natively to its end, unmigrated; matrix multiply, whose threads
+// write pages of their own, is forecast to keep both nodes busy and is distributed. (Sizes
+// whose parallel work outlasts the default wait at the migration point.)
+TEST_F(RunTest, TheWatchAtTheMigrationPointKeepsASharingProgramOnNodeZero) {
+  const std::vector<std::string> flags = {"--default_placement", "--default_migrate_after",
+                                          "--node_cpus=0;1"};
+  {
+    auto [native, stretch] =
+        Both({Runfile("experiments/workloads/kmeans"), "--size=400000", "--threads=4"}, flags);
+    ASSERT_EQ(stretch.status.ToString(), "exit status 0") << stretch.err;
+    EXPECT_EQ(stretch.out, native.out);
+    EXPECT_THAT(stretch.err, HasSubstr("placement: staying on node 0: spread over 2 nodes"));
+    EXPECT_THAT(last_stats_, HasSubstr("\"migrated\":false"));
+    EXPECT_THAT(last_stats_, HasSubstr("\"choice\":\"node0\""));
+    EXPECT_GT(StatNumber("moves_per_cpu_s"), 1000) << last_stats_;
+    EXPECT_GT(StatNumber("after_point_ms"), 0) << last_stats_;
+  }
+  auto [native, stretch] =
+      Both({Runfile("experiments/workloads/matrix_multiply"), "--size=1600", "--threads=4"}, flags);
+  ASSERT_EQ(stretch.status.ToString(), "exit status 0") << stretch.err;
+  EXPECT_EQ(stretch.out, native.out);
+  EXPECT_THAT(stretch.err, HasSubstr("placement: distributing: spread over 2 nodes"));
+  EXPECT_THAT(last_stats_, HasSubstr("\"migrated\":true"));
+  EXPECT_THAT(last_stats_, HasSubstr("\"choice\":\"distributed\""));
 }
 
 // --placement_history: K-means' first run is distributed and consolidated; the history then
@@ -241,7 +273,8 @@ TEST_F(RunTest, AffinityPlacementPutsThreadsThatWriteTogetherOnOneNode) {
   EXPECT_GE(pinned, 4) << last_stats_;
 }
 
-// Feedback both ways (--placement=adaptive, one CPU per node): in the first phase every
+// Feedback both ways (--placement=adaptive, one CPU per node; migrated whatever the watch at
+// the migration point says, which sees the first phase only): in the first phase every
 // thread adds to one shared counter, so the threads are consolidated on node 0; in the second
 // they compute on their own, node 0's one core is saturated, and after the backoff they are
 // spread again and judged by what they do then: they stay spread, unless spreading did not
@@ -249,9 +282,10 @@ TEST_F(RunTest, AffinityPlacementPutsThreadsThatWriteTogetherOnOneNode) {
 // consolidate again, and the test checks that the numbers said so). Output native.
 TEST_F(RunTest, AdaptivePlacementSpreadsAgainWhenThePhaseChanges) {
   if (sysconf(_SC_NPROCESSORS_ONLN) < 2) GTEST_SKIP() << "needs 2 CPUs";
-  auto [native, stretch] = Both({Runfile("experiments/workloads/phases"), "--threads=4",
-                                 "--shared=4000", "--compute=1200000000", "--start_ms=300"},
-                                {"--placement=adaptive", "--node_cpus=0;1", "--nogo_home"});
+  auto [native, stretch] =
+      Both({Runfile("experiments/workloads/phases"), "--threads=4", "--shared=4000",
+            "--compute=1200000000", "--start_ms=300"},
+           {"--placement=adaptive", "--node_cpus=0;1", "--nogo_home", "--nosharing_probe"});
   EXPECT_EQ(stretch.status.ToString(), "exit status 0") << stretch.err;
   EXPECT_EQ(stretch.out, native.out);
   const size_t consolidate = last_stats_.find(R"("action":"consolidate")");

@@ -240,7 +240,11 @@ bool LaunchOptionsFromFlags(const std::vector<std::string>& args, launch::Launch
   o->work_dir = FLAGS_work_dir;
   o->netns = FLAGS_netns;
   o->one_malloc_arena = FLAGS_one_malloc_arena;
-  o->sharing_probe = FLAGS_sharing_probe;
+  // The watch decides with adaptive placement only; with another placement it only measures,
+  // and runs only when asked for.
+  o->sharing_probe =
+      FLAGS_sharing_probe && (o->placement == "adaptive" ||
+                              !gflags::GetCommandLineFlagInfoOrDie("sharing_probe").is_default);
   o->go_home = FLAGS_go_home && !FLAGS_manual;
   o->control_socket = FLAGS_control;
   o->manual = FLAGS_manual;
