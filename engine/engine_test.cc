@@ -313,11 +313,19 @@ TEST_P(EngineTest, FaultsWithoutAnAnswerStopTheProcessesWithAClearError) {
 
 // The keeper is what kills a node's processes should its agent die (without it they would
 // read zeros for the pages the node never got). Killing it stops them with a clear error
-// rather than run on unguarded (was: unnoticed, the run went on without the guard).
+// rather than run on unguarded (was: unnoticed, the run went on without the guard), and the
+// helpers the agent guards (a CRIU restore waiting for its lazy pages, here a sleep in a
+// group of its own), which only the keeper would have killed (a soak run left a CRIU behind).
 TEST_P(EngineTest, AKilledKeeperStopsTheNodesProcesses) {
   ASSERT_NO_FATAL_FAILURE(StartCluster(2));
   std::vector<Subprocess> procs = Launch("pingpong", {"--iters=100000000"});
   ASSERT_EQ(procs.size(), 2u);
+  SubprocessOptions helper_options;
+  helper_options.argv = {"/bin/sleep", "1000"};
+  helper_options.new_process_group = true;
+  auto helper = Subprocess::Start(helper_options);
+  ASSERT_TRUE(helper.ok()) << helper.status();
+  ASSERT_TRUE(agents_[1]->GuardGroup(helper->pid()).ok());
   // Both attached and ping-ponging: pages move between the nodes.
   const absl::Time deadline = absl::Now() + absl::Seconds(30);
   auto fetched = [&](int i) { return agents_[i]->stats().pages_fetched.Get(); };
@@ -336,6 +344,9 @@ TEST_P(EngineTest, AKilledKeeperStopsTheNodesProcesses) {
   EXPECT_EQ(health.code(), absl::StatusCode::kInternal) << health;
   EXPECT_THAT(health.message(), HasSubstr("keeper process")) << health;
   EXPECT_FALSE(agents_[0]->health().ok()) << "the other node stops too";
+  auto helper_end = helper->Wait(absl::Now() + absl::Seconds(30));
+  ASSERT_TRUE(helper_end.ok()) << helper_end.status();
+  EXPECT_EQ(helper_end->ToString(), "killed by signal 9 (Killed)");
 }
 
 // The directory tracks at most max_pages pages: a program that needs more stops on every node
