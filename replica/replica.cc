@@ -183,8 +183,11 @@ absl::Status Replica::RestoreWithCriu(Restoring& s, absl::Time deadline) {
   }
   STRETCH_ASSIGN_OR_RETURN(PendingRestore pending, criu.StartRestore(ro));
   // CRIU's helpers die with this agent (they would wait forever for its lazy pages), and with
-  // a restore that fails here.
-  STRETCH_RETURN_IF_ERROR(agent_->GuardGroup(pending.criu_pid()));
+  // a restore that fails here, also one whose guard could not be set (the keeper killed).
+  if (absl::Status guarded = agent_->GuardGroup(pending.criu_pid()); !guarded.ok()) {
+    kill(-pending.criu_pid(), SIGKILL);
+    return guarded;
+  }
   struct CriuGroup {
     engine::NodeAgent* agent;
     pid_t pgid;

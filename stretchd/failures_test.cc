@@ -273,6 +273,62 @@ TEST_F(RunTest, AKilledNodeStopsTheProgramWithAClearError) {
   ExpectNothingLeftOf(p->pid());
 }
 
+// The parent of process `pid` (0 if it is gone).
+pid_t ParentOf(pid_t pid) {
+  const std::string stat = testing::ReadFileOrEmpty(absl::StrCat("/proc/", pid, "/stat"));
+  const size_t paren = stat.rfind(')');
+  if (paren == std::string::npos) return 0;
+  std::istringstream rest(stat.substr(paren + 2));
+  char state;
+  pid_t ppid = 0;
+  rest >> state >> ppid;
+  return ppid;
+}
+
+// Node 0's keeper killed while the program still runs natively, before its migration point:
+// the node stops rather than run unguarded, the run ends at once with an error naming the
+// keeper, and nothing of it is left (no agent, replica, CRIU or namespace).
+TEST_F(RunTest, AKeeperKilledBeforeTheMigrationLeavesNothingBehind) {
+  SubprocessOptions o;
+  o.argv = {Runfile("stretchd/stretchd"),
+            "run",
+            "--nodes=2",
+            "--placement=static",
+            "--migrate_at_threads=3",
+            "--",
+            "/bin/sh",
+            "-c",
+            absl::StrCat("sleep 2; exec ", Runfile("stretchd/spin_prog"), " 2 100000000000")};
+  o.stdout_path = dir_.path() + "/keeper.out";
+  o.stderr_path = dir_.path() + "/keeper.err";
+  auto p = Subprocess::Start(o);
+  ASSERT_TRUE(p.ok()) << p.status();
+  // Node 0's agent starts in the background while the program sleeps natively.
+  pid_t keeper = 0;
+  for (const absl::Time end = absl::Now() + absl::Seconds(30); keeper == 0 && absl::Now() < end;) {
+    for (pid_t k : TestProcesses("stretch-keeper")) {
+      const std::string agent =
+          testing::ReadFileOrEmpty(absl::StrCat("/proc/", ParentOf(k), "/cmdline"));
+      if (absl::StrContains(agent, std::string("--node=0\0", 9))) keeper = k;
+    }
+    if (keeper == 0) absl::SleepFor(absl::Milliseconds(10));
+  }
+  ASSERT_NE(keeper, 0) << "node 0's keeper never appeared";
+  ASSERT_EQ(kill(keeper, SIGKILL), 0);
+  auto st = p->Wait(absl::Now() + absl::Seconds(60));
+  ASSERT_TRUE(st.ok()) << st.status();
+  const std::string err = testing::ReadFileOrEmpty(dir_.path() + "/keeper.err");
+  EXPECT_EQ(st->ToString(), "exit status 1") << err;
+  EXPECT_THAT(err, HasSubstr("keeper process"));
+  const absl::Time end = absl::Now() + absl::Seconds(10);
+  while (!TestProcesses("criu").empty() && absl::Now() < end)
+    absl::SleepFor(absl::Milliseconds(20));
+  std::vector<std::string> criu;
+  for (pid_t c : TestProcesses("criu")) criu.push_back(DescribeProcess(c));
+  EXPECT_THAT(criu, ::testing::IsEmpty());
+  ExpectNothingLeftOf(p->pid());
+}
+
 // The launcher (with the directory server inside it) killed outright: its agents die with it
 // (parent-death signal) and their keepers kill the replicas, so no part of the program runs
 // on; the next run removes the network namespaces the dead launcher could not.
