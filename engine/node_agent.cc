@@ -549,7 +549,7 @@ void NodeAgent::Impl::Fail(const absl::Status& why, bool tell_server) {
     for (auto& [pid, t] : targets_) (void)t->pidfd.Signal(SIGKILL);
   }
   {
-    absl::MutexLock l(&groups_mu_);
+    absl::MutexLock l(&guarded_mu_);
     for (pid_t pgid : groups_) kill(-pgid, SIGKILL);
   }
   if (tell_server && server_.value() != 0) {

@@ -156,18 +156,20 @@ class NodeAgent::Impl {
 
   size_t unresolved_faults();
 
-  // Groups are also killed by Fail(): helpers working for a node that failed (a CRIU restore
-  // waiting for this agent's lazy pages) would otherwise wait for it forever once the keeper
-  // is gone too.
+  // A node that failed guards nothing new (the caller then kills what it would have guarded),
+  // and Fail() kills the groups guarded before: helpers working for it (a CRIU restore waiting
+  // for this agent's lazy pages) and a replica being restored would otherwise be left behind
+  // once the keeper is gone too (killed, as in a soak run that left a CRIU behind).
   absl::Status GuardGroup(pid_t pgid) {
+    absl::MutexLock l(&guarded_mu_);
+    STRETCH_RETURN_IF_ERROR(health());
     STRETCH_RETURN_IF_ERROR(keeper_->GuardGroup(pgid, absl::Now() + absl::Seconds(2)));
-    absl::MutexLock l(&groups_mu_);
     groups_.insert(pgid);
     return absl::OkStatus();
   }
   absl::Status ReleaseGroup(pid_t pgid) {
     {
-      absl::MutexLock l(&groups_mu_);
+      absl::MutexLock l(&guarded_mu_);
       groups_.erase(pgid);
     }
     return keeper_->ReleaseGroup(pgid, absl::Now() + absl::Seconds(2));
@@ -175,6 +177,8 @@ class NodeAgent::Impl {
 
   absl::Status Guard(pid_t pid, int uffd) {
     STRETCH_ASSIGN_OR_RETURN(uffd::Pidfd pidfd, uffd::Pidfd::Open(pid));
+    absl::MutexLock l(&guarded_mu_);
+    STRETCH_RETURN_IF_ERROR(health());
     return keeper_->Guard(pidfd, uffd, absl::Now() + absl::Seconds(2));
   }
 
@@ -402,9 +406,11 @@ class NodeAgent::Impl {
   WriteSharing sharing_;
   FaultHeat heat_;
 
-  // The process groups guarded (GuardGroup) and not released.
-  absl::Mutex groups_mu_;
-  absl::flat_hash_set<pid_t> groups_ ABSL_GUARDED_BY(groups_mu_);
+  // Held while guarding (a Guard or GuardGroup and its check of health()), so that Fail()
+  // kills every group guarded before it; taken before health_mu_. The process groups guarded
+  // and not released.
+  absl::Mutex guarded_mu_;
+  absl::flat_hash_set<pid_t> groups_ ABSL_GUARDED_BY(guarded_mu_);
 
   mutable absl::Mutex health_mu_;
   absl::Status health_ ABSL_GUARDED_BY(health_mu_);
