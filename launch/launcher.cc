@@ -239,7 +239,7 @@ absl::flat_hash_map<int32_t, int> Launcher::FirstPlacement(const std::vector<pid
 // for the statistics and, with adaptive placement, the default migration point and no history
 // that chose, keeps the program on node 0 when spreading it is forecast not to pay. A watch that
 // fails only costs the figures: the program is migrated.
-bool Launcher::WatchSharing(ThreadSupervisor& sup, pid_t pid) {
+PointChoice Launcher::WatchSharing(ThreadSupervisor& sup, pid_t pid) {
   // With --migrate_at_threads the program is stopped at the clone that is its migration point:
   // the watch sees it idle, and the user chose the moment.
   const bool decides =
@@ -289,7 +289,7 @@ bool Launcher::WatchSharing(ThreadSupervisor& sup, pid_t pid) {
   auto seen = launch::WatchAccesses(sup, pid, wo, absl::Now() + absl::Seconds(10));
   if (!seen.ok()) {
     LOG(WARNING) << "stretchd run: watching the program's writes failed: " << seen.status();
-    return true;
+    return PointChoice{};
   }
   placement::WriteSharing s;
   const placement::SpreadForecast f = forecast(*seen, &s);
@@ -310,7 +310,7 @@ bool Launcher::WatchSharing(ThreadSupervisor& sup, pid_t pid) {
                  spread ? "distributing" : "staying on node 0", o_.nodes, f.gain,
                  f.moves_per_cpu_second, watched * 1e3);
   }
-  return spread;
+  return PointChoice{.migrate = spread, .speedup = decides ? f.gain : 0};
 }
 
 // Runs the program natively to its migration point (migrate/origin.h) and checkpoints it,
@@ -441,7 +441,9 @@ absl::Status Launcher::RunToMigrationPoint() {
                  << absl::Trunc(origin_->parallel_time, absl::Milliseconds(1))
                  << " here, sooner than migrating it would have paid off ("
                  << absl::Trunc(origin_->migrate_after, absl::Milliseconds(1))
-                 << " at its size; --migrate_after=0 migrates at once)";
+                 << (native_writes_json_.empty() ? " at its size"
+                                                 : " at its size and forecast speedup")
+                 << "; --migrate_after=0 migrates at once)";
   } else if (!origin_->status.signaled && !origin_->stayed) {
     LOG(WARNING) << "stretchd run: the program ended before its migration point (it ran on "
                     "one node; --migrate_at_threads=N migrates as soon as it has N threads)";

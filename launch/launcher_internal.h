@@ -146,8 +146,9 @@ class Launcher {
   std::string ImagesDir() const { return work_.path + "/images"; }
   absl::Status RunToMigrationPoint();
   absl::flat_hash_map<int32_t, int> FirstPlacement(const std::vector<pid_t>& tids) const;
-  // At the migration point (--sharing_probe): false if the program is to stay on node 0.
-  bool WatchSharing(ThreadSupervisor& sup, pid_t pid);
+  // At the migration point (--sharing_probe): whether the program is to stay on node 0, and
+  // the speedup forecast for it spread (which sets how long it runs on natively before).
+  PointChoice WatchSharing(ThreadSupervisor& sup, pid_t pid);
   absl::Status WriteUndistributedStats();
   // The directory server (server_), in node 0's network namespace: started in the background
   // while the program runs natively, so that a working transport is known before its stop.

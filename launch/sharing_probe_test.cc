@@ -66,7 +66,7 @@ class SharingProbeTest : public ::testing::Test {
     o.at_migration_point = [&w, options](ThreadSupervisor& sup, pid_t pid) {
       w.writes = WatchAccesses(sup, pid, options, absl::Now() + absl::Seconds(20));
       w.uffd_left = HoldsUserfaultfd(pid);
-      return false;
+      return PointChoice{.migrate = false};
     };
     auto r = RunOrigin(o);
     EXPECT_TRUE(r.ok()) << r.status();

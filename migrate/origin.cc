@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <deque>
 #include <fstream>
+#include <functional>
 #include <sstream>
 
 #include "absl/container/flat_hash_map.h"
@@ -116,10 +117,13 @@ uint64_t ResidentBytes(pid_t pid) {
 }
 
 // EstimatedMigrationCost(): a fixed part and a part per resident byte (dumped, then restored
-// on every node), from the stats of `tools/corpus` on this project's 2-CPU VMs (stop, dump and
-// restore): 370-520 ms for images of 2-24 MB, 1.36 s for linear_regression's 400 MB.
-constexpr absl::Duration kMigrationSetUp = absl::Milliseconds(400);
-constexpr double kMigrationBytesPerSecond = 400e6;
+// on every node), fitted on the stats of `tools/corpus` on this project's 2-CPU VMs, from the
+// stop to every replica running, the nodes started beforehand (2026-12-05..07, unloaded):
+// 42-60 ms for 1.7 MB images (primesieve), 58-93 ms for 25 MB (matrix multiply, PCA),
+// 121-161 ms for 55 MB (minimap2), 157-174 ms for 80 MB (zstd), 164-216 ms for 127 MB
+// (stockfish), 276-450 ms for 180 MB (string match).
+constexpr absl::Duration kMigrationSetUp = absl::Milliseconds(50);
+constexpr double kMigrationBytesPerSecond = 600e6;
 
 // Whether the thread whose /proc/.../syscall this is sits in futex(2) right now.
 bool InFutex(const std::string& syscall_file) {
@@ -304,20 +308,27 @@ absl::Duration EstimatedMigrationCost(uint64_t resident_bytes) {
 
 namespace {
 
-// Until the program is at its migration point (and has been there long enough) or ended.
-// Besides a join, main staying blocked in a futex wait (a barrier, a condition, a semaphore)
-// once it has workers counts. Signals in `forward` that arrive meanwhile go to the program.
+// How long the program has been at its migration point so far (see the file comment), kept
+// across the waits before and after the watch at the point.
+struct PointClock {
+  BusyWatch busy;
+  int blocked_samples = 0;
+  absl::Duration at_point;
+  absl::Time last_sample = absl::Now();
+};
+
+// Until the program has been at its migration point for `migrate_after()` in all (evaluated at
+// each sample from the point on), or ended. Besides a join, main staying blocked in a futex
+// wait (a barrier, a condition, a semaphore) once it has workers counts. Signals in `forward`
+// that arrive meanwhile go to the program.
 absl::Status AwaitMigrationPoint(Subprocess& app, Watch& watch, const OriginOptions& options,
                                  const sigset_t& forward, absl::Time deadline,
-                                 OriginResult* result) {
+                                 const std::function<absl::Duration()>& migrate_after,
+                                 PointClock* clock, OriginResult* result) {
   const int want_threads = options.migrate_at_threads;
   const std::string main_syscall =
       absl::StrCat("/proc/", app.pid(), "/task/", app.pid(), "/syscall");
-  BusyWatch busy;
-  // How long the program has been at its migration point, and is to be there natively.
-  absl::Duration at_point, migrate_after;
-  absl::Time last_sample = absl::Now();
-  for (int blocked_samples = 0;;) {
+  for (;;) {
     const struct timespec now = {0, 0};
     if (int sig = sigtimedwait(&forward, nullptr, &now); sig > 0) {
       // The supervisor sees it at delivery, as a handler or as the end of the program.
@@ -336,25 +347,22 @@ absl::Status AwaitMigrationPoint(Subprocess& app, Watch& watch, const OriginOpti
     if (sampled >= deadline) {
       return absl::DeadlineExceededError("the program reached no migration point in time");
     }
-    const absl::Duration since = sampled - last_sample;
-    last_sample = sampled;
+    const absl::Duration since = sampled - clock->last_sample;
+    clock->last_sample = sampled;
     if (want_threads > 0 || watch.threads.size() < 2) continue;
-    blocked_samples = InFutex(main_syscall) ? blocked_samples + 1 : 0;
-    const bool parallel = busy.Sample(watch.threads, sampled);
-    if (!parallel && blocked_samples < kStallSamples) continue;
-    migrate_after = options.migrate_after.has_value()
-                        ? *options.migrate_after
-                        : EstimatedMigrationCost(ResidentBytes(app.pid()));
-    if (at_point == absl::ZeroDuration()) {
+    clock->blocked_samples = InFutex(main_syscall) ? clock->blocked_samples + 1 : 0;
+    const bool parallel = clock->busy.Sample(watch.threads, sampled);
+    if (!parallel && clock->blocked_samples < kStallSamples) continue;
+    result->migrate_after = migrate_after();
+    if (clock->at_point == absl::ZeroDuration()) {
       VLOG(1) << "origin: migration point ("
               << (parallel ? "two or more threads busy" : "main waits") << "); migrating after "
-              << migrate_after << " there";
+              << result->migrate_after << " there";
     }
-    at_point += since;
-    if (at_point >= migrate_after) break;
+    clock->at_point += since;
+    if (clock->at_point >= result->migrate_after) break;
   }
-  result->parallel_time = at_point;
-  result->migrate_after = migrate_after;
+  result->parallel_time = clock->at_point;
   return absl::OkStatus();
 }
 
@@ -422,7 +430,19 @@ absl::StatusOr<OriginResult> RunOrigin(const OriginOptions& options) {
   sigemptyset(&forward);
   for (int sig : options.forward_signals) sigaddset(&forward, sig);
   OriginResult result;
-  STRETCH_RETURN_IF_ERROR(AwaitMigrationPoint(app, watch, options, forward, deadline, &result));
+  PointClock clock;
+  // By default the program runs on at its migration point as long as migrating it would take
+  // (the ski-rental rule of the file comment); with a watch at the point, that comes after it.
+  const auto migration_cost = [&app] { return EstimatedMigrationCost(ResidentBytes(app.pid())); };
+  const bool watch_first = options.at_migration_point && !options.migrate_after.has_value();
+  std::function<absl::Duration()> wait = migration_cost;
+  if (watch_first) {
+    wait = [] { return absl::ZeroDuration(); };
+  } else if (options.migrate_after.has_value()) {
+    wait = [after = *options.migrate_after] { return after; };
+  }
+  STRETCH_RETURN_IF_ERROR(
+      AwaitMigrationPoint(app, watch, options, forward, deadline, wait, &clock, &result));
   // Stop everything and hand the stopped process to CRIU, unless it ended first (also while
   // being stopped).
   absl::Status detached = absl::OkStatus();
@@ -433,9 +453,25 @@ absl::StatusOr<OriginResult> RunOrigin(const OriginOptions& options) {
   }
   bool stay = options.stay;
   if (!exited && options.at_migration_point) {
-    stay = !options.at_migration_point(*sup, app.pid()) || stay;
-    absl::MutexLock l(&watch.mu);
-    exited = watch.exited;
+    const PointChoice choice = options.at_migration_point(*sup, app.pid());
+    stay = !choice.migrate || stay;
+    {
+      absl::MutexLock l(&watch.mu);
+      exited = watch.exited;
+    }
+    if (!exited && !stay && watch_first) {
+      // Natively the program loses (1 - 1/speedup) of each second it could have run
+      // distributed: it has lost as much as the migration costs after cost / (1 - 1/speedup)
+      // at its point (the watch included). Without a forecast: after the cost, as if spread
+      // made it infinitely faster.
+      const double lost_per_second = choice.speedup > 1 ? 1 - 1 / choice.speedup : 1;
+      STRETCH_RETURN_IF_ERROR(AwaitMigrationPoint(
+          app, watch, options, forward, deadline,
+          [&migration_cost, lost_per_second] { return migration_cost() / lost_per_second; }, &clock,
+          &result));
+      absl::MutexLock l(&watch.mu);
+      exited = watch.exited;
+    }
   }
   if (!exited && !stay && options.before_stop) {
     options.before_stop();

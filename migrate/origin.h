@@ -16,11 +16,14 @@
 // A migration costs time (stopping, dumping and restoring the program, roughly in proportion
 // to its resident memory), which parallel work shorter than that cannot repay. So, by
 // default, the program goes on natively at its migration point until it has been there (its
-// threads busy in parallel, or main waiting for them) for `migrate_after` in all: as long as
-// migrating it would take, EstimatedMigrationCost() of its resident memory. A program whose
-// parallel work ends sooner is never migrated (its result says so: `parallel_time` <
-// `migrate_after`). This is the ski-rental rule: at worst a run pays twice what the better
-// choice would have cost it.
+// threads busy in parallel, or main waiting for them) for `migrate_after` in all: until what
+// running natively has cost it, compared with running distributed, is what migrating would
+// cost, EstimatedMigrationCost() of its resident memory. With a watch at the point that
+// forecasts a speedup S (`at_migration_point`), the watch comes first and the program is
+// migrated after cost / (1 - 1/S) there (the watch included); without one, after the cost.
+// A program whose parallel work ends sooner is never migrated (its result says so:
+// `parallel_time` < `migrate_after`). This is the ski-rental rule: at worst a run pays twice
+// what the better choice would have cost it.
 // The program is stopped entirely before the dump. If CRIU cannot dump it, it is resumed and
 // runs to its end here (nothing is lost), with the reason in `migration_error`.
 //
@@ -42,6 +45,14 @@
 #include "migrate/thread_supervisor.h"
 
 namespace stretch {
+
+// What a watch of the program at its migration point concluded.
+struct PointChoice {
+  // False: stay, as with OriginOptions::stay.
+  bool migrate = true;
+  // How many times faster the program is forecast to run distributed than here; 0: unknown.
+  double speedup = 0;
+};
 
 struct OriginOptions {
   // The program: argv, environment, stdio files. new_pid_namespace and die_with_parent are
@@ -66,9 +77,10 @@ struct OriginOptions {
   bool stay = false;
   // Called once at the migration point (also with `stay`; not if the program ended), the
   // program running natively, traced by `supervisor`: e.g. to watch how its threads share
-  // memory before deciding (launch/sharing_probe.h). False: stay, as with `stay`. Before
-  // before_stop.
-  std::function<bool(ThreadSupervisor& supervisor, pid_t pid)> at_migration_point;
+  // memory before deciding (launch/sharing_probe.h). With the default `migrate_after`, as
+  // soon as the program is at its point (the rest of the wait follows, from its forecast);
+  // otherwise after the wait. Before before_stop.
+  std::function<PointChoice(ThreadSupervisor& supervisor, pid_t pid)> at_migration_point;
   // Called once at the migration point, before the program is stopped (not with `stay`, nor
   // if it ended): it runs on natively (traced) meanwhile, so waiting here costs it nothing,
   // where waiting in before_checkpoint keeps it stopped. E.g. for the transport to load. Its

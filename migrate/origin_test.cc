@@ -224,6 +224,51 @@ TEST_F(OriginTest, ParallelWorkLongerThanItsMigrationCostIsMigratedAfterIt) {
   EXPECT_EQ(testing::ReadFileOrEmpty(dir_.path() + "/out"), native);
 }
 
+// With a watch at the point (and the default wait), the watch comes first, as soon as the
+// program is at its point, and the rest of the wait follows from its forecast: with a speedup
+// of 2, half of what is lost natively per second, twice the migration's cost in all.
+TEST_F(OriginTest, AWatchAtThePointComesFirstAndItsSpeedupSetsTheWait) {
+  std::vector<std::string> argv = {Program("main_sleeps"), "800000000"};
+  std::string native = NativeOutput(argv, dir_.path());
+  auto o = Options(argv);
+  o.migrate_after = std::nullopt;
+  int watches = 0;
+  absl::Time watched;
+  o.at_migration_point = [&watches, &watched](ThreadSupervisor&, pid_t) {
+    ++watches;
+    watched = absl::Now();
+    return PointChoice{.migrate = true, .speedup = 2};
+  };
+  auto r = RunOrigin(o);
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_FALSE(r->exited) << "ran to its end after " << r->parallel_time << " of "
+                          << r->migrate_after;
+  EXPECT_EQ(watches, 1);
+  EXPECT_GE(r->migrate_after, 2 * EstimatedMigrationCost(0));
+  EXPECT_GE(r->parallel_time, r->migrate_after);
+  // The wait after the watch is the time at the point it still lacked: more than the cost,
+  // had the watch come after the wait it would be none.
+  EXPECT_GE(absl::Now() - watched, EstimatedMigrationCost(0)) << "the watch came after the wait";
+  ExitStatus st = RestoreAndRun(r->images_dir, dir_.path() + "/work");
+  EXPECT_EQ(st.code, 0) << testing::ReadFileOrEmpty(dir_.path() + "/err");
+  EXPECT_EQ(testing::ReadFileOrEmpty(dir_.path() + "/out"), native);
+}
+
+// A watch that says to stay leaves the program to its end here, without a further wait.
+TEST_F(OriginTest, AWatchThatSaysStayLeavesTheProgramHere) {
+  std::vector<std::string> argv = {Program("main_sleeps"), "300000000"};
+  std::string native = NativeOutput(argv, dir_.path());
+  auto o = Options(argv);
+  o.migrate_after = std::nullopt;
+  o.at_migration_point = [](ThreadSupervisor&, pid_t) { return PointChoice{.migrate = false}; };
+  auto r = RunOrigin(o);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(r->exited);
+  EXPECT_TRUE(r->stayed);
+  EXPECT_EQ(r->status.code, 0);
+  EXPECT_EQ(testing::ReadFileOrEmpty(dir_.path() + "/out"), native);
+}
+
 // What must be ready before the checkpoint (the launcher: its transport) is asked once, at the
 // migration point; if it is not, the program goes on here to its native end.
 TEST_F(OriginTest, NotReadyToCheckpointFinishesHere) {

@@ -84,10 +84,11 @@ DEFINE_int32(migrate_at_threads, 0,
              "its main thread, having created threads, joins one or stays blocked in a futex)");
 DEFINE_string(migrate_after, "auto",
               "run: how long the program runs natively at its migration point (parallel work "
-              "under way) before it is migrated, as a duration (0, 500ms, 2s); auto: as long as "
-              "migrating it would take, estimated from its resident memory, so that parallel "
-              "work too short to repay a migration ends on one node (--migrate_at_threads "
-              "migrates at once)");
+              "under way) before it is migrated, as a duration (0, 500ms, 2s); auto: until "
+              "running natively there has cost it what migrating would (estimated from its "
+              "resident memory and, with --sharing_probe, the speedup forecast), so that "
+              "parallel work too short to repay a migration ends on one node "
+              "(--migrate_at_threads migrates at once)");
 DEFINE_string(migrate_threads, "",
               "run: comma-separated thread ids (in the program's PID namespace, main = 1) to run "
               "away from node 0; default: every thread but main, spread over all nodes");
