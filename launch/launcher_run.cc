@@ -161,14 +161,22 @@ std::string Launcher::Migrate(pid_t tid, int to) {
     if (!agents_[i].done)
       Send(agents_[i].control.get(), Control{ControlOp::kMigrateOut, 0, thread});
   }
+  // The program may end while the thread moves (its main thread exiting): the thread is then
+  // put nowhere, and the main loop reports the end it kept. (Put back where it ran, it found
+  // the program gone there: its first fault waited 4 s for an answer, its node's stop 10 s.)
+  const std::string ended = absl::StrCat("error the program ended while thread ", tid, " moved");
+  bool program_ended = false;
   int from = -1;
   std::string state, why;
   for (int i = 0; i < o_.nodes; ++i) {
     if (agents_[i].done) continue;
+    const size_t kept = agents_[i].pending.size();
     auto r =
         AwaitAnswer(i, {ControlOp::kMigratedOut, ControlOp::kNotMine, ControlOp::kMigrateFailed},
                     absl::Seconds(15));
-    if (!r) {
+    if (!r && EndedWhileWaiting(i, kept)) {
+      program_ended = true;
+    } else if (!r) {
       absl::StrAppend(&why, "node ", i, " did not answer; ");
     } else if (r->thread != thread) {
       absl::StrAppend(&why, "node ", i, " answered for thread ", r->thread, "; ");
@@ -179,17 +187,20 @@ std::string Launcher::Migrate(pid_t tid, int to) {
       absl::StrAppend(&why, "node ", i, ": ", r->text, "; ");
     }
   }
+  if (program_ended) return ended;
   if (from < 0) {
     return absl::StrCat("error thread ", tid, " could not be taken from where it runs: ",
                         why.empty() ? "no node runs it" : why);
   }
   const Control in{ControlOp::kMigrateIn, 0, thread, state};
   Send(agents_[to].control.get(), in);
+  const size_t kept = agents_[to].pending.size();
   auto r = AwaitAnswer(to, {ControlOp::kMigratedIn, ControlOp::kMigrateFailed}, absl::Seconds(15));
   if (r && r->op == ControlOp::kMigratedIn) {
     LOG(INFO) << "stretchd run: thread " << tid << " moved from node " << from << " to node " << to;
     return absl::StrCat("ok thread ", tid, " moved from node ", from, " to node ", to);
   }
+  if (!r && EndedWhileWaiting(to, kept)) return ended;
   const std::string failure = r ? r->text : "no answer";
   Send(agents_[from].control.get(), in);
   auto back =

@@ -37,6 +37,7 @@ namespace stretch {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 using testing::Outcome;
 using testing::RunCommand;
 using testing::Runfile;
@@ -417,6 +418,86 @@ TEST_F(RunTest, MigrateMovesRunningThreadsBetweenNodesAndBack) {
     EXPECT_EQ(st->ToString(), "exit status 0") << testing::ReadFileOrEmpty(o.stderr_path);
     EXPECT_EQ(testing::ReadFileOrEmpty(o.stdout_path), native.out);
   }
+}
+
+// The program ending (main exits on node 0) while `stretchd migrate` moves a thread between
+// the nodes: the thread is put nowhere and the run ends with the program's status. (Put back
+// where it ran, its next write waited for an answer from a program that had ended there: "got
+// no answer in 4s", the node failed, and its stop took 10 s; seen in 1 of 51 runs of matrix
+// multiply consolidated as it ended. The window, between node 0's answers, is too narrow for
+// this test to hit it: before the fix it passed too.) Main exits a little later in each round,
+// while the test moves the thread back and forth: the run ends cleanly whenever it ends.
+TEST_F(RunTest, AProgramThatEndsWhileAThreadMovesEndsTheRunCleanly) {
+  const std::string prog = Runfile("stretchd/migrate_prog");
+  int moves_after_release = 0;
+  for (int round = 0; round < 6; ++round) {
+    SCOPED_TRACE(absl::StrCat("round ", round));
+    const std::string dir = absl::StrCat(dir_.path(), "/end", round);
+    ASSERT_EQ(mkdir(dir.c_str(), 0700), 0);
+    const std::string release = dir + "/release",
+                      control = absl::StrCat("/tmp/stretch-end-test-", getpid(), ".sock");
+    SubprocessOptions o;
+    o.argv = {Runfile("stretchd/stretchd"),
+              "run",
+              "--nodes=2",
+              "--migrate_at_threads=2",
+              "--placement=static",
+              "--control=" + control,
+              "--",
+              prog,
+              "1",
+              "100000000000",
+              release,
+              "--exit"};
+    o.stdout_path = dir + "/run.out";
+    o.stderr_path = dir + "/run.err";
+    auto run = Subprocess::Start(o);
+    ASSERT_TRUE(run.ok()) << run.status();
+    struct Cleanup {
+      Subprocess* run;
+      std::string release;
+      ~Cleanup() {
+        std::ofstream(release) << "";
+        if (run->Wait(absl::Now() + absl::Seconds(30)).ok()) return;
+        run->Kill(SIGTERM);
+        run->Kill(SIGTERM);
+        (void)run->Wait(absl::Now() + absl::Seconds(30));
+      }
+    } cleanup{&*run, release};
+    int n = 0;
+    auto migrate = [&](std::vector<std::string> args) {
+      std::vector<std::string> argv = {Runfile("stretchd/stretchd"), "migrate", "--minloglevel=1",
+                                       "--control=" + control};
+      argv.insert(argv.end(), args.begin(), args.end());
+      return RunCommand(argv, dir, absl::StrCat("migrate", n++));
+    };
+    // The worker (thread 2) runs on node 1 once the nodes run.
+    std::string where;
+    for (const absl::Time end = absl::Now() + absl::Seconds(60); absl::Now() < end;) {
+      where = migrate({}).out;
+      if (absl::StrContains(where, "node 1: 2")) break;
+      absl::SleepFor(absl::Milliseconds(50));
+    }
+    ASSERT_THAT(where, HasSubstr("node 1: 2")) << where;
+    std::ofstream(release) << 20 * round;
+    // Main sees the file within 10 ms and exits 20 ms later each round; the worker moves until
+    // then, and a request after the end fails (nothing runs it any more).
+    auto st = run->Wait(absl::Now());
+    const absl::Time end = absl::Now() + absl::Seconds(120);
+    for (int to = 0; !st.ok() && absl::Now() < end; to = 1 - to) {
+      migrate({"--thread=2", absl::StrCat("--to=", to)});
+      ++moves_after_release;
+      st = run->Wait(absl::Now());
+    }
+    const std::string err = testing::ReadFileOrEmpty(o.stderr_path);
+    ASSERT_TRUE(st.ok()) << "the run did not end: " << err;
+    EXPECT_EQ(st->ToString(), "exit status 0") << err;
+    EXPECT_EQ(testing::ReadFileOrEmpty(o.stdout_path), "main exits\n");
+    EXPECT_THAT(err, Not(HasSubstr("got no answer"))) << err;
+    EXPECT_THAT(err, Not(HasSubstr("failed"))) << err;
+    EXPECT_THAT(err, Not(HasSubstr("could not be put back"))) << err;
+  }
+  EXPECT_GT(moves_after_release, 0) << "every program ended before a thread moved";
 }
 
 }  // namespace

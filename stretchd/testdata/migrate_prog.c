@@ -3,9 +3,11 @@
  * state computes a different result), then wait, yielding, until main has seen the file
  * RELEASE exist. Prints each worker's results in order. With --manual, what the threads share
  * (the release flag, the results) is in a MAP_SHARED anonymous page, as `stretchd run --manual`
- * needs.
+ * needs. With --exit, the workers also write their progress to the page main reads, and once
+ * RELEASE exists main waits as many milliseconds as it holds (0 if none), prints "main exits"
+ * and exits, the workers still computing (they end with it, as exit(3) ends every thread).
  *
- *   migrate_prog THREADS ROUNDS RELEASE [--manual] */
+ *   migrate_prog THREADS ROUNDS RELEASE [--manual | --exit] */
 #define _GNU_SOURCE
 #include <pthread.h>
 #include <sched.h>
@@ -16,6 +18,7 @@
 #include <unistd.h>
 
 static long g_rounds;
+static int g_exit;
 static struct {
   int release;
   double fp[64];
@@ -31,6 +34,7 @@ static void* worker(void* p) {
     b = b * 0.9999999 - 1e-9 * a;
     c += a * b;
     h = (h ^ (unsigned long)r) * 1099511628211ul;
+    if (g_exit && (r & 0xfffff) == 0) __atomic_store_n(&g->hash[id], h, __ATOMIC_RELAXED);
   }
   g->fp[id] = c;
   g->hash[id] = h;
@@ -39,12 +43,14 @@ static void* worker(void* p) {
 }
 
 int main(int argc, char** argv) {
-  if (argc != 4 && (argc != 5 || strcmp(argv[4], "--manual") != 0)) {
-    fprintf(stderr, "usage: %s THREADS ROUNDS RELEASE [--manual]\n", argv[0]);
+  const int manual = argc == 5 && strcmp(argv[4], "--manual") == 0;
+  g_exit = argc == 5 && strcmp(argv[4], "--exit") == 0;
+  if (argc != 4 && !manual && !g_exit) {
+    fprintf(stderr, "usage: %s THREADS ROUNDS RELEASE [--manual | --exit]\n", argv[0]);
     return 2;
   }
   g = mmap(NULL, sizeof(*g), PROT_READ | PROT_WRITE,
-           (argc == 5 ? MAP_SHARED : MAP_PRIVATE) | MAP_ANONYMOUS, -1, 0);
+           (manual ? MAP_SHARED : MAP_PRIVATE) | MAP_ANONYMOUS, -1, 0);
   if (g == MAP_FAILED) {
     perror("mmap");
     return 1;
@@ -57,7 +63,23 @@ int main(int argc, char** argv) {
   }
   pthread_t t[64];
   for (long i = 0; i < n; ++i) pthread_create(&t[i], NULL, worker, (void*)i);
-  while (access(argv[3], F_OK) != 0) usleep(10000);
+  unsigned long seen = 0;
+  while (access(argv[3], F_OK) != 0) {
+    usleep(10000);
+    for (int i = 0; g_exit && i < n; ++i) seen ^= __atomic_load_n(&g->hash[i], __ATOMIC_RELAXED);
+  }
+  if (g_exit) {
+    FILE* f = fopen(argv[3], "r");
+    int ms = 0;
+    if (f != NULL) {
+      if (fscanf(f, "%d", &ms) != 1) ms = 0;
+      fclose(f);
+    }
+    usleep(1000 * ms);
+    printf("main exits\n");
+    fflush(stdout);
+    exit(seen == 1); /* 0: the read is only there to share the page */
+  }
   __atomic_store_n(&g->release, 1, __ATOMIC_RELEASE);
   for (int i = 0; i < n; ++i) pthread_join(t[i], NULL);
   for (int i = 0; i < n; ++i) printf("worker %d: %.17g %016lx\n", i, g->fp[i], g->hash[i]);
