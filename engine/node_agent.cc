@@ -217,9 +217,11 @@ std::string NodeAgent::Impl::StatsJson() const {
 
 absl::Status NodeAgent::Impl::SendMessage(PeerId peer, const wire::Message& m) {
   if (options_.busy_poll > absl::ZeroDuration()) {
-    // A request for a fault: poll for its answer instead of sleeping until it comes.
+    // A request for a fault: poll for its answer instead of sleeping until it comes, if the
+    // CPUs have time to spare (polling until the answer, Installed() ends it).
     if (auto* c = std::get_if<wire::CoherenceMsg>(&m);
-        c != nullptr && (c->op == wire::CohOp::kGetS || c->op == wire::CohOp::kGetM)) {
+        c != nullptr && (c->op == wire::CohOp::kGetS || c->op == wire::CohOp::kGetM) &&
+        spare_cpu_.Spare()) {
       transport_->BusyPollUntil(absl::Now() + options_.busy_poll);
     }
   }

@@ -88,9 +88,10 @@ struct NodeOptions {
   // processes rather than leave them blocked forever.
   absl::Duration fault_timeout = absl::Seconds(4);
   // After sending a request for a fault, the network thread polls for the answer for up to
-  // this long instead of sleeping (Transport::BusyPollUntil): lower fault latency for a CPU
-  // kept busy meanwhile. Zero (the default): never.
-  absl::Duration busy_poll = absl::ZeroDuration();
+  // this long instead of sleeping (Transport::BusyPollUntil), if the node's CPUs have time to
+  // spare (SpareCpu: idle time a faulting thread leaves), and stops once every answer is in.
+  // Lower fault latency for CPU time nobody else would use. Zero: never.
+  absl::Duration busy_poll = absl::Microseconds(100);
   // Record which threads write which pages with a fault, for TakeWriteSharing() (placement);
   // off, write faults cost nothing more.
   bool track_write_sharing = false;

@@ -34,6 +34,7 @@
 #include "engine/node_agent.h"
 #include "engine/peer_mesh.h"
 #include "engine/service_router.h"
+#include "engine/spare_cpu.h"
 #include "glog/logging.h"
 #include "transport/create_transport.h"
 #include "uffd/fault_loop.h"
@@ -45,6 +46,12 @@
 #include "uffd/userfaultfd.h"
 
 namespace stretch::engine {
+
+// Busy polling needs a fifth of a CPU to spare over the last 100 ms (SpareCpu): a faulting
+// thread blocked for its answer leaves its CPU idle, a CPU shared with running threads has
+// nothing to spare. (/proc/stat counts in 10 ms ticks: two of them.)
+inline constexpr absl::Duration kSpareCpuWindow = absl::Milliseconds(100);
+inline constexpr double kSpareCpuShare = 0.2;
 
 using coherence::Action;
 using coherence::ActionKind;
@@ -355,6 +362,10 @@ class NodeAgent::Impl {
   std::unique_ptr<uffd::Keeper> keeper_;
   std::unique_ptr<transport::Transport> transport_;
   transport::FaultInjectingTransport* faults_ = nullptr;  // transport_ if faults are injected
+  // Busy polling (NodeOptions::busy_poll) only with CPU time nobody else would use (read when
+  // a fault is sent, transport_ set by then).
+  SpareCpu spare_cpu_{kSpareCpuWindow, kSpareCpuShare,
+                      [this] { return transport_->stats().busy_poll_ns.Get(); }};
   std::string address_;
   PeerId server_;
   std::thread receiver_;

@@ -148,6 +148,8 @@ void NodeAgent::Impl::Installed(PageId page) {
     stats_.fault_latency.Record(static_cast<uint64_t>(now - ps.fault_start_ns));
     ps.fault_start_ns = 0;
     waiting_.erase(page);
+    // Every answer in: a poll left running would take the CPU from the thread just woken.
+    if (waiting_.empty()) transport_->EndBusyPoll();
   }
 }
 
@@ -156,6 +158,7 @@ void NodeAgent::Impl::Woken(PageId page) {
   auto it = pages_.find(page);
   if (it != pages_.end()) it->second.fault_start_ns = 0;
   waiting_.erase(page);
+  if (waiting_.empty()) transport_->EndBusyPoll();
   last_answer_ns_ = NowNs();
 }
 

@@ -95,9 +95,10 @@ DEFINE_bool(realtime, false,
             "work on a shared machine does not delay wake-ups; floors and project alike");
 DEFINE_int32(install_hold_us, -1,
              "NodeOptions::install_hold of every agent in microseconds (-1: the default)");
-DEFINE_int32(busy_poll_us, 0,
+DEFINE_int32(busy_poll_us, 100,
              "NodeOptions::busy_poll of every node: after a request for a fault, poll for the "
-             "answer this long instead of sleeping (0: never, the default)");
+             "answer up to this long instead of sleeping, when the node's CPUs have time to "
+             "spare (100, NodeOptions' default; 0: never)");
 DEFINE_string(prog, "", "path of fault_bench_prog (default: beside this binary or in runfiles)");
 DEFINE_int32(pause_s, 0,
              "after the warm-up, print the processes' pids and wait this long (to attach "

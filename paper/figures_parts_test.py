@@ -64,7 +64,7 @@ def fixture(root, optional):
         f.write("FLOOR uffd_copy                p50     6.00 p99 1 n 1\n"
                 "PROJECT remote_read_miss         p50    80.00 p99 1 n 1 | floor   50.00 = "
                 "uffd_copy + 1.0 x tcp_rtt_4k | x\n")
-    with open(os.path.join(root, "remote_fault_benchmark_busy_poll.txt"), "w") as f:
+    with open(os.path.join(root, "remote_fault_benchmark_no_poll.txt"), "w") as f:
         f.write("PROJECT remote_read_miss         p50    60.00 p99 1 n 1 | floor   50.00 = "
                 "uffd_copy + 1.0 x tcp_rtt_4k | x\n")
     write_runs(os.path.join(root, "manual_2node_tcp"), [

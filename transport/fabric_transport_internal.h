@@ -105,6 +105,7 @@ class FabricTransport final : public Transport {
     while (was < ns && !busy_until_ns_.compare_exchange_weak(was, ns, std::memory_order_relaxed)) {
     }
   }
+  void EndBusyPoll() override { busy_until_ns_.store(0, std::memory_order_relaxed); }
 
   // Closes a region's MR (FabricRegion's destructor).
   void ReleaseRegion(fid_mr* mr) ABSL_LOCKS_EXCLUDED(mu_);

@@ -113,6 +113,7 @@ class FaultInjectingTransport final : public Transport {
   }
   const TransportStats& stats() const override { return base_->stats(); }
   void BusyPollUntil(absl::Time until) override { base_->BusyPollUntil(until); }
+  void EndBusyPoll() override { base_->EndBusyPoll(); }
 
  private:
   struct Pending {

@@ -49,6 +49,7 @@ TransportStats::Snapshot TransportStats::Snap() const {
   s.auth_rejected = auth_rejected.Get();
   s.rma_reads = rma_reads.Get();
   s.rma_writes = rma_writes.Get();
+  s.busy_poll_ns = busy_poll_ns.Get();
   return s;
 }
 
@@ -71,6 +72,7 @@ std::string TransportStats::Snapshot::ToJson() const {
   w.Field("auth_rejected", auth_rejected);
   w.Field("rma_reads", rma_reads);
   w.Field("rma_writes", rma_writes);
+  w.Field("busy_poll_ns", busy_poll_ns);
   w.EndObject();
   return w.str();
 }

@@ -188,6 +188,7 @@ struct TransportStats {
   Counter auth_rejected;    // connections refused: missing, different or bad cluster secret proof
   Counter rma_reads;
   Counter rma_writes;
+  Counter busy_poll_ns;  // time a Receive() spent polling (BusyPollUntil), in ns
 
   struct Snapshot {
     uint64_t messages_sent = 0, bytes_sent = 0, messages_received = 0, bytes_received = 0;
@@ -195,7 +196,7 @@ struct TransportStats {
     uint64_t heartbeats_sent = 0, heartbeats_received = 0;
     uint64_t peers_connected = 0, peers_disconnected = 0;
     uint64_t send_errors = 0, receive_errors = 0, protocol_errors = 0, auth_rejected = 0;
-    uint64_t rma_reads = 0, rma_writes = 0;
+    uint64_t rma_reads = 0, rma_writes = 0, busy_poll_ns = 0;
     // {"messages_sent":..,...}
     std::string ToJson() const;
   };
@@ -308,6 +309,8 @@ class Transport {
   // for the answer to a fault). A later call may extend the time, never shorten it. Backends
   // that always poll or cannot (loopback) ignore it.
   virtual void BusyPollUntil(absl::Time until) {}
+  // Ends busy polling now (what it waited for came).
+  virtual void EndBusyPoll() {}
 
  protected:
   Transport() = default;
