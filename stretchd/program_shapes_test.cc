@@ -78,7 +78,8 @@ TEST_F(ProgramShapesTest, ParallelWorkLongerThanItsMigrationCostMigratesByDefaul
       Both({Program("main_sleeps"), "1200000000"}, {"--default_migrate_after"});
   EXPECT_NATIVE_AND_DISTRIBUTED(native, stretch);
   EXPECT_GE(StatNumber("native_parallel_ms"), StatNumber("migrate_after_ms")) << last_stats_;
-  EXPECT_GE(StatNumber("migrate_after_ms"), 400) << last_stats_;
+  // At least the estimate's fixed part (migrate/origin.cc, 50 ms).
+  EXPECT_GE(StatNumber("migrate_after_ms"), 50) << last_stats_;
 }
 
 TEST_F(ProgramShapesTest, AShellThatExecsTheProgramIsFollowed) {
