@@ -43,6 +43,32 @@ using testing::RunCommand;
 using testing::Runfile;
 using RunTest = testing::RunFixture;
 
+// If an assertion ends a test early: lets the program finish (its release file), then stops
+// the run the way Ctrl-C twice does, so nothing is left behind.
+struct ReleaseAndStop {
+  Subprocess* run;
+  std::string release;
+  ~ReleaseAndStop() {
+    std::ofstream(release) << "";
+    if (run->Wait(absl::Now() + absl::Seconds(30)).ok()) return;
+    run->Kill(SIGTERM);
+    run->Kill(SIGTERM);
+    (void)run->Wait(absl::Now() + absl::Seconds(30));
+  }
+};
+
+// `stretchd migrate ARGS...` against a run's control socket; each call's output in DIR.
+struct Migrator {
+  std::string control, dir;
+  int calls = 0;
+  Outcome operator()(const std::vector<std::string>& args) {
+    std::vector<std::string> argv = {Runfile("stretchd/stretchd"), "migrate", "--minloglevel=1",
+                                     "--control=" + control};
+    argv.insert(argv.end(), args.begin(), args.end());
+    return RunCommand(argv, dir, absl::StrCat("migrate", calls++));
+  }
+};
+
 // --placement=adaptive, migrated whatever the watch at the migration point says
 // (--nosharing_probe): K-means' write sharing keeps its threads waiting for pages, so the
 // two nodes together keep fewer cores busy than one node would, and every thread moves to
@@ -351,26 +377,8 @@ TEST_F(RunTest, MigrateMovesRunningThreadsBetweenNodesAndBack) {
     o.stderr_path = dir + "/mrun.err";
     auto run = Subprocess::Start(o);
     ASSERT_TRUE(run.ok()) << run.status();
-    // If an assertion ends the test early: let the program finish (the release file), then
-    // stop the run the way Ctrl-C twice does, so nothing is left behind.
-    struct Cleanup {
-      Subprocess* run;
-      std::string release;
-      ~Cleanup() {
-        std::ofstream(release) << "";
-        if (run->Wait(absl::Now() + absl::Seconds(30)).ok()) return;
-        run->Kill(SIGTERM);
-        run->Kill(SIGTERM);
-        (void)run->Wait(absl::Now() + absl::Seconds(30));
-      }
-    } cleanup{&*run, release};
-    int n = 0;
-    auto migrate = [&](std::vector<std::string> args) {
-      std::vector<std::string> argv = {Runfile("stretchd/stretchd"), "migrate", "--minloglevel=1",
-                                       "--control=" + control};
-      argv.insert(argv.end(), args.begin(), args.end());
-      return RunCommand(argv, dir, absl::StrCat("migrate", n++));
-    };
+    ReleaseAndStop cleanup{&*run, release};
+    Migrator migrate{control, dir};
     // Threads per node, once both nodes run some.
     auto placement = [&]() { return migrate({}).out; };
     absl::Time end = absl::Now() + absl::Seconds(60);
@@ -453,24 +461,8 @@ TEST_F(RunTest, AProgramThatEndsWhileAThreadMovesEndsTheRunCleanly) {
     o.stderr_path = dir + "/run.err";
     auto run = Subprocess::Start(o);
     ASSERT_TRUE(run.ok()) << run.status();
-    struct Cleanup {
-      Subprocess* run;
-      std::string release;
-      ~Cleanup() {
-        std::ofstream(release) << "";
-        if (run->Wait(absl::Now() + absl::Seconds(30)).ok()) return;
-        run->Kill(SIGTERM);
-        run->Kill(SIGTERM);
-        (void)run->Wait(absl::Now() + absl::Seconds(30));
-      }
-    } cleanup{&*run, release};
-    int n = 0;
-    auto migrate = [&](std::vector<std::string> args) {
-      std::vector<std::string> argv = {Runfile("stretchd/stretchd"), "migrate", "--minloglevel=1",
-                                       "--control=" + control};
-      argv.insert(argv.end(), args.begin(), args.end());
-      return RunCommand(argv, dir, absl::StrCat("migrate", n++));
-    };
+    ReleaseAndStop cleanup{&*run, release};
+    Migrator migrate{control, dir};
     // The worker (thread 2) runs on node 1 once the nodes run.
     std::string where;
     for (const absl::Time end = absl::Now() + absl::Seconds(60); absl::Now() < end;) {
