@@ -5,9 +5,9 @@
 // thread is blocked and the CPU otherwise idle, it cut a remote read miss from 1.6x its floor
 // to 1.14x (paper/report.md, section 4).
 //
-//   SpareCpu spare(absl::Milliseconds(100), 0.2, [&] { return
-//   transport->stats().busy_poll_ns.Get(); }); if (spare.Spare())
-//   transport->BusyPollUntil(absl::Now() + absl::Microseconds(100));
+//   SpareCpu spare(absl::Milliseconds(100), 0.2,
+//                  [&] { return transport->stats().busy_poll_ns.Get(); });
+//   if (spare.Spare()) transport->BusyPollUntil(absl::Now() + absl::Microseconds(100));
 //
 // Spare time over a window: the CPUs' idle time (every CPU of this process's affinity mask, from
 // /proc/stat) plus the time spent polling (what would otherwise be idle: counted as busy,
