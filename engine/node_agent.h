@@ -141,6 +141,9 @@ class NodeAgent {
     // Runs `fn` with a RemoteThread of the process, for the invalidation helper's injection.
     // Default: seize the process's main thread for the duration.
     std::function<absl::Status(std::function<absl::Status(uffd::RemoteThread&)>)> with_thread;
+    // Where the invalidation helper's pages go in the process (InvalidationHelper::Options::
+    // address): 0 for where its kernel chooses.
+    uintptr_t helper_address = 0;
   };
   // Serves the ranges for the process and announces them to the server.
   absl::Status Attach(AttachRequest request);

@@ -107,6 +107,7 @@ absl::Status NodeAgent::Impl::Attach(AttachRequest req) {
       uffd::InvalidationHelper::Options ho;
       ho.stats = &uffd_stats_;
       ho.loop = att->loop.get();
+      ho.address = req.helper_address;
       STRETCH_ASSIGN_OR_RETURN(target->helper, uffd::InvalidationHelper::Inject(thread, ho));
       return absl::OkStatus();
     };

@@ -43,6 +43,7 @@
 #include "replica/replica_internal.h"
 #include "replica/thread_copy.h"
 #include "uffd/inject.h"
+#include "uffd/invalidate.h"
 #include "uffd/process.h"
 #include "uffd/takeover.h"
 #include "uffd/uffd_compat.h"
@@ -152,6 +153,8 @@ absl::StatusOr<std::unique_ptr<Replica>> Replica::Restore(engine::NodeAgent* age
   // Memory: make every private writable mapping coherent and start it empty.
   STRETCH_ASSIGN_OR_RETURN(s.maps, ReadMappings(r->pid_));
   if (!options.manual) STRETCH_RETURN_IF_ERROR(r->ReserveStackRoom(s, deadline));
+  r->helper_address_ =
+      PrivatePagesAddress(s.maps, s.stack_reserve, uffd::InvalidationHelper::kMappedBytes);
   STRETCH_RETURN_IF_ERROR(r->RecordTidAddresses(deadline));
   if (options.manual) {
     STRETCH_RETURN_IF_ERROR(r->ServeManualMode(s, deadline));
@@ -621,6 +624,7 @@ absl::Status Replica::Serve(
   req.ranges = ranges;
   req.registered = false;
   req.shared = options_.manual;
+  req.helper_address = helper_address_;
   ThreadSupervisor* sup = supervisor_.get();
   req.with_thread = [sup, pid](std::function<absl::Status(uffd::RemoteThread&)> fn) {
     return sup->RunStopped(

@@ -96,6 +96,16 @@ struct StackReserve {
 inline constexpr uint64_t kMaxStackReserve = uint64_t{256} << 20;
 StackReserve StackGrowthReserve(const std::vector<ReplicaMapping>& maps, uint64_t limit);
 
+// Where `length` bytes of Stretch's own (the invalidation helper's pages) go in a replica whose
+// mappings are `maps`, with `reserve` (StackGrowthReserve) mapped: the top of the highest gap
+// below the stack's room to grow (below the whole room kMaxStackReserve leaves the stack when
+// `reserve` is empty), with a free page either side. A function of the checkpoint's layout
+// alone, so the same on every node: each replica's kernel would choose a different place (its
+// own randomized mmap base), where another node's program could map memory every replica must
+// then map too. 0 when no gap is large enough (the kernel chooses).
+uintptr_t PrivatePagesAddress(const std::vector<ReplicaMapping>& maps, const StackReserve& reserve,
+                              size_t length);
+
 // The part of private file mapping `m` backed by its file of `file_size` bytes: [m.start,
 // returned end). Beyond it (a mapping longer than its file) every access is SIGBUS natively.
 uintptr_t FileBackedEnd(const ReplicaMapping& m, uint64_t file_size);
@@ -170,6 +180,8 @@ class Replica {
     absl::Duration criu, supervise, memory;
   };
   RestoreTimes restore_times_;
+  // Where the invalidation helper goes: the same address on every node (PrivatePagesAddress).
+  uintptr_t helper_address_ = 0;
 
   // GoHome()'s steps, in order (going_home.cc). Until LeaveHome, a failure leaves the replica
   // running as before; from then on, Lost() ends it.

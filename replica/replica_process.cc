@@ -261,6 +261,34 @@ StackReserve StackGrowthReserve(const std::vector<ReplicaMapping>& maps, uint64_
   return {low, stack->start};
 }
 
+uintptr_t PrivatePagesAddress(const std::vector<ReplicaMapping>& maps, const StackReserve& reserve,
+                              size_t length) {
+  constexpr uint64_t kGuardGap = uint64_t{1} << 20;  // as in StackGrowthReserve
+  constexpr uintptr_t kLowest = uintptr_t{1} << 16;  // vm.mmap_min_addr's default
+  uintptr_t ceiling = reserve.low;
+  if (reserve.low >= reserve.high) {
+    const ReplicaMapping* stack = nullptr;
+    for (const ReplicaMapping& m : maps) {
+      if (m.path == "[stack]") stack = &m;
+    }
+    if (stack == nullptr || stack->start < kMaxStackReserve + kGuardGap) return 0;
+    ceiling = stack->start - kMaxStackReserve - kGuardGap;
+  }
+  const uint64_t needed = length + 2 * kPageSize;
+  std::vector<std::pair<uintptr_t, uintptr_t>> below;
+  for (const ReplicaMapping& m : maps) {
+    if (m.start < ceiling) below.emplace_back(m.start, m.end);
+  }
+  std::sort(below.begin(), below.end());
+  uintptr_t top = ceiling;  // the top of the gap being looked at
+  for (auto it = below.rbegin(); it != below.rend(); ++it) {
+    if (it->second < top && top - it->second >= needed) return top - kPageSize - length;
+    top = std::min(top, it->first);
+  }
+  if (top > kLowest && top - kLowest >= needed) return top - kPageSize - length;
+  return 0;
+}
+
 uintptr_t FileBackedEnd(const ReplicaMapping& m, uint64_t file_size) {
   if (file_size <= m.offset) return m.start;
   const uint64_t backed = (file_size - m.offset + kPageSize - 1) & ~uint64_t{kPageSize - 1};

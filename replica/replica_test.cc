@@ -51,6 +51,35 @@ TEST(StackGrowthReserveTest, AnUnlimitedStackIsCapped) {
   EXPECT_EQ(r.low, 0x7ffff0021000u - kMaxStackReserve);
 }
 
+TEST(PrivatePagesAddressTest, TopOfTheHighestGapBelowTheStacksRoom) {
+  const std::vector<ReplicaMapping> maps = {Map(0x10000, 0x20000, "/bin/prog"),
+                                            Map(0x7fff00000000, 0x7fff00100000, "/lib/libc"),
+                                            Map(0x7ffff0000000, 0x7ffff0021000, "[stack]")};
+  const StackReserve reserve{0x7fffef821000, 0x7ffff0000000};
+  EXPECT_EQ(PrivatePagesAddress(maps, reserve, 3 * kPageSize),
+            0x7fffef821000u - kPageSize - 3 * kPageSize);
+  // The gap just below the room is too small (the reserve itself is one of the mappings).
+  std::vector<ReplicaMapping> tight = maps;
+  tight.push_back(Map(0x7fffef000000, 0x7fffef81e000));
+  tight.push_back(Map(0x7fffef821000, 0x7ffff0000000));
+  EXPECT_EQ(PrivatePagesAddress(tight, reserve, 3 * kPageSize),
+            0x7fffef000000u - kPageSize - 3 * kPageSize);
+  // Exactly the pages and a free page either side.
+  tight.back() = Map(0x7fffef81e000 + 5 * kPageSize, 0x7ffff0000000);
+  const StackReserve low{0x7fffef81e000 + 5 * kPageSize, 0x7ffff0000000};
+  EXPECT_EQ(PrivatePagesAddress(tight, low, 3 * kPageSize), 0x7fffef81e000u + kPageSize);
+}
+
+TEST(PrivatePagesAddressTest, WithoutAReserveLeavesTheStackItsWholeRoom) {
+  const std::vector<ReplicaMapping> maps = {Map(0x10000, 0x20000, "/bin/prog"),
+                                            Map(0x7ffff0000000, 0x7ffff0021000, "[stack]")};
+  EXPECT_EQ(PrivatePagesAddress(maps, {}, 3 * kPageSize),
+            0x7ffff0000000u - kMaxStackReserve - (1 << 20) - 4 * kPageSize);
+  // No stack, or no gap anywhere: the kernel chooses.
+  EXPECT_EQ(PrivatePagesAddress({Map(0x10000, 0x20000)}, {}, kPageSize), 0u);
+  EXPECT_EQ(PrivatePagesAddress({Map(0x10000, 0x7ffff0000000, "[stack]")}, {}, kPageSize), 0u);
+}
+
 TEST(FileBackedEndTest, StopsAtTheFilesLastPage) {
   ReplicaMapping m = Map(0x100000, 0x102000, "/data/in");  // 2 pages: st_size + 1 of 4096
   EXPECT_EQ(FileBackedEnd(m, 4096), 0x101000u);

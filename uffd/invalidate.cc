@@ -315,6 +315,8 @@ long Futex(void* addr, int op, uint32_t val, const struct timespec* timeout) {
 
 }  // namespace
 
+const size_t InvalidationHelper::kMappedBytes = kCodeMapping + kPageSize;
+
 InvalidationHelper::ScratchArea InvalidationHelper::Scratch() const {
   return {remote_control_ + offsetof(HelperControl, scratch), control_->scratch,
           kHelperScratchSize};
@@ -343,16 +345,37 @@ absl::StatusOr<std::unique_ptr<InvalidationHelper>> InvalidationHelper::Inject(
   return h;
 }
 
+// Maps `len` bytes in the target with `prot`, `flags` and `fd` at `options.address` +
+// `offset` exactly, or where the kernel chooses when no address is given.
+absl::StatusOr<uint64_t> InvalidationHelper::MapInTarget(RemoteThread& thread, const char* what,
+                                                         size_t offset, size_t len, int prot,
+                                                         int flags, uint64_t fd) {
+  const uint64_t want = options_.address == 0 ? 0 : options_.address + offset;
+  if (want != 0) flags |= MAP_FIXED_NOREPLACE;
+  STRETCH_ASSIGN_OR_RETURN(uint64_t at,
+                           thread.SyscallOrError(what, SYS_mmap,
+                                                 {want, len, static_cast<uint64_t>(prot),
+                                                  static_cast<uint64_t>(flags), fd, 0}));
+  if (want != 0 && at != want) {
+    (void)thread.Syscall(SYS_munmap, {at, len});
+    return absl::InternalError(absl::StrFormat("%s landed at 0x%x, not 0x%x", what, at, want));
+  }
+  return at;
+}
+
 absl::Status InvalidationHelper::Place(RemoteThread& thread) {
   const size_t code_len = stretch_helper_end - stretch_helper_begin;
   const pid_t pid = thread.tgid();
   RemoteMemory mem(pid);
+  if (options_.address % kPageSize != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("invalidation helper address 0x%x is not page-aligned", options_.address));
+  }
 
   // 1. Code and stack: an anonymous mapping, written from here, then made read+exec.
-  STRETCH_ASSIGN_OR_RETURN(remote_code_,
-                           thread.SyscallOrError("mmap (invalidation helper code)", SYS_mmap,
-                                                 {0, kCodeMapping, PROT_READ | PROT_WRITE,
-                                                  MAP_PRIVATE | MAP_ANONYMOUS, ~uint64_t{0}, 0}));
+  STRETCH_ASSIGN_OR_RETURN(
+      remote_code_, MapInTarget(thread, "mmap (invalidation helper code)", 0, kCodeMapping,
+                                PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, ~uint64_t{0}));
   std::vector<char> code(kPageSize, '\xcc');  // int3 around the code
   memcpy(code.data(), stretch_helper_begin, code_len);
   STRETCH_RETURN_IF_ERROR(mem.WritePages({remote_code_}, code.data()));
@@ -371,9 +394,8 @@ absl::Status InvalidationHelper::Place(RemoteThread& thread) {
   absl::StatusOr<UniqueFd> memfd = target_.GetFd(static_cast<int>(remote_fd));
   absl::StatusOr<uint64_t> control = absl::UnknownError("not mapped");
   if (memfd.ok() && ftruncate(memfd->get(), kPageSize) == 0) {
-    control =
-        thread.SyscallOrError("mmap (invalidation helper control page)", SYS_mmap,
-                              {0, kPageSize, PROT_READ | PROT_WRITE, MAP_SHARED, remote_fd, 0});
+    control = MapInTarget(thread, "mmap (invalidation helper control page)", kCodeMapping,
+                          kPageSize, PROT_READ | PROT_WRITE, MAP_SHARED, remote_fd);
   } else if (memfd.ok()) {
     control = ErrnoStatus(errno, "ftruncate of the helper's memfd");
   } else {

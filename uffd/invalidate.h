@@ -84,7 +84,14 @@ class InvalidationHelper {
     // not take them for the program's own discards, and Invalidate() refuses to run on the
     // loop thread, where it would wait for itself. Not owned.
     FaultLoop* loop = nullptr;
+    // Where its pages go in the target (kMappedBytes from there, page-aligned, free), or 0 for
+    // where the target's kernel puts them. A DSM whose replicas must keep identical address
+    // spaces gives every replica the same address: the kernel's choice follows each process's
+    // randomized mmap base, and another replica's mapping placed there could not be replayed.
+    uintptr_t address = 0;
   };
+  // The helper's mappings: code and stack, then its control page.
+  static const size_t kMappedBytes;
 
   // Places a helper thread in the process of `thread`, which must be in a ptrace-stop of the
   // calling thread (RemoteThread::Seize or Adopt). About ten injected calls (~1 ms).
@@ -140,6 +147,8 @@ class InvalidationHelper {
   InvalidationHelper(const Options& options, Pidfd target);
   // Inject's work; on failure Inject unmaps what was mapped.
   absl::Status Place(RemoteThread& thread);
+  absl::StatusOr<uint64_t> MapInTarget(RemoteThread& thread, const char* what, size_t offset,
+                                       size_t len, int prot, int flags, uint64_t fd);
   absl::Status RunCommand(uint32_t op, uint32_t count, uint64_t expect_bytes)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Posts a command and waits for the helper's result.

@@ -7,8 +7,8 @@
 #include <stddef.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
-#include <sys/stat.h>
 #include <sys/ptrace.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -200,6 +200,37 @@ TEST_F(InvalidateTest, SharesStatsAndCountsPages) {
   EXPECT_EQ(s.invalidation_latency.count, 1u);
 }
 
+// Placed where it is told (every replica of a DSM puts it at one address), and nowhere else.
+TEST_F(InvalidateTest, HelperGoesWhereItIsTold) {
+  StartTarget();
+  constexpr uintptr_t kAt = 0x5a5a00000000;  // far from the heap, libraries and stack
+  InvalidationHelper::Options o;
+  o.address = kAt;
+  auto helper = InjectHelper(o);
+  EXPECT_EQ(helper->remote_code(), kAt);
+  EXPECT_EQ(helper->remote_control() + kPageSize, kAt + InvalidationHelper::kMappedBytes);
+  EXPECT_THAT(Maps(), ::testing::HasSubstr("5a5a00000000-"));
+  server_.version = 2;
+  ReadPage(3);
+  ASSERT_TRUE(helper->Invalidate({page(3)}).ok());
+  EXPECT_EQ(ReadPage(3), 2);
+  helper.reset();
+
+  // An address already in use is refused (MAP_FIXED_NOREPLACE), leaving the target as it was.
+  const std::string before = Maps();
+  o.address = base_;
+  auto t = RemoteThread::Seize(child_->pid(), absl::Seconds(5));
+  ASSERT_TRUE(t.ok()) << t.status();
+  auto refused = InvalidationHelper::Inject(**t, o);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_THAT(std::string(refused.status().message()),
+              ::testing::HasSubstr("invalidation helper code"));
+  t->reset();
+  EXPECT_EQ(Maps(), before);
+  ch().Send(kQuit);
+  EXPECT_EQ(child_->WaitExitCode(), 0);
+}
+
 // The program's thread is parked under ptrace (stopped) the whole time: the helper still
 // works, since it is not traced.
 TEST_F(InvalidateTest, WorksWhileTheProgramIsParked) {
@@ -333,7 +364,8 @@ TEST_F(InvalidateTest, HelperGoneWithItsExitingProcessIsNotFound) {
     child_->WaitExitCode();
   };
   auto helper = InjectHelper();
-  const std::string helper_dir = absl::StrCat("/proc/", child_->pid(), "/task/", helper->helper_tid());
+  const std::string helper_dir =
+      absl::StrCat("/proc/", child_->pid(), "/task/", helper->helper_tid());
   struct stat st;
   ASSERT_EQ(stat(helper_dir.c_str(), &st), 0);
 
