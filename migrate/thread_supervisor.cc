@@ -214,11 +214,23 @@ class ThreadSupervisor::Impl {
     return n;
   }
 
+  int ExitingThreads() const {
+    absl::MutexLock l(&state_mu_);
+    int n = 0;
+    for (const auto& [tid, t] : threads_) n += t.exiting && tid != pid_;
+    return n;
+  }
+
   pid_t pid() const { return pid_; }
 
   bool ProcessExited() const {
     absl::MutexLock l(&state_mu_);
     return leader_gone_;
+  }
+
+  void ObserveExits(std::function<void(pid_t)> observer) {
+    absl::MutexLock l(&observer_mu_);
+    exit_observer_ = std::move(observer);
   }
 
  private:
@@ -445,14 +457,29 @@ class ThreadSupervisor::Impl {
     }
   }
 
-  // The thread just stopped: complete what waited for it, then restore its wanted state.
+  // The thread just stopped: complete what waited for it, then restore its wanted state. A
+  // stop in the middle of a call (`in_call`: its clone event, a syscall stop, a seccomp stop
+  // not held) is no place to run code on it: a RunStopped waiting for a thread that is to run
+  // waits on, for the stop its interrupt still has pending once the call returns.
   void OnStopped(pid_t tid, Thread& t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(state_mu_) {
     t.stopped = true;
     t.interrupted = false;
     auto waiting = std::move(t.waiting);
     t.waiting.clear();
+    const bool defer = t.in_call && !t.held && !t.exiting && t.want_running;
     for (auto& c : waiting) {
-      c->Complete(c->kind == Command::kRunStopped ? c->fn(tid) : absl::OkStatus());
+      if (c->kind != Command::kRunStopped) {
+        c->Complete(absl::OkStatus());
+      } else if (defer) {
+        t.waiting.push_back(c);
+      } else {
+        c->Complete(c->fn(tid));
+      }
+    }
+    if (!t.waiting.empty()) {
+      Continue(tid, t);
+      Interrupt(tid, t);
+      return;
     }
     // An exiting thread always goes on: holding it would hold its whole group's exit.
     if (t.exiting) Continue(tid, t);
@@ -508,6 +535,9 @@ class ThreadSupervisor::Impl {
       case PTRACE_EVENT_CLONE: {
         unsigned long child = 0;
         ptrace(PTRACE_GETEVENTMSG, tid, 0, &child);
+        // The creator is inside clone(), which returns (its result in rax) as it goes on: a
+        // call injected here would run with that result as its number.
+        t.in_call = true;
         Thread& c = threads_[static_cast<pid_t>(child)];
         // The child reports its own initial stop; it then runs if its creator runs.
         c.want_running = t.want_running;
@@ -526,6 +556,10 @@ class ThreadSupervisor::Impl {
         t.exiting = true;
         if (callbacks_.on_thread_exit) {
           callbacks_.on_thread_exit(tid, static_cast<int>(exit_status));
+        }
+        {
+          absl::MutexLock l(&observer_mu_);
+          if (exit_observer_) exit_observer_(tid);
         }
         OnStopped(tid, t);  // exiting threads always continue, parked or not
         break;
@@ -628,6 +662,7 @@ class ThreadSupervisor::Impl {
   }
 
   void OnSyscallStop(pid_t tid, Thread& t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(state_mu_) {
+    t.in_call = true;  // at a call's entry or exit
     struct __ptrace_syscall_info info;
     std::memset(&info, 0, sizeof(info));
     if (t.hook && ptrace(PTRACE_GET_SYSCALL_INFO, tid, sizeof(info), &info) > 0 &&
@@ -683,6 +718,9 @@ class ThreadSupervisor::Impl {
   const pid_t pid_;
   const SupervisorOptions options_;
   const SupervisorCallbacks callbacks_;
+  // Set by any thread, called by the tracer thread (under state_mu_, then this).
+  absl::Mutex observer_mu_;
+  std::function<void(pid_t)> exit_observer_ ABSL_GUARDED_BY(observer_mu_);
   UniqueFd wake_;
   UniqueFd sigchld_;
   std::thread tracer_;
@@ -775,6 +813,10 @@ std::vector<pid_t> ThreadSupervisor::Threads() const { return impl_->Threads(fal
 std::vector<pid_t> ThreadSupervisor::RunningThreads() const { return impl_->Threads(true); }
 bool ThreadSupervisor::ProcessExited() const { return impl_->ProcessExited(); }
 int ThreadSupervisor::HeldThreads() const { return impl_->HeldThreads(); }
+int ThreadSupervisor::ExitingThreads() const { return impl_->ExitingThreads(); }
+void ThreadSupervisor::ObserveExits(std::function<void(pid_t)> observer) {
+  impl_->ObserveExits(std::move(observer));
+}
 std::vector<pid_t> ThreadSupervisor::StoppedOutsideCalls() const {
   return impl_->StoppedOutsideCalls();
 }

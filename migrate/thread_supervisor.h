@@ -129,9 +129,22 @@ class ThreadSupervisor {
   bool ProcessExited() const;
   // How many threads on_seccomp holds now (each until its Release).
   int HeldThreads() const;
-  // Threads stopped anywhere but at the entry of a call (a seccomp stop, held or not): the
-  // ones a syscall can be injected into (RemoteThread) without taking the place of theirs.
+  // How many threads other than the leader are exiting: past their exit stop, not yet reaped
+  // (the kernel may still be releasing their memory, see ObserveExits).
+  int ExitingThreads() const;
+  // Threads stopped anywhere but in a call (a seccomp stop, held or not, a syscall stop of
+  // TraceSyscalls, a creator parked at its clone event): the ones a syscall can be injected
+  // into (RemoteThread) without taking the place of theirs, or running with their result.
   std::vector<pid_t> StoppedOutsideCalls() const;
+
+  // From now on (until called again; nullptr: no one), `observer` is called on the tracer
+  // thread when a thread of the replica is about to exit (PTRACE_EVENT_EXIT), after
+  // on_thread_exit, while the thread is held there: before the kernel releases its memory and
+  // stores 0 to its clear_child_tid word (the store pthread_join waits for). That store is
+  // lost, silently, where an exiting thread's write would fault into user space (a page
+  // write-protected or missing under a userfaultfd): an observer that keeps pages so makes them
+  // whole. Like the callbacks: short, and never calling back into the supervisor.
+  void ObserveExits(std::function<void(pid_t tid)> observer);
 
   // Detaches from every thread, leaving parked threads stopped (SIGSTOP) and running ones
   // running. The supervisor does nothing afterwards.

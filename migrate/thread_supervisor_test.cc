@@ -206,6 +206,10 @@ TEST_F(ThreadSupervisorTest, ParkAfterCloneHoldsCreatorAndNewThread) {
   // Both are parked; the workers that were running still run.
   EXPECT_THAT((*sup)->RunningThreads(), UnorderedElementsAre(workers_[0], workers_[1]));
   EXPECT_EQ((*sup)->Threads().size(), 4u);
+  // The creator is stopped inside its clone(): no call can be injected there. (Park: once the
+  // new thread's first stop is in.)
+  ASSERT_TRUE((*sup)->Park(child, Deadline()).ok());
+  EXPECT_THAT((*sup)->StoppedOutsideCalls(), UnorderedElementsAre(child));
   EXPECT_TRUE(Advances(0, 1000000));
   // Resumed, the new thread runs (its counter is the third).
   ASSERT_TRUE((*sup)->Resume(child, Deadline()).ok());
