@@ -294,14 +294,25 @@ PointChoice Launcher::WatchSharing(ThreadSupervisor& sup, pid_t pid) {
   placement::WriteSharing s;
   const placement::SpreadForecast f = forecast(*seen, &s);
   const double watched = absl::ToDoubleSeconds(seen->watched);
-  const bool spread = !decides || f.gain >= placement::kSpreadPays;
+  // A thread's end cut the watch before one whole interval: nothing seen to decide on; the
+  // wait at the point decides (what it loses natively, from the migration's cost alone).
+  const bool blind = seen->intervals.empty();
+  const bool spread = !decides || blind || f.gain >= placement::kSpreadPays;
   native_writes_json_ = absl::StrCat(
       R"({"watch_ms":)", absl::ToDoubleMilliseconds(seen->elapsed), R"(,"faults":)", seen->faults,
       R"(,"protected_bytes":)", seen->protected_bytes, R"(,"sampled_pages":)", seen->sampled_pages,
-      R"(,"events":)", seen->events, R"(,"watched_ms":)", watched * 1e3, R"(,"first_placement":)",
-      s.Json(), R"(,"forecast":)", f.Json(), R"(,"choice":")",
-      !decides ? "none" : (spread ? "distributed" : "node0"), R"("})");
+      R"(,"events":)", seen->events, R"(,"watched_ms":)", watched * 1e3, R"(,"thread_ended":)",
+      seen->thread_ended ? "true" : "false", R"(,"first_placement":)", s.Json(), R"(,"forecast":)",
+      f.Json(), R"(,"choice":")", !decides || blind ? "none" : (spread ? "distributed" : "node0"),
+      R"("})");
   LOG(INFO) << "stretchd run: the program's writes at its migration point: " << native_writes_json_;
+  if (decides && blind) {
+    std::fprintf(stderr,
+                 "stretchd run: placement: a thread of the program ended while it was watched, "
+                 "before one interval was seen: migrating it if it runs on for longer than "
+                 "migrating costs\n");
+    return PointChoice{};
+  }
   if (decides) {
     std::fprintf(stderr,
                  "stretchd run: placement: %s: spread over %d nodes, its threads would keep "

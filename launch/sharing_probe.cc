@@ -159,6 +159,29 @@ absl::Status WithProgramStopped(ThreadSupervisor& supervisor, pid_t pid,
   return status;
 }
 
+// Calls `op` until it is not refused because the program's address space is changing (an
+// event the loop has still to read, EAGAIN), or until `deadline`.
+uffd::UffdResult UntilSettled(const std::function<uffd::UffdResult()>& op, absl::Time deadline) {
+  for (;;) {
+    const uffd::UffdResult res = op();
+    if (res.code != uffd::UffdResult::kAgain || absl::Now() > deadline) return res;
+    absl::SleepFor(absl::Microseconds(100));
+  }
+}
+
+// Write-protects every range (`protect`), or unprotects it, retrying while the address space
+// is changing: an unprotect given up would leave the program faulting where nobody answers
+// once the watch is over. False once the program is gone.
+bool SetProtection(uffd::Userfaultfd& uffd, const std::vector<Range>& ranges, bool protect,
+                   absl::Time deadline) {
+  for (const Range& r : ranges) {
+    const uffd::UffdResult res = UntilSettled(
+        [&] { return uffd.WriteProtect(r.start, r.end - r.start, protect); }, deadline);
+    if (res.code == uffd::UffdResult::kGone) return false;
+  }
+  return true;
+}
+
 // Serves the program's faults during the watch and records them, and keeps the contents of
 // the pages made missing for the sample until each is touched or given back. OnFault/OnEvent
 // run on the fault loop's thread; Sample and GiveBack on the supervisor's tracer thread with
@@ -208,6 +231,60 @@ class Watcher final : public uffd::FaultHandler {
       added += m.end - m.start;
     }
     return added;
+  }
+
+  // Write-protects every range for the interval starting, unless a thread's exit ended the
+  // watch (EndAtExit): false then, or once the program is gone.
+  bool Protect(uffd::Userfaultfd& uffd, absl::Time deadline) {
+    absl::MutexLock p(&protect_mu_);
+    return !ended_ && SetProtection(uffd, ranges(), /*protect=*/true, deadline);
+  }
+
+  // A thread is about to exit, held at its exit stop (ThreadSupervisor::ObserveExits): the
+  // kernel will store 0 to its clear_child_tid word, the store its joiner waits for, which it
+  // drops without a word where the page is write-protected or missing. So the watch ends here:
+  // every page missing gets its contents back and every range is unprotected, for good.
+  void EndAtExit(uffd::FaultLoop& loop) {
+    absl::MutexLock p(&protect_mu_);
+    if (ended_) return;
+    ended_ = true;
+    // Events queued before this (a discard of a kept page) are followed first.
+    const absl::Time deadline = absl::Now() + absl::Seconds(2);
+    if (!loop.Sync(deadline)) {
+      LOG(WARNING) << "sharing probe: the fault loop did not catch up at a thread's exit";
+    }
+    // The loop takes mu_ to follow an event, which a copy refused with EAGAIN waits for: the
+    // pages are copied out under it and given back without it. They stay `missing` meanwhile,
+    // so that a thread faulting on one gets the same contents from the loop (not zeros).
+    std::vector<std::pair<uintptr_t, Contents>> missing;
+    {
+      absl::MutexLock l(&mu_);
+      current_ = nullptr;
+      for (auto& [page, kept] : kept_) {
+        if (kept.missing) missing.emplace_back(page, *kept.contents);
+      }
+    }
+    for (const auto& [page, contents] : missing) {
+      const uffd::UffdResult r =
+          UntilSettled([&] { return loop.ResolveCopy(page, contents.data()); }, deadline);
+      if (r.code != uffd::UffdResult::kOk && r.code != uffd::UffdResult::kExists &&
+          r.code != uffd::UffdResult::kGone) {
+        LOG(ERROR) << "sharing probe: " << r.ToStatus("giving a sampled page back", page);
+      }
+    }
+    {
+      absl::MutexLock l(&mu_);
+      for (const auto& [page, contents] : missing) {
+        if (auto kept = kept_.find(page); kept != kept_.end()) kept->second.missing = false;
+      }
+    }
+    // Last: a read fault served meanwhile left its page write-protected.
+    SetProtection(loop.uffd(), ranges(), /*protect=*/false, deadline);
+  }
+
+  bool ended() const {
+    absl::MutexLock p(&protect_mu_);
+    return ended_;
   }
 
   // Pages made missing that are still missing.
@@ -297,6 +374,7 @@ class Watcher final : public uffd::FaultHandler {
   absl::Status Sample(uffd::FaultLoop& loop, pid_t via, const placement::AccessInterval& last,
                       int count, absl::Time deadline, uint64_t* sampled) {
     if (via == 0) return absl::FailedPreconditionError("no thread of the program runs");
+    if (ended()) return absl::OkStatus();  // a thread's exit ended the watch: nothing taken
     if (!loop.Sync(deadline)) {
       return absl::DeadlineExceededError("the watch's fault loop did not catch up");
     }
@@ -369,10 +447,9 @@ class Watcher final : public uffd::FaultHandler {
       }
     }
     kept_.clear();
-    for (const Range& r : ranges_) {
-      (void)loop.uffd().WriteProtect(r.start, r.end - r.start, false);
-      (void)loop.uffd().Unregister(r.start, r.end - r.start);
-    }
+    // The program is stopped and the loop caught up: no event comes in between.
+    SetProtection(loop.uffd(), ranges_, /*protect=*/false, deadline);
+    for (const Range& r : ranges_) (void)loop.uffd().Unregister(r.start, r.end - r.start);
     return status;
   }
 
@@ -400,6 +477,9 @@ class Watcher final : public uffd::FaultHandler {
   static constexpr std::array<uint8_t, kPageSize> kZeros{};
 
   const pid_t pid_;
+  // Orders protecting the ranges against a thread's exit ending the watch; taken before mu_.
+  mutable absl::Mutex protect_mu_ ABSL_ACQUIRED_BEFORE(mu_);
+  bool ended_ ABSL_GUARDED_BY(protect_mu_) = false;
   mutable absl::Mutex mu_;
   std::vector<Range> ranges_ ABSL_GUARDED_BY(mu_);  // registered, and where mremap moved them
   placement::AccessInterval* current_ ABSL_GUARDED_BY(mu_) = nullptr;
@@ -413,20 +493,6 @@ class Watcher final : public uffd::FaultHandler {
   uint64_t faults_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t events_ ABSL_GUARDED_BY(mu_) = 0;
 };
-
-// Write-protects every range, retrying while the program's address space is changing (an
-// event the loop has still to read). False once the program is gone.
-bool ProtectAll(uffd::Userfaultfd& uffd, const std::vector<Range>& ranges, absl::Time deadline) {
-  for (const Range& r : ranges) {
-    for (;;) {
-      const uffd::UffdResult res = uffd.WriteProtect(r.start, r.end - r.start, true);
-      if (res.code == uffd::UffdResult::kGone) return false;
-      if (res.code != uffd::UffdResult::kAgain || absl::Now() > deadline) break;
-      absl::SleepFor(absl::Microseconds(100));
-    }
-  }
-  return true;
-}
 
 }  // namespace
 
@@ -479,16 +545,35 @@ absl::StatusOr<WatchedAccesses> WatchAccesses(ThreadSupervisor& supervisor, pid_
   lo.target_pidfd = program.fd();
   lo.name = "sharing-probe";
   STRETCH_ASSIGN_OR_RETURN(auto loop, uffd::FaultLoop::Start(uffd.get(), &watcher, lo));
+  // From here until the end of the watch, a thread's exit ends it (Watcher::EndAtExit).
+  uffd::FaultLoop* const fault_loop = loop.get();
+  supervisor.ObserveExits([&watcher, fault_loop](pid_t) { watcher.EndAtExit(*fault_loop); });
+  struct StopObserving {
+    ThreadSupervisor& supervisor;
+    ~StopObserving() { supervisor.ObserveExits(nullptr); }
+  } stop_observing{supervisor};
+  // A thread past its exit stop before that, and not yet reaped, may still be on its way to
+  // the store: nothing is protected until every such thread is gone (or, if one takes long,
+  // ever).
+  const absl::Time exits_done = std::min(deadline, absl::Now() + absl::Seconds(1));
+  while (supervisor.ExitingThreads() > 0 && absl::Now() < exits_done) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  if (supervisor.ExitingThreads() > 0) watcher.EndAtExit(*loop);
 
   w.intervals.reserve(options.intervals);  // the watcher records into them in place
   bool sampling = reads;
   const absl::Time watch_start = absl::Now();
   const auto times_at_start = ThreadTimes(pid);
-  for (int i = 0; i < options.intervals && loop->running(); ++i) {
+  for (int i = 0; i < options.intervals && loop->running() && !watcher.ended(); ++i) {
     placement::AccessInterval& in = w.intervals.emplace_back();
     watcher.RecordInto(&in);
     if (i > 0) w.protected_bytes += watcher.RegisterNewMappings(*uffd, modes);
-    if (!ProtectAll(*uffd, watcher.ranges(), deadline)) break;
+    if (!watcher.Protect(*uffd, deadline)) {
+      watcher.RecordInto(nullptr);
+      w.intervals.pop_back();  // not watched at all
+      break;
+    }
     if (sampling && i > 0) {
       const placement::AccessInterval& last = w.intervals[i - 1];
       absl::Status s = WithProgramStopped(
@@ -504,6 +589,11 @@ absl::StatusOr<WatchedAccesses> WatchAccesses(ThreadSupervisor& supervisor, pid_
       }
     }
     absl::SleepFor(options.interval);
+    if (watcher.ended()) {
+      watcher.RecordInto(nullptr);
+      w.intervals.pop_back();  // cut short: what it saw is not an interval's worth
+      break;
+    }
     if (options.enough) {
       watcher.RecordInto(nullptr);  // the intervals are read, not written, from here
       w.watched = absl::Now() - watch_start;
@@ -514,6 +604,7 @@ absl::StatusOr<WatchedAccesses> WatchAccesses(ThreadSupervisor& supervisor, pid_
   watcher.RecordInto(nullptr);
   w.watched = absl::Now() - watch_start;
   w.threads = Since(times_at_start, ThreadTimes(pid));
+  w.thread_ended = watcher.ended();
   // Everything given back, unprotected (which wakes every thread still waiting on a fault)
   // and unregistered; closing the uffd then leaves the program as it was. A thread that exits
   // just then can make a stop fail: tried again.
@@ -527,6 +618,7 @@ absl::StatusOr<WatchedAccesses> WatchAccesses(ThreadSupervisor& supervisor, pid_
     // Nothing is missing: the program need not be stopped to release the ranges.
     given_back = watcher.GiveBack(*loop, deadline);
   }
+  supervisor.ObserveExits(nullptr);  // nothing left protected or missing to end
   w.faults = watcher.faults();
   w.events = watcher.events();
   loop->Stop();

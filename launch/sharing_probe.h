@@ -65,6 +65,10 @@ struct WatchedAccesses {
   uint64_t sampled_pages = 0;    // pages made missing to see their readers, over all intervals
   uint64_t events = 0;           // the program's discards, unmaps, moves and forks followed
   absl::Duration elapsed;        // from the takeover to the last unregister
+  // A thread of the program began to exit during the watch, which ended there (the kernel's
+  // store to the exiting thread's clear_child_tid word must not meet a watched page); the
+  // interval it cut short is left out of `intervals`.
+  bool thread_ended = false;
   // How long each of the program's threads ran (user and kernel) and was runnable but waited
   // for a CPU (/proc/PID/task/TID/schedstat), by its tid here (not the program's namespace);
   // a thread that ended meanwhile is left out. In the intervals (`watched`: their wall time),
@@ -77,8 +81,9 @@ struct WatchedAccesses {
   absl::flat_hash_map<pid_t, ThreadTime> threads, threads_before;
 };
 
-// `pid` is the program (the thread group leader), traced by `supervisor`. A program that
-// exits meanwhile ends the watch early with what was seen. If the pages taken for the sample
+// `pid` is the program (the thread group leader), traced by `supervisor` (whose exit observer
+// the watch uses meanwhile). A program that exits, or one of whose threads exits, meanwhile
+// ends the watch early with what was seen. If the pages taken for the sample
 // cannot be given back (the program could not be stopped for it), the program is killed and
 // the error says so: it would otherwise read zeros where its data was.
 absl::StatusOr<WatchedAccesses> WatchAccesses(ThreadSupervisor& supervisor, pid_t pid,
