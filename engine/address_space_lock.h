@@ -52,6 +52,9 @@ class AddressSpaceLock {
   uint64_t changes() const { return changes_; }
   // The node holding the lock, if any.
   std::optional<NodeId> holder() const;
+  // Node `node` has still to replay a change the directory has applied: until it has, it may
+  // legitimately ask for memory the change took away.
+  bool Behind(NodeId node) const { return replaying_.count(node) + orphaned_.count(node) > 0; }
 
  private:
   struct Request {

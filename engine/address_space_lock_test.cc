@@ -38,10 +38,16 @@ TEST(AddressSpaceLockTest, AChangeIsReplayedEverywhereBeforeTheNextNodeGetsTheLo
   AddressSpaceLock lock;
   EXPECT_THAT(Sent(lock.OnMessage(NodeId(1), Msg(Op::kLock, 7), kAll)), ElementsAre("1:lock:7"));
   EXPECT_THAT(Sent(lock.OnMessage(NodeId(2), Msg(Op::kLock, 9), kAll)), IsEmpty());
+  EXPECT_FALSE(lock.Behind(NodeId(0)));
   AddressSpaceLock::Outcome change = lock.OnMessage(NodeId(1), Msg(Op::kMmap, 7), kAll);
   EXPECT_TRUE(change.apply);
   EXPECT_THAT(Sent(change), ElementsAre("0:mmap:7", "2:mmap:7"));
+  // Until they answer, the others are behind; the holder made the change itself.
+  EXPECT_TRUE(lock.Behind(NodeId(0)));
+  EXPECT_TRUE(lock.Behind(NodeId(2)));
+  EXPECT_FALSE(lock.Behind(NodeId(1)));
   EXPECT_THAT(Sent(lock.OnMessage(NodeId(0), Msg(Op::kDone, 7), kAll)), IsEmpty());
+  EXPECT_FALSE(lock.Behind(NodeId(0)));
   EXPECT_EQ(lock.holder(), NodeId(1));
   // The last replay: the holder hears it is done, and node 2 gets the lock.
   EXPECT_THAT(Sent(lock.OnMessage(NodeId(2), Msg(Op::kDone, 7), kAll)),

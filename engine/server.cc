@@ -669,11 +669,35 @@ class DirectoryServer::Impl {
                                 msg.src.value()));
       return;
     }
-    if (!InRegion(msg.page)) {
+    // Memory an address-space change took away may still be asked for legitimately until the
+    // change has settled everywhere: by a node that has not replayed it yet (its read-ahead
+    // past the mapping it faulted in), or to finish a transaction that was in flight when it
+    // was made (the page kept its directory entry, ApplyEffect). Answered, and forgotten once
+    // settled (ForgetIfSettled); from an up-to-date node with nothing in flight, refused.
+    const bool outside = !InRegion(msg.page);
+    if (outside && !pages_.contains(msg.page) && !address_space_.Behind(from)) {
       Reject(peer, absl::StrCat("node ", from.value(), " asked for page ", msg.page.ToString(),
                                 " outside every announced region"));
       return;
     }
+    Step(peer, from, msg);
+    if (outside) ForgetIfSettled(msg.page);
+  }
+
+  // A page outside every region whose transactions are all over: nothing of it is kept.
+  void ForgetIfSettled(PageId page) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    auto it = pages_.find(page);
+    if (it != pages_.end() &&
+        (!coherence::IsStable(it->second.line.state) || !it->second.queue.empty())) {
+      return;
+    }
+    if (it != pages_.end()) pages_.erase(it);
+    home_.EraseRange(page.address(), kPageSize);
+  }
+
+  // `msg` (checked: from `from`, for a page the directory may serve) through the protocol.
+  void Step(PeerId peer, NodeId from, const wire::CoherenceMsg& msg)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     Node& node = nodes_[from];
     switch (msg.op) {
       case wire::CohOp::kGetS:
