@@ -368,41 +368,52 @@ class AddressSpaceService::Impl {
     }
   }
 
-  // Another node mapped a file read-only: the helper opens it by name here (the path goes
-  // through a scratch page of its own) and maps it at the same address.
+  // Another node mapped a file read-only: the helper opens it by name here and maps it at the
+  // same address. The path goes through a scratch page at the range's own first page (free
+  // here, or replaced anyway with MAP_FIXED), unmapped again before the file is mapped: a page
+  // where the kernel chose could fall inside the range and make the replay collide with it.
   absl::Status ReplayFileMmap(const wire::AddressSpace& m, uint64_t flags) {
     auto call = [this](int nr, std::array<uint64_t, 6> a) -> absl::StatusOr<int64_t> {
       return agent_->HelperSyscall(pid_, nr, a);
     };
-    STRETCH_ASSIGN_OR_RETURN(int64_t scratch, call(SYS_mmap, {0, kPageSize, PROT_READ | PROT_WRITE,
-                                                              MAP_PRIVATE | MAP_ANONYMOUS,
-                                                              static_cast<uint64_t>(-1), 0}));
+    const uint64_t page = m.address;
+    STRETCH_ASSIGN_OR_RETURN(
+        int64_t scratch,
+        call(SYS_mmap, {page, kPageSize, PROT_READ | PROT_WRITE,
+                        MAP_PRIVATE | MAP_ANONYMOUS | (flags & (MAP_FIXED | MAP_FIXED_NOREPLACE)),
+                        static_cast<uint64_t>(-1), 0}));
     if (IsError(static_cast<uint64_t>(scratch))) {
-      return ErrnoStatus(static_cast<int>(-scratch), "mmap of a scratch page in the replica");
+      return ErrnoStatus(static_cast<int>(-scratch),
+                         absl::StrFormat("replaying another node's mmap of %s at 0x%x: the "
+                                         "address spaces diverged",
+                                         m.path, m.address));
     }
-    const uint64_t page = static_cast<uint64_t>(scratch);
-    absl::Status s = [&]() -> absl::Status {
+    if (static_cast<uint64_t>(scratch) != page) {
+      (void)call(SYS_munmap, {static_cast<uint64_t>(scratch), kPageSize, 0, 0, 0, 0});
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "replaying another node's mmap of %s at 0x%x: the address spaces diverged", m.path,
+          m.address));
+    }
+    absl::StatusOr<int64_t> fd = [&]() -> absl::StatusOr<int64_t> {
       std::string path = m.path;
       path.push_back('\0');
       uffd::RemoteIo io{page, path.data(), path.size()};
       STRETCH_RETURN_IF_ERROR(uffd::RemoteMemory(pid_).Write({&io, 1}));
-      STRETCH_ASSIGN_OR_RETURN(
-          int64_t fd, call(SYS_openat, {static_cast<uint64_t>(AT_FDCWD), page,
-                                        static_cast<uint64_t>(O_RDONLY | O_CLOEXEC), 0, 0, 0}));
-      if (fd < 0) return ErrnoStatus(static_cast<int>(-fd), absl::StrCat("open ", m.path));
-      auto mapped =
-          call(SYS_mmap, {m.address, m.length, m.prot, flags, static_cast<uint64_t>(fd), m.offset});
-      (void)call(SYS_close, {static_cast<uint64_t>(fd), 0, 0, 0, 0, 0});
-      if (!mapped.ok()) return mapped.status();
-      if (static_cast<uint64_t>(*mapped) != m.address) {
-        return absl::FailedPreconditionError(absl::StrFormat(
-            "replaying another node's mmap of %s at 0x%x gave %d: the address spaces diverged",
-            m.path, m.address, *mapped));
-      }
-      return absl::OkStatus();
+      return call(SYS_openat, {static_cast<uint64_t>(AT_FDCWD), page,
+                               static_cast<uint64_t>(O_RDONLY | O_CLOEXEC), 0, 0, 0});
     }();
     (void)call(SYS_munmap, {page, kPageSize, 0, 0, 0, 0});
-    STRETCH_RETURN_IF_ERROR(s);
+    if (!fd.ok()) return fd.status();
+    if (*fd < 0) return ErrnoStatus(static_cast<int>(-*fd), absl::StrCat("open ", m.path));
+    auto mapped =
+        call(SYS_mmap, {m.address, m.length, m.prot, flags, static_cast<uint64_t>(*fd), m.offset});
+    (void)call(SYS_close, {static_cast<uint64_t>(*fd), 0, 0, 0, 0, 0});
+    if (!mapped.ok()) return mapped.status();
+    if (static_cast<uint64_t>(*mapped) != m.address) {
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "replaying another node's mmap of %s at 0x%x gave %d: the address spaces diverged",
+          m.path, m.address, *mapped));
+    }
     return agent_->ApplyAddressSpace(pid_, m);
   }
 
