@@ -435,21 +435,26 @@ class Watcher final : public uffd::FaultHandler {
     if (!loop.Sync(deadline)) {
       return absl::DeadlineExceededError("the watch's fault loop did not catch up");
     }
-    absl::MutexLock l(&mu_);
-    current_ = nullptr;
     absl::Status status;
-    for (auto& [page, kept] : kept_) {
-      if (!kept.missing) continue;
-      const uffd::UffdResult r = loop.ResolveCopy(page, kept.contents->data());
-      if (r.code != uffd::UffdResult::kOk && r.code != uffd::UffdResult::kExists &&
-          r.code != uffd::UffdResult::kGone && status.ok()) {
-        status = r.ToStatus("giving a sampled page back to the program", page);
+    std::vector<Range> ranges;
+    {
+      absl::MutexLock l(&mu_);
+      current_ = nullptr;
+      for (auto& [page, kept] : kept_) {
+        if (!kept.missing) continue;
+        const uffd::UffdResult r = loop.ResolveCopy(page, kept.contents->data());
+        if (r.code != uffd::UffdResult::kOk && r.code != uffd::UffdResult::kExists &&
+            r.code != uffd::UffdResult::kGone && status.ok()) {
+          status = r.ToStatus("giving a sampled page back to the program", page);
+        }
       }
+      kept_.clear();
+      ranges = ranges_;
     }
-    kept_.clear();
-    // The program is stopped and the loop caught up: no event comes in between.
-    SetProtection(loop.uffd(), ranges_, /*protect=*/false, deadline);
-    for (const Range& r : ranges_) (void)loop.uffd().Unregister(r.start, r.end - r.start);
+    // Without mu_: an unprotect refused while the address space changes (a program not
+    // stopped) waits for the loop to follow the event, which takes mu_.
+    SetProtection(loop.uffd(), ranges, /*protect=*/false, deadline);
+    for (const Range& r : ranges) (void)loop.uffd().Unregister(r.start, r.end - r.start);
     return status;
   }
 
