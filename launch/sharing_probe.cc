@@ -264,7 +264,9 @@ class Watcher final : public uffd::FaultHandler {
         if (kept.missing) missing.emplace_back(page, *kept.contents);
       }
     }
-    for (const auto& [page, contents] : missing) {
+    for (const auto& entry : missing) {
+      const uintptr_t page = entry.first;
+      const Contents& contents = entry.second;
       const uffd::UffdResult r =
           UntilSettled([&] { return loop.ResolveCopy(page, contents.data()); }, deadline);
       if (r.code != uffd::UffdResult::kOk && r.code != uffd::UffdResult::kExists &&
