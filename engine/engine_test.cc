@@ -19,6 +19,7 @@
 #include "gtest/gtest.h"
 #include "migrate/subprocess.h"
 #include "migrate/testing_criu.h"
+#include "uffd/inject.h"
 
 namespace stretch::engine {
 namespace {
@@ -238,6 +239,32 @@ TEST_P(EngineTest, GatherPagesReadsWhatTheOtherNodesWrote) {
   // again), none of the data: without the gather even read-ahead leaves kPages / 9 faults.
   EXPECT_LE(stats.read_faults.Get() - read_faults, 8u);
   EXPECT_EQ(stats.pages_gathered.Get(), *gathered + again);
+}
+
+// A process given its memory for good (NodeAgent::Release, for a program taken home) is never
+// unguarded: should its agent die from then on, it dies too instead of staying behind (a soak
+// run whose agent was killed between its release and its checkpoint left it, stopped).
+TEST_P(EngineTest, AReleasedProcessStillDiesWithItsAgent) {
+  ASSERT_NO_FATAL_FAILURE(StartCluster(1));
+  std::vector<Subprocess> procs = Launch("gather", {"--pages=8"});
+  ASSERT_EQ(procs.size(), 1u);
+  const std::string out0 = absl::StrCat(dir_.path(), "/gather0.out");
+  const absl::Time deadline = absl::Now() + absl::Seconds(60);
+  while (testing::ReadFileOrEmpty(out0).find("waiting") == std::string::npos) {
+    ASSERT_LT(absl::Now(), deadline) << "node 0 never got past the barrier";
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  ASSERT_TRUE(agents_[0]->GatherPages(procs[0].pid(), deadline).ok());
+  {
+    auto thread = uffd::RemoteThread::Seize(procs[0].pid(), absl::Seconds(30));
+    ASSERT_TRUE(thread.ok()) << thread.status();
+    absl::Status released = agents_[0]->Release(procs[0].pid(), **thread, deadline);
+    ASSERT_TRUE(released.ok()) << released;
+  }
+  agents_[0]->Stop();  // as if it died: its keeper kills what it guards
+  auto st = procs[0].Wait(absl::Now() + absl::Seconds(30));
+  ASSERT_TRUE(st.ok()) << st.status();
+  EXPECT_EQ(st->ToString(), "killed by signal 9 (Killed)");
 }
 
 TEST_P(EngineTest, StressHasNoStaleReads) {

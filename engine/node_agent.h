@@ -170,8 +170,9 @@ class NodeAgent {
   // Gives attached process `pid` its memory for good, for a program taken home after
   // GatherPages: its invalidation helper leaves (through `thread`, a stopped thread of it), its
   // ranges are unregistered from the uffd (no page is missing or write-protected any more:
-  // what it does not have is zeros everywhere), and the keeper no longer guards it. The
-  // directory still lists this node's copies; nothing is given back.
+  // what it does not have is zeros everywhere), and the keeper lets go of its uffd but still
+  // kills it should this agent die. The directory still lists this node's copies; nothing is
+  // given back.
   absl::Status Release(pid_t pid, uffd::RemoteThread& thread, absl::Time deadline);
 
   // The page of the invalidation helper's code in attached process `pid` (its system calls

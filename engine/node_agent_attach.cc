@@ -38,6 +38,7 @@ void NodeAgent::Impl::ReapFinished() {
     if (a->loop) a->loop->Stop();
   }
   for (auto& t : gone) {
+    if (t->released) continue;  // it dies with this agent still
     (void)keeper_->Release(t->pid, absl::Now() + absl::Seconds(1));
     if (t->helper && !t->pidfd.Exited()) {
       auto thread = uffd::RemoteThread::Seize(t->pid, absl::Seconds(2));
@@ -214,9 +215,12 @@ absl::Status NodeAgent::Impl::Release(pid_t pid, uffd::RemoteThread& thread, abs
         VLOG(1) << "node " << self_.value() << ": release of pid " << pid << ": " << s;
       }
     }
-    att->finished = true;
   }
-  STRETCH_RETURN_IF_ERROR(keeper_->Release(pid, deadline));
+  // Never unguarded: a process released and then left by an agent killed before it guarded it
+  // again (for its checkpoint) stayed behind, stopped (seen in a soak run).
+  target->released = true;
+  for (Attachment* att : atts) att->finished = true;
+  STRETCH_RETURN_IF_ERROR(keeper_->DropUffds(pid, deadline));
   LOG(INFO) << "node " << self_.value() << ": pid " << pid << " has its memory for good";
   return absl::OkStatus();
 }

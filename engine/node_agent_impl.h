@@ -198,6 +198,9 @@ class NodeAgent::Impl {
     uffd::Pidfd pidfd;
     uffd::RemoteMemory memory;
     std::unique_ptr<uffd::InvalidationHelper> helper;
+    // Its memory given for good (Release): the keeper guards it on, with no uffd, and its
+    // helper is gone already.
+    std::atomic<bool> released{false};
   };
 
   struct Attachment : public uffd::FaultHandler {

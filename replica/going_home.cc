@@ -93,10 +93,9 @@ absl::StatusOr<std::unique_ptr<HomeProcess>> Replica::GoHome(const std::string& 
     copy_stop_ = true;
   }
   if (copier_.joinable()) copier_.join();
+  // Released by the agent, it still dies with it (NodeAgent::Release) until it is
+  // checkpointed.
   if (absl::Status s = LeaveHome(via, deadline); !s.ok()) return Lost(s);
-  // Released by the agent, it still dies with it until it is checkpointed (a run whose agent
-  // was killed here left it behind, stopped).
-  if (absl::Status s = agent_->Guard(pid_, -1); !s.ok()) return Lost(s);
   // 5. A checkpoint of this copy, without the filter, restored as an ordinary process.
   const pid_t old_pid = pid_;
   if (absl::Status s = DumpWithoutFilter(images_dir, &stats); !s.ok()) return Lost(s);

@@ -10,7 +10,8 @@
 //   3. asks the server where the shared file offsets stand and moves the replica's own
 //      offsets there (which CRIU then checkpoints);
 //   4. releases the memory (the invalidation helper leaves, the uffd ranges are
-//      unregistered, the keeper lets go) and detaches, leaving the process stopped;
+//      unregistered, the keeper lets go of the uffd but still kills the process should the
+//      agent die) and detaches, leaving the process stopped;
 //   5. checkpoints it with CRIU, removes Stretch's seccomp filter from the images
 //      (RemoveSeccompFilters) and restores it without lazy pages: a process with no filter, no
 //      uffd and no tracer, in its own PID namespace as before, whose parent is this agent;

@@ -26,7 +26,8 @@ enum : uint32_t {
   kRelease = 3,
   kCount = 4,
   kGuardGroup = 5,
-  kReleaseGroup = 6
+  kReleaseGroup = 6,
+  kDropUffds = 7
 };
 
 struct Request {
@@ -194,6 +195,18 @@ void Drop(Guarded* targets, int* n, int i) {
         SendReply(sock, dropped == 0 ? -ESRCH : n);
         break;
       }
+      case kDropUffds: {
+        for (int i = 0; i < nfds_in; ++i) close(fds_in[i]);
+        int kept = 0;
+        for (int i = 0; i < n; ++i) {
+          if (targets[i].pid != req.pid) continue;
+          if (targets[i].uffd >= 0) close(targets[i].uffd);
+          targets[i].uffd = -1;
+          ++kept;
+        }
+        SendReply(sock, kept == 0 ? -ESRCH : n);
+        break;
+      }
       case kCount:
         for (int i = 0; i < nfds_in; ++i) close(fds_in[i]);
         SendReply(sock, n);
@@ -340,6 +353,14 @@ absl::Status Keeper::Release(pid_t pid, absl::Time deadline) {
   STRETCH_ASSIGN_OR_RETURN(int32_t r, Request(kRelease, pid, -1, -1, deadline));
   if (r == -ESRCH) return absl::NotFoundError(absl::StrCat("keeper: pid ", pid, " not guarded"));
   if (r < 0) return ErrnoStatus(-r, absl::StrCat("keeper: release pid ", pid));
+  return absl::OkStatus();
+}
+
+absl::Status Keeper::DropUffds(pid_t pid, absl::Time deadline) {
+  absl::MutexLock l(&mu_);
+  STRETCH_ASSIGN_OR_RETURN(int32_t r, Request(kDropUffds, pid, -1, -1, deadline));
+  if (r == -ESRCH) return absl::NotFoundError(absl::StrCat("keeper: pid ", pid, " not guarded"));
+  if (r < 0) return ErrnoStatus(-r, absl::StrCat("keeper: drop the uffds of pid ", pid));
   return absl::OkStatus();
 }
 

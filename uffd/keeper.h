@@ -14,6 +14,7 @@
 //   STRETCH_RETURN_IF_ERROR(keeper->Guard(target_pidfd, uffd->fd(), deadline));
 //   ...
 //   keeper->Release(pid, deadline);   // target finished, or handed over: do not kill it
+//   keeper->DropUffds(pid, deadline); // its memory is its own again; it still dies with us
 //
 // Destroying the Keeper closes its socket: whatever is still guarded is killed, as on agent
 // death. Release() what must survive first.
@@ -57,6 +58,10 @@ class Keeper {
   // Drops the target's references (every Guard of it) without killing it. NotFound if it is
   // not guarded.
   absl::Status Release(pid_t pid, absl::Time deadline);
+  // Drops the references to the target's uffds (every Guard of it) and goes on guarding it:
+  // it still dies with the agent. For a process whose memory is its own again (a program taken
+  // home): at no moment may it outlive a killed agent. NotFound if it is not guarded.
+  absl::Status DropUffds(pid_t pid, absl::Time deadline);
   // Most process groups one keeper guards.
   static constexpr int kMaxGroups = 64;
   // Kills process group `pgid` too (kill(-pgid, SIGKILL)) when the agent dies, before the

@@ -160,6 +160,29 @@ TEST(KeeperTest, ReleaseLetsTheTargetLive) {
   EXPECT_EQ(target.channel().Receive(), kPing);
 }
 
+// A target whose memory became its own (a program taken home): the keeper lets go of its uffd
+// (the kernel then unregisters the ranges once nobody else holds it: a page nobody installed
+// reads as zero, as it now must) and still kills it with the agent.
+TEST(KeeperTest, DroppingTheUffdsKeepsTheGuard) {
+  UniqueFd uffd;
+  ChildProcess target = StartTarget(&uffd);
+  auto keeper = Keeper::Start(kTimeout);
+  ASSERT_TRUE(keeper.ok()) << keeper.status();
+  auto pidfd = Pidfd::Open(target.pid());
+  ASSERT_TRUE(pidfd.ok());
+  const absl::Time deadline = absl::Now() + kTimeout;
+  ASSERT_TRUE((*keeper)->Guard(*pidfd, uffd.get(), deadline).ok());
+  ASSERT_TRUE((*keeper)->Guard(*pidfd, uffd.get(), deadline).ok());  // guarded twice
+  ASSERT_TRUE((*keeper)->DropUffds(target.pid(), deadline).ok());
+  EXPECT_EQ(*(*keeper)->GuardedCount(deadline), 2);
+  EXPECT_EQ((*keeper)->DropUffds(target.pid() + 100000, deadline).code(),
+            absl::StatusCode::kNotFound);
+  uffd.reset();
+  EXPECT_EQ(ReadPage(target, 0), 0u) << "the keeper still holds the uffd";
+  keeper->reset();
+  EXPECT_EQ(target.WaitExitCode(), 128 + SIGKILL);
+}
+
 TEST(KeeperTest, DestroyingTheKeeperKillsWhatItStillGuards) {
   UniqueFd uffd;
   ChildProcess target = StartTarget(&uffd);
