@@ -240,14 +240,25 @@ absl::StatusOr<std::vector<ReplicaMapping>> ReadMappings(pid_t pid) {
   return out;
 }
 
-StackReserve StackGrowthReserve(const std::vector<ReplicaMapping>& maps, uint64_t limit) {
-  constexpr uint64_t kGuardGap = uint64_t{1} << 20;  // the kernel's stack_guard_gap default
+namespace {
+
+constexpr uint64_t kStackGuardGap = uint64_t{1} << 20;  // the kernel's stack_guard_gap default
+
+// The main thread's stack among `maps`, or null.
+const ReplicaMapping* MainStack(const std::vector<ReplicaMapping>& maps) {
   const ReplicaMapping* stack = nullptr;
-  uintptr_t below = 0;  // end of the highest mapping under the stack
   for (const ReplicaMapping& m : maps) {
     if (m.path == "[stack]") stack = &m;
   }
+  return stack;
+}
+
+}  // namespace
+
+StackReserve StackGrowthReserve(const std::vector<ReplicaMapping>& maps, uint64_t limit) {
+  const ReplicaMapping* stack = MainStack(maps);
   if (stack == nullptr) return {};
+  uintptr_t below = 0;  // end of the highest mapping under the stack
   for (const ReplicaMapping& m : maps) {
     if (m.end <= stack->start) below = std::max<uintptr_t>(below, m.end);
   }
@@ -256,23 +267,19 @@ StackReserve StackGrowthReserve(const std::vector<ReplicaMapping>& maps, uint64_
   if (size <= extent) return {};
   uintptr_t low = (stack->end - size) & ~static_cast<uintptr_t>(kPageSize - 1);
   if (stack->end < size) low = 0;
-  low = std::max<uintptr_t>(low, below + kGuardGap);
+  low = std::max<uintptr_t>(low, below + kStackGuardGap);
   if (low >= stack->start) return {};
   return {low, stack->start};
 }
 
 uintptr_t PrivatePagesAddress(const std::vector<ReplicaMapping>& maps, const StackReserve& reserve,
                               size_t length) {
-  constexpr uint64_t kGuardGap = uint64_t{1} << 20;  // as in StackGrowthReserve
   constexpr uintptr_t kLowest = uintptr_t{1} << 16;  // vm.mmap_min_addr's default
   uintptr_t ceiling = reserve.low;
   if (reserve.low >= reserve.high) {
-    const ReplicaMapping* stack = nullptr;
-    for (const ReplicaMapping& m : maps) {
-      if (m.path == "[stack]") stack = &m;
-    }
-    if (stack == nullptr || stack->start < kMaxStackReserve + kGuardGap) return 0;
-    ceiling = stack->start - kMaxStackReserve - kGuardGap;
+    const ReplicaMapping* stack = MainStack(maps);
+    if (stack == nullptr || stack->start < kMaxStackReserve + kStackGuardGap) return 0;
+    ceiling = stack->start - kMaxStackReserve - kStackGuardGap;
   }
   const uint64_t needed = length + 2 * kPageSize;
   std::vector<std::pair<uintptr_t, uintptr_t>> below;
