@@ -158,6 +158,10 @@ TEST_P(EngineTest, AtomicCounterAcrossTwoNodes) {
   auto out = RunAll("counter", {"--iters=2000"});
   EXPECT_EQ(out[0], "counter 4000\n");
   EXPECT_GT(agents_[1]->stats().pages_fetched.Get(), 0u);
+  // The statistics carry the transport's own counters, node's and server's.
+  for (const std::string& json : {agents_[1]->StatsJson(), server_->StatsJson()}) {
+    EXPECT_THAT(json, ::testing::ContainsRegex("\"transport\":\\{\"messages_sent\":[1-9]"));
+  }
 }
 
 TEST_P(EngineTest, FalseSharingThreeNodes) {

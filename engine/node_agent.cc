@@ -180,6 +180,10 @@ std::string NodeAgent::Impl::StatsJson() const {
   w.Field("bytes_received", stats_.bytes_received.Get());
   w.Key("fault_latency");
   stats_.fault_latency.Snap().WriteJson(w);
+  if (transport_ != nullptr) {
+    w.Key("transport");
+    transport_->stats().Snap().WriteJson(w);
+  }
   // The pages that faulted most here, and by which threads (`stretchd report`'s heat map).
   w.Key("hot_pages");
   w.BeginArray();

@@ -129,6 +129,10 @@ class DirectoryServer::Impl {
     w.Field("futex_wakes", futex_wakes_);
     w.Field("address_space_changes", address_space_.changes());
     w.Field("file_offset_calls", file_offset_calls_);
+    if (transport_ != nullptr) {
+      w.Key("transport");
+      transport_->stats().Snap().WriteJson(w);
+    }
     w.EndObject();
     return w.str();
   }

@@ -55,6 +55,11 @@ TransportStats::Snapshot TransportStats::Snap() const {
 
 std::string TransportStats::Snapshot::ToJson() const {
   JsonWriter w;
+  WriteJson(w);
+  return w.str();
+}
+
+void TransportStats::Snapshot::WriteJson(JsonWriter& w) const {
   w.BeginObject();
   w.Field("messages_sent", messages_sent);
   w.Field("bytes_sent", bytes_sent);
@@ -74,7 +79,6 @@ std::string TransportStats::Snapshot::ToJson() const {
   w.Field("rma_writes", rma_writes);
   w.Field("busy_poll_ns", busy_poll_ns);
   w.EndObject();
-  return w.str();
 }
 
 absl::StatusOr<PeerId> Transport::Connect(absl::string_view address, absl::Time deadline) {

@@ -56,6 +56,7 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "core/ids.h"
+#include "core/json.h"
 #include "core/stats.h"
 #include "transport/cluster_secret.h"
 
@@ -199,6 +200,8 @@ struct TransportStats {
     uint64_t rma_reads = 0, rma_writes = 0, busy_poll_ns = 0;
     // {"messages_sent":..,...}
     std::string ToJson() const;
+    // The same object, as the next value of `w`.
+    void WriteJson(JsonWriter& w) const;
   };
   Snapshot Snap() const;
 };
