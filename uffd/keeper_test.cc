@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <optional>
 #include <utility>
 
 #include "absl/time/clock.h"
@@ -141,46 +142,48 @@ TEST(KeeperTest, KillingTheAgentKillsTheTargetInsteadOfLettingItReadZeros) {
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
 }
 
-TEST(KeeperTest, ReleaseLetsTheTargetLive) {
-  UniqueFd uffd;
-  ChildProcess target = StartTarget(&uffd);
-  auto keeper = Keeper::Start(kTimeout);
-  ASSERT_TRUE(keeper.ok()) << keeper.status();
-  auto pidfd = Pidfd::Open(target.pid());
-  ASSERT_TRUE(pidfd.ok());
-  const absl::Time deadline = absl::Now() + kTimeout;
-  ASSERT_TRUE((*keeper)->Guard(*pidfd, uffd.get(), deadline).ok());
-  ASSERT_TRUE((*keeper)->Guard(*pidfd, uffd.get(), deadline).ok());  // guarded twice
-  EXPECT_EQ(*(*keeper)->GuardedCount(deadline), 2);
-  ASSERT_TRUE((*keeper)->Release(target.pid(), deadline).ok());  // releases both
-  EXPECT_EQ(*(*keeper)->GuardedCount(deadline), 0);
-  EXPECT_EQ((*keeper)->Release(target.pid(), deadline).code(), absl::StatusCode::kNotFound);
-  keeper->reset();
-  target.channel().Send(kPing);
-  EXPECT_EQ(target.channel().Receive(), kPing);
+// A target its keeper guards twice (with its uffd each time).
+class GuardedTwiceTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    target_.emplace(StartTarget(&uffd_));
+    auto keeper = Keeper::Start(kTimeout);
+    ASSERT_TRUE(keeper.ok()) << keeper.status();
+    keeper_ = *std::move(keeper);
+    auto pidfd = Pidfd::Open(target_->pid());
+    ASSERT_TRUE(pidfd.ok());
+    ASSERT_TRUE(keeper_->Guard(*pidfd, uffd_.get(), deadline_).ok());
+    ASSERT_TRUE(keeper_->Guard(*pidfd, uffd_.get(), deadline_).ok());
+    ASSERT_EQ(*keeper_->GuardedCount(deadline_), 2);
+  }
+
+  const absl::Time deadline_ = absl::Now() + kTimeout;
+  UniqueFd uffd_;
+  std::optional<ChildProcess> target_;
+  std::unique_ptr<Keeper> keeper_;
+};
+
+TEST_F(GuardedTwiceTest, ReleaseLetsTheTargetLive) {
+  ASSERT_TRUE(keeper_->Release(target_->pid(), deadline_).ok());  // releases both
+  EXPECT_EQ(*keeper_->GuardedCount(deadline_), 0);
+  EXPECT_EQ(keeper_->Release(target_->pid(), deadline_).code(), absl::StatusCode::kNotFound);
+  keeper_.reset();
+  target_->channel().Send(kPing);
+  EXPECT_EQ(target_->channel().Receive(), kPing);
 }
 
 // A target whose memory became its own (a program taken home): the keeper lets go of its uffd
 // (the kernel then unregisters the ranges once nobody else holds it: a page nobody installed
 // reads as zero, as it now must) and still kills it with the agent.
-TEST(KeeperTest, DroppingTheUffdsKeepsTheGuard) {
-  UniqueFd uffd;
-  ChildProcess target = StartTarget(&uffd);
-  auto keeper = Keeper::Start(kTimeout);
-  ASSERT_TRUE(keeper.ok()) << keeper.status();
-  auto pidfd = Pidfd::Open(target.pid());
-  ASSERT_TRUE(pidfd.ok());
-  const absl::Time deadline = absl::Now() + kTimeout;
-  ASSERT_TRUE((*keeper)->Guard(*pidfd, uffd.get(), deadline).ok());
-  ASSERT_TRUE((*keeper)->Guard(*pidfd, uffd.get(), deadline).ok());  // guarded twice
-  ASSERT_TRUE((*keeper)->DropUffds(target.pid(), deadline).ok());
-  EXPECT_EQ(*(*keeper)->GuardedCount(deadline), 2);
-  EXPECT_EQ((*keeper)->DropUffds(target.pid() + 100000, deadline).code(),
+TEST_F(GuardedTwiceTest, DroppingTheUffdsKeepsTheGuard) {
+  ASSERT_TRUE(keeper_->DropUffds(target_->pid(), deadline_).ok());
+  EXPECT_EQ(*keeper_->GuardedCount(deadline_), 2);
+  EXPECT_EQ(keeper_->DropUffds(target_->pid() + 100000, deadline_).code(),
             absl::StatusCode::kNotFound);
-  uffd.reset();
-  EXPECT_EQ(ReadPage(target, 0), 0u) << "the keeper still holds the uffd";
-  keeper->reset();
-  EXPECT_EQ(target.WaitExitCode(), 128 + SIGKILL);
+  uffd_.reset();
+  EXPECT_EQ(ReadPage(*target_, 0), 0u) << "the keeper still holds the uffd";
+  keeper_.reset();
+  EXPECT_EQ(target_->WaitExitCode(), 128 + SIGKILL);
 }
 
 TEST(KeeperTest, DestroyingTheKeeperKillsWhatItStillGuards) {
