@@ -127,6 +127,15 @@ class ServerAddressSpaceTest : public ::testing::Test {
     if (server_) server_->Stop();
   }
 
+  // Node 1 asks for `page` and is refused: memory outside every region, from a node up to date
+  // with nothing in flight on it.
+  void ExpectRefusedAsOutsideEveryRegion(PageId page) {
+    node1_->Send(node1_->Coherence(wire::CohOp::kGetS, page));
+    const wire::Error refused = node1_->Next<wire::Error>();
+    EXPECT_NE(refused.message.find("outside every announced region"), std::string::npos)
+        << refused.message;
+  }
+
   static int run_;
   std::unique_ptr<DirectoryServer> server_;
   std::unique_ptr<FakeNode> node0_, node1_;
@@ -147,10 +156,7 @@ TEST_F(ServerAddressSpaceTest, ANodeBehindOnAChangeIsAnswered) {
   EXPECT_EQ(node0_->Next<wire::AddressSpace>().op, wire::AddressSpaceOp::kDone);
 
   // Up to date now, with nothing in flight on the page.
-  node1_->Send(node1_->Coherence(wire::CohOp::kGetS, Page(11)));
-  const wire::Error refused = node1_->Next<wire::Error>();
-  EXPECT_NE(refused.message.find("outside every announced region"), std::string::npos)
-      << refused.message;
+  ExpectRefusedAsOutsideEveryRegion(Page(11));
   // Memory still mapped is served as before.
   node1_->Send(node1_->Coherence(wire::CohOp::kGetS, Page(2)));
   EXPECT_EQ(node1_->Next<wire::CoherenceMsg>().op, wire::CohOp::kData);
@@ -173,10 +179,7 @@ TEST_F(ServerAddressSpaceTest, ATransactionInFlightAtTheChangeFinishes) {
   EXPECT_EQ(node0_->Next<wire::AddressSpace>().op, wire::AddressSpaceOp::kDone);
   node0_->Send(node0_->Coherence(wire::CohOp::kUnblock, Page(9), forward.version));
   // Forgotten once settled: nothing more is in flight on it.
-  node1_->Send(node1_->Coherence(wire::CohOp::kGetS, Page(9)));
-  const wire::Error refused = node1_->Next<wire::Error>();
-  EXPECT_NE(refused.message.find("outside every announced region"), std::string::npos)
-      << refused.message;
+  ExpectRefusedAsOutsideEveryRegion(Page(9));
   // Node 0's Unblock was not refused: its connection's next answer is for its next request.
   node0_->Send(node0_->Coherence(wire::CohOp::kGetS, Page(1)));
   EXPECT_EQ(node0_->Next<wire::CoherenceMsg>().op, wire::CohOp::kData);
