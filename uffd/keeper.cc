@@ -1,6 +1,7 @@
 #include "uffd/keeper.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
@@ -85,11 +86,49 @@ void Drop(Guarded* targets, int* n, int i) {
   targets[i] = targets[--*n];
 }
 
+// Kills the children of process `leader` (of its main thread, the one that forks here: CRIU),
+// whatever their process group.
+void KillChildrenOf(pid_t leader) {
+  char path[64] = "/proc/";
+  char digits[16];
+  int nd = 0;
+  for (pid_t v = leader; v > 0 && nd < 15; v /= 10) digits[nd++] = static_cast<char>('0' + v % 10);
+  // "/proc/" + pid + "/task/" + pid + "/children"
+  size_t len = 6;
+  for (int round = 0; round < 2; ++round) {
+    for (int i = nd - 1; i >= 0; --i) path[len++] = digits[i];
+    const char* tail = round == 0 ? "/task/" : "/children";
+    for (const char* c = tail; *c != '\0'; ++c) path[len++] = *c;
+  }
+  path[len] = '\0';
+  const int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return;
+  char buf[4096];
+  ssize_t got = read(fd, buf, sizeof(buf) - 1);
+  close(fd);
+  if (got <= 0) return;
+  pid_t pid = 0;
+  for (ssize_t i = 0; i <= got; ++i) {
+    if (i < got && buf[i] >= '0' && buf[i] <= '9') {
+      pid = pid * 10 + (buf[i] - '0');
+    } else if (pid > 0) {
+      kill(pid, SIGKILL);
+      pid = 0;
+    }
+  }
+}
+
 // The agent is gone: kill every guarded process group and target, wait until each target has
 // exited (so no thread of it runs with the ranges unregistered), then exit, which drops the
-// uffd references.
+// uffd references. A guarded group's leader's children die too, also those that have left its
+// group: the root of a restore CRIU has forked, which takes the process group of its image
+// early and is guarded as a target only once the agent has seen it (CRIU's restored tasks do not
+// die with CRIU: they would wait for it forever).
 [[noreturn]] void KillAllAndExit(Guarded* targets, int n, const pid_t* groups, int ng) {
-  for (int i = 0; i < ng; ++i) kill(-groups[i], SIGKILL);
+  for (int i = 0; i < ng; ++i) {
+    KillChildrenOf(groups[i]);
+    kill(-groups[i], SIGKILL);
+  }
   for (int i = 0; i < n; ++i) syscall(SYS_pidfd_send_signal, targets[i].pidfd, SIGKILL, nullptr, 0);
   for (int round = 0; round < 100 && n > 0; ++round) {  // 100 x 100 ms at most
     struct pollfd fds[Keeper::kMaxTargets];

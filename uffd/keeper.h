@@ -65,7 +65,8 @@ class Keeper {
   // Most process groups one keeper guards.
   static constexpr int kMaxGroups = 64;
   // Kills process group `pgid` too (kill(-pgid, SIGKILL)) when the agent dies, before the
-  // targets: for helpers that must not outlive the agent (CRIU restoring a replica). Groups
+  // targets, and the children of its leader `pgid` wherever their group: for helpers that
+  // must not outlive the agent (CRIU restoring a replica, and the root it forked). Groups
   // are not watched; ReleaseGroup() when the group is done. ResourceExhausted beyond
   // kMaxGroups, InvalidArgument for pgid <= 1.
   absl::Status GuardGroup(pid_t pgid, absl::Time deadline);

@@ -211,8 +211,10 @@ TEST(KeeperTest, AProcessWithoutAUffdIsKilledAllTheSame) {
 }
 
 // A process group (a leader and a process it forked): both pause until killed. Returns the
-// leader (our child) and the other member (ours too once orphaned: we are a subreaper).
-std::pair<pid_t, pid_t> StartGroup() {
+// leader (our child) and the other member (ours too once orphaned: we are a subreaper). With
+// `child_leaves`, the leader's child goes to a group of its own (as the root of a CRIU restore
+// takes its image's).
+std::pair<pid_t, pid_t> StartGroup(bool child_leaves = false) {
   int p[2];
   if (pipe(p) != 0) return {-1, -1};
   pid_t leader = fork();
@@ -222,6 +224,7 @@ std::pair<pid_t, pid_t> StartGroup() {
     if (member == 0) {
       for (;;) pause();
     }
+    if (child_leaves) setpgid(member, member);
     (void)!write(p[1], &member, sizeof(member));
     for (;;) pause();
   }
@@ -236,6 +239,33 @@ std::pair<pid_t, pid_t> StartGroup() {
 int WaitStatus(pid_t pid) {
   int status = 0;
   return waitpid(pid, &status, 0) == pid ? status : -1;
+}
+
+// The leader's child that has left the group (the root CRIU forked for a restore, not guarded
+// on its own yet) dies with the agent too: it would otherwise wait for a dead CRIU forever.
+TEST(KeeperTest, AGuardedGroupLeadersChildDiesWithTheAgentInAGroupOfItsOwn) {
+  ASSERT_EQ(prctl(PR_SET_CHILD_SUBREAPER, 1), 0);
+  auto [leader, child] = StartGroup(/*child_leaves=*/true);
+  ASSERT_GT(leader, 0);
+  ASSERT_GT(child, 0);
+  ASSERT_EQ(getpgid(child), child);
+  auto keeper = Keeper::Start(kTimeout);
+  ASSERT_TRUE(keeper.ok()) << keeper.status();
+  ASSERT_TRUE((*keeper)->GuardGroup(leader, absl::Now() + kTimeout).ok());
+  keeper->reset();
+  int status = WaitStatus(leader);
+  EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) << status;
+  const absl::Time end = absl::Now() + kTimeout;
+  pid_t r = 0;
+  while ((r = waitpid(child, &status, WNOHANG)) == 0 && absl::Now() < end) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  if (r != child) {
+    kill(child, SIGKILL);
+    (void)WaitStatus(child);
+    FAIL() << "the leader's child outlived the agent";
+  }
+  EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) << status;
 }
 
 // What the agent guards as a group (CRIU restoring a replica, and the helpers it forks) is
