@@ -126,6 +126,7 @@ void KillChildrenOf(pid_t leader) {
 // die with CRIU: they would wait for it forever).
 [[noreturn]] void KillAllAndExit(Guarded* targets, int n, const pid_t* groups, int ng) {
   for (int i = 0; i < ng; ++i) {
+    kill(-groups[i], SIGSTOP);  // forks no more children while they are read
     KillChildrenOf(groups[i]);
     kill(-groups[i], SIGKILL);
   }
