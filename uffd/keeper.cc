@@ -75,6 +75,14 @@ struct Guarded {
   int uffd;
 };
 
+// A guarded process group, with a pidfd of its leader taken when it was guarded (-1 if the
+// leader was gone by then): its children are looked for only while it lives, so that a pid
+// reused since is never taken for it.
+struct Group {
+  pid_t pgid;
+  int leader;
+};
+
 void SendReply(int sock, int32_t value) {
   struct Reply r = {value};
   SendWithFds(sock, &r, sizeof(r), -1, -1);
@@ -87,7 +95,8 @@ void Drop(Guarded* targets, int* n, int i) {
 }
 
 // Kills the children of process `leader` (of its main thread, the one that forks here: CRIU),
-// whatever their process group.
+// whatever their process group. The file lists them as "PID PID ... ": a number counts once a
+// space or the end of the file closes it (a read may stop inside one).
 void KillChildrenOf(pid_t leader) {
   char path[64] = "/proc/";
   char digits[16];
@@ -103,19 +112,23 @@ void KillChildrenOf(pid_t leader) {
   path[len] = '\0';
   const int fd = open(path, O_RDONLY | O_CLOEXEC);
   if (fd < 0) return;
-  char buf[4096];
-  ssize_t got = read(fd, buf, sizeof(buf) - 1);
-  close(fd);
-  if (got <= 0) return;
+  char buf[512];
   pid_t pid = 0;
-  for (ssize_t i = 0; i <= got; ++i) {
-    if (i < got && buf[i] >= '0' && buf[i] <= '9') {
-      pid = pid * 10 + (buf[i] - '0');
-    } else if (pid > 0) {
-      kill(pid, SIGKILL);
-      pid = 0;
+  for (;;) {
+    const ssize_t got = read(fd, buf, sizeof(buf));
+    if (got < 0 && errno == EINTR) continue;
+    if (got <= 0) break;
+    for (ssize_t i = 0; i < got; ++i) {
+      if (buf[i] >= '0' && buf[i] <= '9') {
+        pid = pid * 10 + (buf[i] - '0');
+      } else {
+        if (pid > 0) kill(pid, SIGKILL);
+        pid = 0;
+      }
     }
   }
+  if (pid > 0) kill(pid, SIGKILL);
+  close(fd);
 }
 
 // The agent is gone: kill every guarded process group and target, wait until each target has
@@ -124,11 +137,15 @@ void KillChildrenOf(pid_t leader) {
 // group: the root of a restore CRIU has forked, which takes the process group of its image
 // early and is guarded as a target only once the agent has seen it (CRIU's restored tasks do not
 // die with CRIU: they would wait for it forever).
-[[noreturn]] void KillAllAndExit(Guarded* targets, int n, const pid_t* groups, int ng) {
+[[noreturn]] void KillAllAndExit(Guarded* targets, int n, const Group* groups, int ng) {
   for (int i = 0; i < ng; ++i) {
-    kill(-groups[i], SIGSTOP);  // forks no more children while they are read
-    KillChildrenOf(groups[i]);
-    kill(-groups[i], SIGKILL);
+    kill(-groups[i].pgid, SIGSTOP);  // forks no more children while they are read
+    // A leader still there (a zombie too) holds its pid: its children are its own.
+    if (groups[i].leader >= 0 &&
+        syscall(SYS_pidfd_send_signal, groups[i].leader, 0, nullptr, 0) == 0) {
+      KillChildrenOf(groups[i].pgid);
+    }
+    kill(-groups[i].pgid, SIGKILL);
   }
   for (int i = 0; i < n; ++i) syscall(SYS_pidfd_send_signal, targets[i].pidfd, SIGKILL, nullptr, 0);
   for (int round = 0; round < 100 && n > 0; ++round) {  // 100 x 100 ms at most
@@ -160,7 +177,7 @@ void KillChildrenOf(pid_t leader) {
 
   Guarded targets[Keeper::kMaxTargets];
   int n = 0;
-  pid_t groups[Keeper::kMaxGroups];
+  Group groups[Keeper::kMaxGroups];
   int ng = 0;
   for (;;) {
     struct pollfd fds[2 + Keeper::kMaxTargets];
@@ -258,7 +275,8 @@ void KillChildrenOf(pid_t leader) {
         } else if (ng == Keeper::kMaxGroups) {
           SendReply(sock, -ENOSPC);
         } else {
-          groups[ng++] = req.pid;
+          const int leader = static_cast<int>(syscall(SYS_pidfd_open, req.pid, 0));
+          groups[ng++] = {req.pid, leader};
           SendReply(sock, ng);
         }
         break;
@@ -266,7 +284,8 @@ void KillChildrenOf(pid_t leader) {
         for (int i = 0; i < nfds_in; ++i) close(fds_in[i]);
         int dropped = 0;
         for (int i = 0; i < ng;) {
-          if (groups[i] == req.pid) {
+          if (groups[i].pgid == req.pid) {
+            if (groups[i].leader >= 0) close(groups[i].leader);
             groups[i] = groups[--ng];
             ++dropped;
           } else {

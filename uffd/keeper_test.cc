@@ -181,7 +181,11 @@ TEST_F(GuardedTwiceTest, DroppingTheUffdsKeepsTheGuard) {
   EXPECT_EQ(keeper_->DropUffds(target_->pid() + 100000, deadline_).code(),
             absl::StatusCode::kNotFound);
   uffd_.reset();
-  EXPECT_EQ(ReadPage(*target_, 0), 0u) << "the keeper still holds the uffd";
+  // A page nobody installed: it reads as zero, or blocks if the keeper still holds the uffd.
+  ASSERT_TRUE(target_->channel().TrySend(kRead) && target_->channel().TrySend(0));
+  uint64_t value = 1;
+  ASSERT_TRUE(target_->channel().TryReceive(&value, kTimeout)) << "the keeper still holds the uffd";
+  EXPECT_EQ(value, 0u);
   keeper_.reset();
   EXPECT_EQ(target_->WaitExitCode(), 128 + SIGKILL);
 }
@@ -248,23 +252,32 @@ TEST(KeeperTest, AGuardedGroupLeadersChildDiesWithTheAgentInAGroupOfItsOwn) {
   auto [leader, child] = StartGroup(/*child_leaves=*/true);
   ASSERT_GT(leader, 0);
   ASSERT_GT(child, 0);
+  // Whatever the outcome, neither is left paused (the child has no parent-death signal).
+  struct KillBoth {
+    pid_t leader, child;
+    ~KillBoth() {  // those not reaped yet (0 once reaped)
+      for (pid_t p : {leader, child}) {
+        if (p <= 0) continue;
+        kill(p, SIGKILL);
+        (void)waitpid(p, nullptr, 0);
+      }
+    }
+  } kill_both{leader, child};
   ASSERT_EQ(getpgid(child), child);
   auto keeper = Keeper::Start(kTimeout);
   ASSERT_TRUE(keeper.ok()) << keeper.status();
   ASSERT_TRUE((*keeper)->GuardGroup(leader, absl::Now() + kTimeout).ok());
   keeper->reset();
   int status = WaitStatus(leader);
+  kill_both.leader = 0;
   EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) << status;
   const absl::Time end = absl::Now() + kTimeout;
   pid_t r = 0;
   while ((r = waitpid(child, &status, WNOHANG)) == 0 && absl::Now() < end) {
     absl::SleepFor(absl::Milliseconds(1));
   }
-  if (r != child) {
-    kill(child, SIGKILL);
-    (void)WaitStatus(child);
-    FAIL() << "the leader's child outlived the agent";
-  }
+  ASSERT_EQ(r, child) << "the leader's child outlived the agent";
+  kill_both.child = 0;
   EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) << status;
 }
 
