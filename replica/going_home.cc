@@ -244,6 +244,9 @@ absl::StatusOr<pid_t> Replica::RestoreAtHome(const std::string& images_dir, absl
   }
   // Not a lazy restore: CRIU may finish before the root is seen (a busy machine); Root() then
   // names it from CRIU's pidfile. A restore that failed names none (`missed`): Wait() says why.
+  // Such a root is this agent's orphaned child, unguarded until Guard() below: an agent killed
+  // in those milliseconds leaves it behind, stopped (not closed yet; while CRIU runs, the
+  // keeper kills CRIU's children with its group).
   auto root = pending.Root(absl::Now() + absl::Seconds(10));
   const bool missed = !root.ok() && absl::IsFailedPrecondition(root.status());
   absl::Status guarded = root.ok() ? agent_->Guard(*root, -1) : root.status();
