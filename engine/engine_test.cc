@@ -110,6 +110,15 @@ class EngineTest : public ::testing::TestWithParam<std::string> {
     return out;
   }
 
+  // Waits until file `path` contains `text`; false at `deadline`.
+  static bool AwaitOutput(const std::string& path, const std::string& text, absl::Time deadline) {
+    while (testing::ReadFileOrEmpty(path).find(text) == std::string::npos) {
+      if (absl::Now() >= deadline) return false;
+      absl::SleepFor(absl::Milliseconds(10));
+    }
+    return true;
+  }
+
   void TearDown() override {
     for (auto& a : agents_) a->Stop();
     if (server_) server_->Stop();
@@ -204,10 +213,7 @@ TEST_P(EngineTest, GatherPagesReadsWhatTheOtherNodesWrote) {
   ASSERT_EQ(procs.size(), 3u);
   const std::string out0 = absl::StrCat(dir_.path(), "/gather0.out");
   const absl::Time deadline = absl::Now() + absl::Seconds(60);
-  while (testing::ReadFileOrEmpty(out0).find("waiting") == std::string::npos) {
-    ASSERT_LT(absl::Now(), deadline) << "node 0 never got past the first barrier";
-    absl::SleepFor(absl::Milliseconds(10));
-  }
+  ASSERT_TRUE(AwaitOutput(out0, "waiting", deadline)) << "node 0 never got past the first barrier";
   const NodeStats& stats = agents_[0]->stats();
   auto gathered = agents_[0]->GatherPages(procs[0].pid(), deadline);
   ASSERT_TRUE(gathered.ok()) << gathered.status();
@@ -252,12 +258,9 @@ TEST_P(EngineTest, AReleasedProcessStillDiesWithItsAgent) {
   ASSERT_NO_FATAL_FAILURE(StartCluster(1));
   std::vector<Subprocess> procs = Launch("gather", {"--pages=8"});
   ASSERT_EQ(procs.size(), 1u);
-  const std::string out0 = absl::StrCat(dir_.path(), "/gather0.out");
   const absl::Time deadline = absl::Now() + absl::Seconds(60);
-  while (testing::ReadFileOrEmpty(out0).find("waiting") == std::string::npos) {
-    ASSERT_LT(absl::Now(), deadline) << "node 0 never got past the barrier";
-    absl::SleepFor(absl::Milliseconds(10));
-  }
+  ASSERT_TRUE(AwaitOutput(absl::StrCat(dir_.path(), "/gather0.out"), "waiting", deadline))
+      << "node 0 never got past the barrier";
   ASSERT_TRUE(agents_[0]->GatherPages(procs[0].pid(), deadline).ok());
   {
     auto thread = uffd::RemoteThread::Seize(procs[0].pid(), absl::Seconds(30));

@@ -98,17 +98,22 @@ void Drop(Guarded* targets, int* n, int i) {
 // whatever their process group. The file lists them as "PID PID ... ": a number counts once a
 // space or the end of the file closes it (a read may stop inside one).
 void KillChildrenOf(pid_t leader) {
-  char path[64] = "/proc/";
+  char path[64];
+  size_t len = 0;
+  auto append = [&](const char* text) {
+    while (*text != '\0') path[len++] = *text++;
+  };
   char digits[16];
   int nd = 0;
   for (pid_t v = leader; v > 0 && nd < 15; v /= 10) digits[nd++] = static_cast<char>('0' + v % 10);
-  // "/proc/" + pid + "/task/" + pid + "/children"
-  size_t len = 6;
-  for (int round = 0; round < 2; ++round) {
-    for (int i = nd - 1; i >= 0; --i) path[len++] = digits[i];
-    const char* tail = round == 0 ? "/task/" : "/children";
-    for (const char* c = tail; *c != '\0'; ++c) path[len++] = *c;
-  }
+  char pid_text[16];
+  for (int i = 0; i < nd; ++i) pid_text[i] = digits[nd - 1 - i];
+  pid_text[nd] = '\0';
+  append("/proc/");
+  append(pid_text);
+  append("/task/");
+  append(pid_text);
+  append("/children");
   path[len] = '\0';
   const int fd = open(path, O_RDONLY | O_CLOEXEC);
   if (fd < 0) return;
