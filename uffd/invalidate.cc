@@ -313,6 +313,28 @@ long Futex(void* addr, int op, uint32_t val, const struct timespec* timeout) {
   return syscall(SYS_futex, addr, op, val, timeout, nullptr, 0);
 }
 
+// SCHED_FIFO at the lowest priority for the thread of `task_dir` (/proc/PID/task/TID, in
+// this process's PID namespace), reset for anything it might clone. False (with a warning,
+// once per agent) where this process may not do that.
+bool MakeRealtime(const std::string& task_dir) {
+  const size_t slash = task_dir.rfind('/');
+  const pid_t tid = slash == std::string::npos ? 0 : atoi(task_dir.c_str() + slash + 1);
+  struct sched_param param = {};
+  param.sched_priority = sched_get_priority_min(SCHED_FIFO);
+  if (tid > 0 && sched_setscheduler(tid, SCHED_FIFO | SCHED_RESET_ON_FORK, &param) == 0) {
+    return true;
+  }
+  static std::atomic<bool> warned{false};
+  if (!warned.exchange(true)) {
+    LOG(WARNING) << "the invalidation helper runs under the program's own scheduling policy ("
+                 << (tid > 0 ? ErrnoStatus(errno, "sched_setscheduler SCHED_FIFO").message()
+                             : "its thread was not found")
+                 << "): on a loaded machine it may wait for a CPU, and every page change on "
+                    "this node with it";
+  }
+  return false;
+}
+
 }  // namespace
 
 const size_t InvalidationHelper::kMappedBytes = kCodeMapping + kPageSize;
@@ -423,8 +445,11 @@ absl::Status InvalidationHelper::Place(RemoteThread& thread) {
   // CLONE_CHILD_SETTID writes helper_tid when the thread first runs; it may not have yet.
   control_->helper_tid.store(static_cast<int32_t>(tid));
   helper_dir_ = TaskDir(pid, static_cast<pid_t>(tid));
+  // The tid clone() returned is the target's own; the policy is set by this process's.
+  const bool realtime = options_.realtime && MakeRealtime(helper_dir_);
   LOG(INFO) << "invalidation helper " << tid << " placed in pid " << pid
-            << absl::StrFormat(" (code 0x%x, control 0x%x)", remote_code_, remote_control_);
+            << absl::StrFormat(" (code 0x%x, control 0x%x%s)", remote_code_, remote_control_,
+                               realtime ? ", SCHED_FIFO" : "");
   return absl::OkStatus();
 }
 

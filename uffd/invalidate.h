@@ -72,6 +72,14 @@ class InvalidationHelper {
     // The helper polls for the next command this many pause iterations before it sleeps (0:
     // sleep at once). Only worth it when the helper has a core of its own: it burns target CPU.
     uint32_t helper_spin = 0;
+    // Run the helper under SCHED_FIFO (lowest priority), so that it runs as soon as it is
+    // woken, whatever CFS thinks of the target's other threads. Every message that changes a
+    // page on this node waits for it. Under autogroup scheduling (the target's session is a
+    // group of its own), a loaded machine left the target's whole group unpicked for seconds
+    // while its agent waited on a runnable helper. The helper only ever sleeps on its futex or
+    // runs one madvise, so it cannot hold a CPU. Without CAP_SYS_NICE (or with an RT cgroup
+    // budget of 0) the helper stays under the target's policy, with a warning.
+    bool realtime = true;
     // How long one command may take before Invalidate() gives up (DeadlineExceeded). Generous:
     // on an overloaded machine (CI running two 3-node clusters on 2 cores) a runnable helper
     // waited more than 1 s for a CPU.

@@ -3,6 +3,7 @@
 #include <dirent.h>
 #include <linux/filter.h>
 #include <linux/seccomp.h>
+#include <sched.h>
 #include <signal.h>
 #include <stddef.h>
 #include <sys/mman.h>
@@ -98,9 +99,9 @@ int TargetMain(Channel& ch, uint64_t features) {
 
 class InvalidateTest : public ::testing::Test {
  protected:
-  void StartTarget(uint64_t features = 0) {
-    child_.emplace(
-        ChildProcess::Start([features](Channel& ch) { return TargetMain(ch, features); }));
+  void StartTarget(uint64_t features = 0, bool own_pid_namespace = false) {
+    child_.emplace(ChildProcess::Start([features](Channel& ch) { return TargetMain(ch, features); },
+                                       own_pid_namespace));
     auto msg = ReceiveMessage(ch().fd(), 8, absl::Now() + kTimeout);
     ASSERT_TRUE(msg.ok()) << msg.status();
     Userfaultfd::Options o;
@@ -136,6 +137,25 @@ class InvalidateTest : public ::testing::Test {
     while (struct dirent* e = readdir(d)) n += e->d_name[0] != '.';
     closedir(d);
     return n;
+  }
+  // This process's tid for the target's thread `inner_tid` (the last NSpid entry), or 0.
+  pid_t HelperTidHere(pid_t inner_tid) {
+    const std::string tasks = "/proc/" + std::to_string(child_->pid()) + "/task";
+    DIR* d = opendir(tasks.c_str());
+    pid_t found = 0;
+    while (struct dirent* e = d != nullptr ? readdir(d) : nullptr) {
+      if (e->d_name[0] == '.') continue;
+      std::ifstream status(tasks + "/" + e->d_name + "/status");
+      for (std::string line; std::getline(status, line);) {
+        if (line.rfind("NSpid:", 0) != 0) continue;
+        if (line.substr(line.find_last_of(" \t") + 1) == std::to_string(inner_tid)) {
+          found = atoi(e->d_name);
+        }
+        break;
+      }
+    }
+    if (d != nullptr) closedir(d);
+    return found;
   }
   std::string Maps() {
     std::ifstream in("/proc/" + std::to_string(child_->pid()) + "/maps");
@@ -270,6 +290,35 @@ TEST_F(InvalidateTest, SignalsGoToTheProgramNotTheHelper) {
     }
     EXPECT_EQ(static_cast<pid_t>(v), child_->pid());
   }
+}
+
+// The helper runs under SCHED_FIFO, reset for anything it could clone, and the program's own
+// threads keep their policy: a loaded machine must not make every page change on a node wait
+// for CFS to pick the target's group. The target is in a PID namespace of its own, as a
+// replica is, so the helper's tid there names another thread (or none) here. With realtime
+// off the helper has the program's policy.
+TEST_F(InvalidateTest, HelperRunsAheadOfTheProgramsThreads) {
+  StartTarget(/*features=*/0, /*own_pid_namespace=*/true);
+  auto helper = InjectHelper();
+  const pid_t here = HelperTidHere(helper->helper_tid());
+  ASSERT_GT(here, 0);
+  EXPECT_NE(here, helper->helper_tid());
+  EXPECT_EQ(sched_getscheduler(here), SCHED_FIFO | SCHED_RESET_ON_FORK);
+  struct sched_param param = {};
+  ASSERT_EQ(sched_getparam(here, &param), 0);
+  EXPECT_EQ(param.sched_priority, sched_get_priority_min(SCHED_FIFO));
+  EXPECT_EQ(sched_getscheduler(child_->pid()), SCHED_OTHER);
+  EXPECT_EQ(sched_getscheduler(0), SCHED_OTHER);
+  server_.version = 4;
+  ReadPage(2);
+  ASSERT_TRUE(helper->Invalidate({page(2)}).ok());
+  server_.version = 5;
+  EXPECT_EQ(ReadPage(2), 5);
+
+  InvalidationHelper::Options o;
+  o.realtime = false;
+  auto plain = InjectHelper(o);
+  EXPECT_EQ(sched_getscheduler(HelperTidHere(plain->helper_tid())), SCHED_OTHER);
 }
 
 // Remove(): the helper exits and its mappings go, as they must before a CRIU dump.

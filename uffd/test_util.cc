@@ -52,15 +52,18 @@ uint64_t Channel::Receive(absl::Duration timeout) const {
   return v;
 }
 
-ChildProcess ChildProcess::Start(std::function<int(Channel&)> body) {
+ChildProcess ChildProcess::Start(std::function<int(Channel&)> body, bool new_pid_namespace) {
   int sv[2];
   PCHECK(socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) == 0);
   pid_t parent = getpid();
-  pid_t pid = fork();
-  PCHECK(pid >= 0) << "fork";
+  pid_t pid = new_pid_namespace
+                  ? static_cast<pid_t>(syscall(SYS_clone, CLONE_NEWPID | SIGCHLD, 0, 0, 0, 0))
+                  : fork();
+  PCHECK(pid >= 0) << (new_pid_namespace ? "clone(CLONE_NEWPID)" : "fork");
   if (pid == 0) {
     prctl(PR_SET_PDEATHSIG, SIGKILL);
-    if (getppid() != parent) _exit(120);  // The parent died before prctl.
+    // The parent died before prctl (outside a new PID namespace, where the parent is 0).
+    if (!new_pid_namespace && getppid() != parent) _exit(120);
     close(sv[0]);
     Channel ch{UniqueFd(sv[1])};
     int code = body(ch);

@@ -46,7 +46,9 @@ class Channel {
 // with the test even on a crash, and the destructor kills and reaps it if it still runs.
 class ChildProcess {
  public:
-  static ChildProcess Start(std::function<int(Channel&)> body);
+  // With `new_pid_namespace` (root only) the child is the init of a PID namespace of its own,
+  // as Stretch's replicas are: its own pid and tids are not this process's numbers for it.
+  static ChildProcess Start(std::function<int(Channel&)> body, bool new_pid_namespace = false);
 
   ChildProcess(ChildProcess&& other) noexcept;
   ChildProcess& operator=(ChildProcess&&) = delete;
