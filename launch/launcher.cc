@@ -399,7 +399,7 @@ absl::Status Launcher::RunToMigrationPoint() {
   if (!oo_.stay) {
     const std::vector<int> others = OtherNodesCpus(o_.node_cpus);
     if (!others.empty()) launcher_cpus_ = ThisThreadsCpus();
-    nodes_thread_.Start([this, others]() -> absl::Status {
+    nodes_thread_.Start(o_.start_nodes_after, [this, others]() -> absl::Status {
       // With CPUs per node, the namespaces, the agents and the server start on the other
       // nodes' CPUs, idle until the migration point, rather than beside the program on node
       // 0's: there their start-up (~0.5 s of CPU in all) took 15-20% of node 0's CPU while
@@ -422,6 +422,7 @@ absl::Status Launcher::RunToMigrationPoint() {
   oo_.before_checkpoint = [this] { return nodes_thread_.Wait(); };
   if (o_.sharing_probe) {
     oo_.at_migration_point = [this](ThreadSupervisor& sup, pid_t pid) {
+      nodes_thread_.StartNow();  // made while it is watched
       return WatchSharing(sup, pid);
     };
   }
@@ -482,8 +483,9 @@ absl::Status Launcher::WriteStats(const std::string& json) const {
 }
 
 absl::Status Launcher::WriteUndistributedStats() {
-  std::string json =
-      absl::StrCat("{", CommandAndTimelineJson(absl::Now()), R"("nodes":[],"migrated":false)");
+  std::string json = absl::StrCat("{", CommandAndTimelineJson(absl::Now()),
+                                  R"("nodes":[],"migrated":false,"nodes_made":)",
+                                  nodes_thread_.made_nodes() ? "true" : "false");
   if (origin_->parallel_time > absl::ZeroDuration()) {
     absl::StrAppend(&json, R"(,"native_parallel_ms":)",
                     absl::ToDoubleMilliseconds(origin_->parallel_time), R"(,"migrate_after_ms":)",

@@ -44,6 +44,10 @@ struct LaunchOptions {
   // How long the program runs natively at its migration point (OriginOptions::migrate_after;
   // nullopt: as long as migrating it would take).
   std::optional<absl::Duration> migrate_after;
+  // The nodes (namespaces, agents, the server) are made in the background once the program has
+  // run this long, or as soon as it reaches its migration point, whichever comes first. A
+  // program that ends sooner never waits for nodes it did not use.
+  absl::Duration start_nodes_after = absl::Milliseconds(200);
   // Threads (tids in the program's namespace) to run away from node 0, round-robin over nodes
   // 1..N-1; empty: every thread but the main one, round-robin over all nodes.
   std::vector<int> migrate_threads;

@@ -22,9 +22,11 @@
 #include <utility>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "core/unique_fd.h"
@@ -74,6 +76,12 @@ struct UnlinkOnExit {
 // Where the nodes are made while the program runs natively (RunToMigrationPoint): a thread
 // that stays until the run ends, because what it forks dies with it (PR_SET_PDEATHSIG), the
 // agents too.
+//
+// It holds off for `hold` first: a program that ends sooner (most runs of a short command)
+// never pays for nodes it would not use. Making them cannot be cut short (libfabric's load
+// alone takes 0.2 s in its providers' constructors), and a program that ended meanwhile waited
+// for it. Wait() and StartNow() end the hold at once: whoever waits for the nodes needs them
+// now, and a program at its migration point will need them soon.
 class NodesThread {
  public:
   NodesThread() = default;
@@ -82,14 +90,25 @@ class NodesThread {
   // Lets the thread end (the agents it spawned with it) and joins it.
   ~NodesThread() {
     if (!thread_.joinable()) return;
+    Abandon();  // nodes not made yet are not made now
     release_.Notify();
     thread_.join();
   }
 
-  // Runs `make` on the thread (once).
-  void Start(std::function<absl::Status()> make) {
-    thread_ = std::thread([this, make = std::move(make)] {
-      status_ = make();
+  // Runs `make` on the thread (once), `hold` from now or at the first Wait() or StartNow(),
+  // whichever comes first; not at all if Abandon() comes first.
+  void Start(absl::Duration hold, std::function<absl::Status()> make) {
+    thread_ = std::thread([this, make = std::move(make), hold] {
+      {
+        absl::MutexLock l(&mu_);
+        mu_.AwaitWithTimeout(absl::Condition(&go_), hold);
+      }
+      if (abandoned()) {
+        status_ = absl::CancelledError("nothing to migrate");
+      } else {
+        made_nodes_.store(true);
+        status_ = make();
+      }
       made_.Notify();
       release_.WaitForNotification();
     });
@@ -97,15 +116,30 @@ class NodesThread {
   // Waits until `make` has returned; its status (OK if never started).
   absl::Status Wait() {
     if (!thread_.joinable()) return absl::OkStatus();
+    StartNow();
     made_.WaitForNotification();
     return status_;
   }
-  // Nothing will be migrated (the program ended): `make` may stop waiting for the nodes.
-  void Abandon() { abandoned_.store(true); }
+  // Nothing will be migrated (the program ended): `make` may stop waiting for the nodes, or
+  // never start.
+  void Abandon() {
+    abandoned_.store(true);
+    StartNow();
+  }
   bool abandoned() const { return abandoned_.load(); }
+  // Ends the hold: the program is at its migration point.
+  void StartNow() {
+    absl::MutexLock l(&mu_);
+    go_ = true;
+  }
+  // Whether `make` ran (known once Wait() has returned).
+  bool made_nodes() const { return made_nodes_.load(); }
 
  private:
   std::atomic<bool> abandoned_{false};
+  std::atomic<bool> made_nodes_{false};
+  absl::Mutex mu_;
+  bool go_ ABSL_GUARDED_BY(mu_) = false;
   std::thread thread_;
   absl::Notification made_, release_;
   absl::Status status_;  // written before made_ is notified

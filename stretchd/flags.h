@@ -40,6 +40,7 @@ DECLARE_string(inject_faults);
 DECLARE_bool(manual);
 DECLARE_string(placement);
 DECLARE_int32(placement_window_ms);
+DECLARE_int32(start_nodes_after_ms);
 DECLARE_double(placement_min_cores);
 DECLARE_string(placement_history);
 DECLARE_bool(track_write_sharing);

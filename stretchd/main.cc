@@ -171,6 +171,10 @@ DEFINE_bool(go_home, true,
             "as an ordinary process: it reads every page it lacks, checkpoints the program and "
             "restores it without Stretch's seccomp filter, userfaultfd or tracing, so it runs "
             "on at native speed; the other nodes stop. It is not spread again afterwards");
+DEFINE_int32(start_nodes_after_ms, 200,
+             "run: make the nodes (namespaces, agents, server) in the background once the program "
+             "has run this long, or at once at its migration point if that comes sooner; a "
+             "program that ends before pays nothing for them (0: at once, as it starts)");
 DEFINE_int32(placement_window_ms, 100, "run: adaptive placement's measuring window");
 DEFINE_double(placement_min_cores, 0,
               "run: adaptive placement consolidates on node 0 only while the program keeps fewer "
@@ -331,6 +335,7 @@ const std::vector<Subcommand>& Subcommands() {
         "placement",
         "placement_window_ms",
         "placement_min_cores",
+        "start_nodes_after_ms",
         "placement_history",
         "go_home",
         "heartbeat_ms",

@@ -253,6 +253,12 @@ bool LaunchOptionsFromFlags(const std::vector<std::string>& args, launch::Launch
   o->busy_poll = absl::Microseconds(FLAGS_busy_poll_us);
   o->stretchd = SelfPath();
   o->criu.binary = CriuPath();
+  if (FLAGS_start_nodes_after_ms < 0 || FLAGS_start_nodes_after_ms > 3600000) {
+    std::fprintf(stderr, "stretchd run: --start_nodes_after_ms must be 0..3600000 (got %d)\n",
+                 FLAGS_start_nodes_after_ms);
+    return false;
+  }
+  o->start_nodes_after = absl::Milliseconds(FLAGS_start_nodes_after_ms);
   if (FLAGS_migrate_after != "auto") {
     absl::Duration after;
     if (!absl::ParseDuration(FLAGS_migrate_after, &after) || after < absl::ZeroDuration()) {
