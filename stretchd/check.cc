@@ -8,8 +8,8 @@
 #include <signal.h>
 #include <stddef.h>
 #include <sys/prctl.h>
-#include <sys/stat.h>
 #include <sys/ptrace.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/uio.h>
 #include <sys/user.h>
@@ -19,17 +19,17 @@
 
 #include <algorithm>
 #include <chrono>
-#include <iterator>
 #include <cstdio>
 #include <cstring>
+#include <iterator>
 #include <thread>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
-#include "absl/strings/ascii.h"
 #include "absl/strings/strip.h"
 #include "core/fd_io.h"
 #include "core/json.h"
@@ -273,6 +273,39 @@ std::string ReadSmallFile(const char* path) {
   return std::string(absl::StripAsciiWhitespace(s));
 }
 
+// The invalidation helper runs under SCHED_FIFO (uffd/invalidate.h), and autogroup scheduling
+// makes each replica (a session of its own) a CFS group of its own. Neither is required.
+void CheckScheduling(std::vector<CheckResult>& out) {
+  {
+    Sleeper child;
+    struct sched_param param = {};
+    param.sched_priority = sched_get_priority_min(SCHED_FIFO);
+    if (sched_setscheduler(child.pid(), SCHED_FIFO | SCHED_RESET_ON_FORK, &param) == 0) {
+      out.push_back(Ok("real-time invalidation helper", "SCHED_FIFO allowed", false));
+    } else {
+      out.push_back(Missing(
+          "real-time invalidation helper", ErrnoStatus(errno, "sched_setscheduler").ToString(),
+          "run as root or with CAP_SYS_NICE (and a real-time budget in this cgroup); without it "
+          "every page change on a loaded node can wait for the program's own threads' turn",
+          false));
+    }
+  }
+  const std::string autogroup = ReadSmallFile("/proc/sys/kernel/sched_autogroup_enabled");
+  if (autogroup != "1") {
+    out.push_back(Ok("autogroup scheduling off",
+                     autogroup.empty() ? "no autogroup in this kernel"
+                                       : "kernel.sched_autogroup_enabled=" + autogroup,
+                     false));
+  } else {
+    out.push_back(Missing(
+        "autogroup scheduling off", "kernel.sched_autogroup_enabled=1",
+        "each replica is a session, so a scheduling group, of its own; with every CPU busy its "
+        "threads were seen waiting seconds for a CPU (a loaded run up to 6x its native time, "
+        "docs/design.md). 'sysctl kernel.sched_autogroup_enabled=0' avoids that",
+        false));
+  }
+}
+
 void CheckPtrace(std::vector<CheckResult>& out) {
   std::string scope = ReadSmallFile("/proc/sys/kernel/yama/ptrace_scope");
   Sleeper child;
@@ -442,6 +475,7 @@ std::vector<CheckResult> RunChecks(const CheckOptions& options) {
   CheckProcessVm(out);
   CheckPidfd(out);
   CheckPtrace(out);
+  CheckScheduling(out);
   CheckNamespaces(out);
   CheckCriu(options, out);
   CheckFabric("tcp;ofi_rxm", true, "install libfabric1 (tools/setup); 'fi_info -p tcp' lists it",
@@ -474,8 +508,7 @@ std::string FormatChecksText(const std::vector<CheckResult>& results) {
   return s;
 }
 
-std::string FormatChecksJson(const std::vector<CheckResult>& results,
-                             const MachineFacts* facts) {
+std::string FormatChecksJson(const std::vector<CheckResult>& results, const MachineFacts* facts) {
   JsonWriter w;
   w.BeginObject();
   w.Field("ok", AllRequiredOk(results));
@@ -555,12 +588,15 @@ std::vector<std::string> NodeProblems(const MachineFacts& here, const CheckRepor
   std::set_difference(node.machine.cpu_flags.begin(), node.machine.cpu_flags.end(),
                       here.cpu_flags.begin(), here.cpu_flags.end(), std::back_inserter(extra));
   if (!lacks.empty() || !extra.empty()) {
-    std::string line = absl::StrCat("CPU      ", node.machine.cpu_model, " differs from this "
-                                    "machine's ", here.cpu_model, ":");
+    std::string line = absl::StrCat("CPU      ", node.machine.cpu_model,
+                                    " differs from this "
+                                    "machine's ",
+                                    here.cpu_model, ":");
     if (!lacks.empty()) absl::StrAppend(&line, " lacks ", absl::StrJoin(lacks, " "), ";");
     if (!extra.empty()) absl::StrAppend(&line, " also has ", absl::StrJoin(extra, " "), ";");
-    absl::StrAppend(&line, " a program checkpointed on one may not restore on the other: use "
-                           "machines of one CPU model");
+    absl::StrAppend(&line,
+                    " a program checkpointed on one may not restore on the other: use "
+                    "machines of one CPU model");
     out.push_back(line);
   }
   for (const PathFacts& mine : here.paths) {
@@ -598,7 +634,8 @@ MachineFacts DescribeMachine(const std::vector<std::string>& paths) {
   std::string cpuinfo = ReadFileOrEmpty("/proc/cpuinfo");
   for (absl::string_view line : absl::StrSplit(cpuinfo, '\n')) {
     if (line.empty()) break;
-    std::pair<absl::string_view, absl::string_view> kv = absl::StrSplit(line, absl::MaxSplits(':', 1));
+    std::pair<absl::string_view, absl::string_view> kv =
+        absl::StrSplit(line, absl::MaxSplits(':', 1));
     absl::string_view key = absl::StripAsciiWhitespace(kv.first);
     absl::string_view value = absl::StripAsciiWhitespace(kv.second);
     if (key == "model name") m.cpu_model = std::string(value);

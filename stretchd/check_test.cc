@@ -1,6 +1,8 @@
 #include "stretchd/check.h"
 
 #include <algorithm>
+#include <fstream>
+#include <string>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -25,8 +27,15 @@ TEST(CheckTest, ReportsEveryCapability) {
         "userfaultfd feature WP", "userfaultfd feature WP_UNPOPULATED",
         "userfaultfd feature THREAD_ID", "userfaultfd feature MOVE", "process_vm_readv/writev",
         "pidfd_open/pidfd_getfd", "ptrace", "PID namespaces", "network namespaces",
-        "libfabric tcp;ofi_rxm", "libfabric verbs;ofi_rxm"}) {
+        "libfabric tcp;ofi_rxm", "libfabric verbs;ofi_rxm", "real-time invalidation helper",
+        "autogroup scheduling off"}) {
     EXPECT_NE(Find(results, name), nullptr) << name;
+  }
+  // Scheduling only changes how a loaded machine performs: never required.
+  for (const char* name : {"real-time invalidation helper", "autogroup scheduling off"}) {
+    const CheckResult* r = Find(results, name);
+    ASSERT_NE(r, nullptr) << name;
+    EXPECT_FALSE(r->required) << name;
   }
   // verbs is optional: its absence never makes the machine unusable.
   const CheckResult* verbs = Find(results, "libfabric verbs;ofi_rxm");
@@ -39,6 +48,21 @@ TEST(CheckTest, ReportsEveryCapability) {
   }
 }
 
+// The autogroup check says what the kernel does, and why it matters when it is on.
+TEST(CheckTest, AutogroupCheckFollowsTheKernelSetting) {
+  CheckOptions options;
+  options.run_criu_check = false;
+  const CheckResult* r = nullptr;
+  auto results = RunChecks(options);
+  r = Find(results, "autogroup scheduling off");
+  ASSERT_NE(r, nullptr);
+  std::ifstream in("/proc/sys/kernel/sched_autogroup_enabled");
+  std::string enabled;
+  in >> enabled;
+  EXPECT_EQ(r->ok, enabled != "1") << r->detail;
+  if (!r->ok) EXPECT_THAT(r->advice, ::testing::HasSubstr("sched_autogroup_enabled=0"));
+}
+
 // CI and development machines are root on Linux 6.8+: these must be present.
 TEST(CheckTest, ThisMachineHasTheKernelMechanisms) {
   CheckOptions options;
@@ -47,7 +71,8 @@ TEST(CheckTest, ThisMachineHasTheKernelMechanisms) {
   for (const char* name :
        {"userfaultfd feature MISSING", "userfaultfd feature WP",
         "userfaultfd feature WP_UNPOPULATED", "process_vm_readv/writev", "pidfd_open/pidfd_getfd",
-        "ptrace", "PID namespaces", "network namespaces", "libfabric tcp;ofi_rxm"}) {
+        "ptrace", "PID namespaces", "network namespaces", "libfabric tcp;ofi_rxm",
+        "real-time invalidation helper"}) {
     const CheckResult* r = Find(results, name);
     ASSERT_NE(r, nullptr) << name;
     EXPECT_TRUE(r->ok) << name << ": " << r->detail << "; " << r->advice;
@@ -94,9 +119,10 @@ TEST(NodeProblemsTest, AFitNodeHasNone) {
 }
 
 TEST(NodeProblemsTest, NamesEachDifferenceWithWhatToDo) {
-  MachineFacts here = Facts({"avx2", "avx512f", "sse4_2"},
-                            {{"/bin/prog", true, 10, "aa", ""}, {"/data/in", true, 5, "bb", ""},
-                             {"/gone/here", false, 0, "", "open: No such file"}});
+  MachineFacts here =
+      Facts({"avx2", "avx512f", "sse4_2"}, {{"/bin/prog", true, 10, "aa", ""},
+                                            {"/data/in", true, 5, "bb", ""},
+                                            {"/gone/here", false, 0, "", "open: No such file"}});
   MachineFacts there = Facts({"avx2", "sse4_2", "vaes"},
                              {{"/bin/prog", true, 12, "cc", ""},
                               {"/data/in", false, 0, "", "open: No such file or directory"}});
