@@ -379,9 +379,23 @@ void PlacementController::Sample() {
   if (done_) return;
   std::vector<NodeCounters> c(o_.nodes);
   if (!cluster_->ReadCounters(&c)) {
-    done_ = true;  // a node that does not answer is ending
+    // A node that ended ends placement. One that was only slow to answer (a loaded machine)
+    // costs this window: the counters are totals, so the next sample covers it. (Its late
+    // answer may be taken for the next request's, one window old: the windows after it are
+    // then shifted, their sum is not.) A node silent for kMaxUnansweredSamples samples in a
+    // row is taken as gone for placement's purposes.
+    bool ended = false;
+    for (int i = 0; i < o_.nodes; ++i) ended |= !cluster_->Running(i);
+    if (ended || ++unanswered_samples_ >= kMaxUnansweredSamples) {
+      if (!ended) {
+        cluster_->Say(absl::StrCat("a node did not report its counters ", kMaxUnansweredSamples,
+                                   " times in a row; threads stay where they are"));
+      }
+      done_ = true;
+    }
     return;
   }
+  unanswered_samples_ = 0;
   const absl::Time now = cluster_->Now();
   const double secs = absl::ToDoubleSeconds(now - last_sample_);
   Window w;

@@ -141,6 +141,9 @@ class PlacementController {
   int regroup_attempts_ = 0;
   absl::Time last_sharing_;
   int low_windows_ = 0, windows_ = 0;
+  // Samples in a row for which some running node did not report its counters in time.
+  static constexpr int kMaxUnansweredSamples = 5;
+  int unanswered_samples_ = 0;
   std::vector<NodeCounters> last_counters_;
   absl::Time last_sample_;
   size_t last_threads_ = 0;

@@ -53,6 +53,10 @@ class FakeCluster : public Cluster {
   absl::Time Now() override { return now_; }
   bool Running(int node) override { return running_[node]; }
   bool ReadCounters(std::vector<NodeCounters>* counters) override {
+    if (unanswered > 0) {  // a node too busy to answer in time
+      --unanswered;
+      return false;
+    }
     for (size_t i = 0; i < where_.size(); ++i) {
       (*counters)[i] = counters_[i];
       (*counters)[i].threads = static_cast<int>(where_[i].size());
@@ -107,6 +111,7 @@ class FakeCluster : public Cluster {
   std::vector<std::string> moves, said;
   bool exclusive = false;
   std::map<int, int> busy;  // thread -> how many moves of it fail (it is in a call)
+  int unanswered = 0;       // how many of the next samples get no answer from a running node
 
  private:
   absl::Time now_ = absl::UnixEpoch();
@@ -454,6 +459,36 @@ TEST(PlacementControllerTest, ANodeThatEndedEndsPlacement) {
   cluster.Window(c, kDsmBound);
   EXPECT_TRUE(c.done());
   cluster.Window(c, kDsmBound);
+  EXPECT_THAT(cluster.moves, IsEmpty());
+}
+
+// A node that is only slow to answer (a loaded machine) costs a window, not placement: the
+// next window's totals cover both, and two DSM-bound windows still consolidate.
+TEST(PlacementControllerTest, ALateAnswerCostsAWindowNotPlacement) {
+  FakeCluster cluster({{1, 2}, {3}});
+  PlacementController c(Adaptive(), &cluster);
+  cluster.Window(c, kComputeBound);
+  cluster.unanswered = 1;
+  cluster.Window(c, kDsmBound);
+  EXPECT_FALSE(c.done());
+  cluster.Window(c, kDsmBound);
+  cluster.Window(c, kDsmBound);
+  EXPECT_THAT(cluster.moves, ElementsAre("3:1->0"));
+}
+
+// A running node that does not answer sample after sample ends placement, saying so; the
+// threads stay where they are.
+TEST(PlacementControllerTest, ANodeSilentForManySamplesEndsPlacement) {
+  FakeCluster cluster({{1, 2}, {3}});
+  PlacementController c(Adaptive(), &cluster);
+  cluster.Window(c, kComputeBound);
+  cluster.unanswered = 100;
+  for (int i = 0; i < 4; ++i) cluster.Window(c, kDsmBound);
+  EXPECT_FALSE(c.done()) << "four late answers in a row";
+  cluster.Window(c, kDsmBound);
+  EXPECT_TRUE(c.done());
+  ASSERT_THAT(cluster.said, Not(IsEmpty()));
+  EXPECT_THAT(cluster.said.back(), HasSubstr("did not report its counters 5 times in a row"));
   EXPECT_THAT(cluster.moves, IsEmpty());
 }
 
