@@ -194,7 +194,8 @@ TEST_F(RunTest, NodeCpusPinEachNodesReplica) {
   // Every thread of node 1's agent too (it started on any CPU and moved at the migration).
   // (A process the agent forks meanwhile, before it execs, matches too: and is on CPU 1.)
   int agents = 0;
-  for (pid_t pid : testing::ProcessesNamed("stretchd")) {
+  // This test's agents only: another run on the machine has agents of its own.
+  for (pid_t pid : TestProcesses("stretchd")) {
     const std::string cmdline = testing::ReadFileOrEmpty(absl::StrCat("/proc/", pid, "/cmdline"));
     if (!absl::StrContains(cmdline, std::string("node\0", 5)) ||
         !absl::StrContains(cmdline, std::string("--node=1\0", 9))) {
