@@ -589,14 +589,11 @@ std::vector<std::string> NodeProblems(const MachineFacts& here, const CheckRepor
                       here.cpu_flags.begin(), here.cpu_flags.end(), std::back_inserter(extra));
   if (!lacks.empty() || !extra.empty()) {
     std::string line = absl::StrCat("CPU      ", node.machine.cpu_model,
-                                    " differs from this "
-                                    "machine's ",
-                                    here.cpu_model, ":");
+                                    " differs from this machine's ", here.cpu_model, ":");
     if (!lacks.empty()) absl::StrAppend(&line, " lacks ", absl::StrJoin(lacks, " "), ";");
     if (!extra.empty()) absl::StrAppend(&line, " also has ", absl::StrJoin(extra, " "), ";");
-    absl::StrAppend(&line,
-                    " a program checkpointed on one may not restore on the other: use "
-                    "machines of one CPU model");
+    absl::StrAppend(&line, " a program checkpointed on one may not restore on the other: ",
+                    "use machines of one CPU model");
     out.push_back(line);
   }
   for (const PathFacts& mine : here.paths) {

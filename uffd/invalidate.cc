@@ -313,12 +313,10 @@ long Futex(void* addr, int op, uint32_t val, const struct timespec* timeout) {
   return syscall(SYS_futex, addr, op, val, timeout, nullptr, 0);
 }
 
-// SCHED_FIFO at the lowest priority for the thread of `task_dir` (/proc/PID/task/TID, in
-// this process's PID namespace), reset for anything it might clone. False (with a warning,
-// once per agent) where this process may not do that.
-bool MakeRealtime(const std::string& task_dir) {
-  const size_t slash = task_dir.rfind('/');
-  const pid_t tid = slash == std::string::npos ? 0 : atoi(task_dir.c_str() + slash + 1);
+// SCHED_FIFO at the lowest priority for thread `tid` (of this process's PID namespace; 0 if
+// not found), reset for anything it might clone. False (with a warning, once per agent) where
+// this process may not do that.
+bool MakeRealtime(pid_t tid) {
   struct sched_param param = {};
   param.sched_priority = sched_get_priority_min(SCHED_FIFO);
   if (tid > 0 && sched_setscheduler(tid, SCHED_FIFO | SCHED_RESET_ON_FORK, &param) == 0) {
@@ -445,8 +443,9 @@ absl::Status InvalidationHelper::Place(RemoteThread& thread) {
   // CLONE_CHILD_SETTID writes helper_tid when the thread first runs; it may not have yet.
   control_->helper_tid.store(static_cast<int32_t>(tid));
   helper_dir_ = TaskDir(pid, static_cast<pid_t>(tid));
+  helper_here_ = helper_dir_.empty() ? 0 : atoi(helper_dir_.c_str() + helper_dir_.rfind('/') + 1);
   // The tid clone() returned is the target's own; the policy is set by this process's.
-  const bool realtime = options_.realtime && MakeRealtime(helper_dir_);
+  const bool realtime = options_.realtime && MakeRealtime(helper_here_);
   LOG(INFO) << "invalidation helper " << tid << " placed in pid " << pid
             << absl::StrFormat(" (code 0x%x, control 0x%x%s)", remote_code_, remote_control_,
                                realtime ? ", SCHED_FIFO" : "");
@@ -475,8 +474,8 @@ void InvalidationHelper::Unmap() {
 }
 
 bool InvalidationHelper::HelperOnItsWay() const {
-  if (helper_dir_.empty()) return false;
-  const char state = ThreadState(atoi(helper_dir_.c_str() + helper_dir_.rfind('/') + 1));
+  if (helper_here_ == 0) return false;
+  const char state = ThreadState(helper_here_);
   return state == 'R' || state == 'D';
 }
 

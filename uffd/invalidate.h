@@ -180,6 +180,7 @@ class InvalidationHelper {
   uintptr_t remote_code_ = 0;         // Code page + stack page in the target.
   uintptr_t remote_control_ = 0;      // The control page in the target.
   std::string helper_dir_;            // /proc/PID/task/TID of the helper thread, here.
+  pid_t helper_here_ = 0;             // that TID (0: not found)
 
   absl::Mutex mu_;
   uint32_t seq_ ABSL_GUARDED_BY(mu_) = 0;
